@@ -1,0 +1,27 @@
+# Two commands on a fresh machine:  `make demo` (the main job) and `make test` (the suite).
+# Both create .venv on first use. torch is pinned to the CPU wheel that pip finds locally.
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+STAMP  := $(VENV)/.installed
+
+.PHONY: demo test bench clean
+
+$(STAMP): pyproject.toml
+	$(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install --quiet --upgrade "pip<26.2"
+	$(BIN)/python -m pip install --quiet "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	touch $(STAMP)
+
+demo: $(STAMP)
+	$(BIN)/python benchmarks/gae.py --quick
+
+test: $(STAMP)
+	$(BIN)/python -m pytest
+
+bench: $(STAMP)
+	$(BIN)/python benchmarks/gae.py
+
+clean:
+	rm -rf $(VENV)
