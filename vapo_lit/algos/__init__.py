@@ -1,0 +1,36 @@
+"""Pure tensor math for VAPO: torch only (no Lightning, nothing else from the project).
+
+    from vapo_lit.algos import gae, length_adaptive_lambda
+"""
+from vapo_lit.algos.advantage import decoupled_gae, gae, lambda_clamped, length_adaptive_lambda
+from vapo_lit.algos.losses import (
+    AGGREGATIONS,
+    PolicyLossStats,
+    aggregate,
+    clip_fractions,
+    clipped_surrogate,
+    entropy_from_logits,
+    policy_loss,
+    positive_nll,
+    token_logprobs,
+    value_loss,
+)
+from vapo_lit.algos.stats import (
+    bucketed_mean,
+    bucketize,
+    explained_variance,
+    masked_mean,
+    masked_sum,
+    masked_var,
+    masked_whiten,
+    valid_positions,
+    value_bias,
+)
+
+__all__ = [
+    "gae", "decoupled_gae", "length_adaptive_lambda", "lambda_clamped",
+    "AGGREGATIONS", "PolicyLossStats", "aggregate", "clip_fractions", "clipped_surrogate",
+    "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
+    "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",
+    "masked_whiten", "valid_positions", "value_bias",
+]
