@@ -1,0 +1,140 @@
+"""Command-line flags generated from the config dataclasses, YAML files, presets, --drop/--only.
+
+Precedence: defaults < --preset < --config FILE (YAML deltas) < individual flags < --drop/--only.
+Every value is validated (type and range) before anything is built.
+"""
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import json
+import typing
+from pathlib import Path
+
+import yaml
+
+from vapo_lit.config import COMPONENTS, RunConfig, from_dict, merge, to_dict, validate
+from vapo_lit.presets import PRESETS
+
+
+def _field_type(t):
+    """The concrete type of an annotation (`int | None` -> int)."""
+    args = [a for a in typing.get_args(t) if a is not type(None)]
+    return args[0] if args else t
+
+
+def _parse_value(text: str, kind, name: str):
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is list:
+            return [s.strip() for s in text.split(",") if s.strip()]
+        if kind is dict:
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+        return text
+    except (ValueError, json.JSONDecodeError):
+        what = {bool: "true/false", int: "an integer", float: "a number", list: "a comma-separated list",
+                dict: "a JSON object"}.get(kind, "a string")
+        raise ValueError(f"--{name}={text!r} is not valid; expected {what}") from None
+
+
+def _walk_fields(cls, prefix=""):
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = _field_type(hints[f.name])
+        if dataclasses.is_dataclass(kind):
+            yield from _walk_fields(kind, prefix + f.name + ".")
+        else:
+            yield prefix + f.name, kind, f
+
+
+def add_config_flags(parser: argparse.ArgumentParser) -> None:
+    """One flag per config field (`--steps`, `--ppo.actor_lr`, `--vapo.alpha`, ...)."""
+    group = parser.add_argument_group("settings (see README; any field of the YAML config)")
+    for name, kind, f in _walk_fields(RunConfig):
+        doc = f.metadata.get("doc", "")
+        default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
+        group.add_argument(f"--{name}", dest=f"set:{name}", metavar=kind.__name__.upper() if kind in (int, float) else "V",
+                           default=None, help=f"{doc} (default: {default})")
+
+
+def add_selection_flags(parser: argparse.ArgumentParser) -> None:
+    parser.add_argument("--config", type=Path, help="YAML file of settings (deltas from the preset)")
+    parser.add_argument("--preset", default="default", help=f"base settings: {', '.join(PRESETS)} (default: default)")
+    parser.add_argument("--drop", default="", help=f"components to switch off, comma-separated; valid: {', '.join(COMPONENTS)}")
+    parser.add_argument("--only", default=None, help="switch on only these components (comma-separated; 'none' for vanilla PPO)")
+
+
+def parse_components(text: str | None, flag: str) -> list[str] | None:
+    if text is None:
+        return None
+    names = [s.strip() for s in text.replace("=", ",").split(",") if s.strip()]
+    if names == ["none"]:
+        return []
+    unknown = [n for n in names if n not in COMPONENTS]
+    if unknown:
+        raise ValueError(
+            f"{flag}: unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
+        )
+    return names
+
+
+def config_from_args(args: argparse.Namespace) -> RunConfig:
+    """Build and validate the RunConfig the flags describe (raises ValueError with what is valid)."""
+    if args.preset not in PRESETS:
+        raise ValueError(f"--preset {args.preset!r} is not valid; choose one of: {', '.join(PRESETS)}")
+    cfg = merge(RunConfig(), PRESETS[args.preset])
+    if args.config is not None:
+        if not args.config.is_file():
+            raise ValueError(f"--config {args.config}: file not found")
+        try:
+            delta = yaml.safe_load(args.config.read_text()) or {}
+        except yaml.YAMLError as e:
+            raise ValueError(f"--config {args.config}: not valid YAML ({e})") from None
+        cfg = merge(cfg, delta)
+    flat = {}
+    kinds = {name: kind for name, kind, _ in _walk_fields(RunConfig)}
+    for key, value in vars(args).items():
+        if key.startswith("set:") and value is not None:
+            name = key[4:]
+            flat[name] = _parse_value(value, kinds[name], name)
+    delta: dict = {}
+    for name, value in flat.items():
+        node = delta
+        *parents, leaf = name.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    cfg = merge(cfg, delta)
+    drop = parse_components(args.drop or None, "--drop") or []
+    only = parse_components(args.only, "--only")
+    if only is not None and drop:
+        raise ValueError("use either --only or --drop, not both")
+    components = list(cfg.components) if only is None else only
+    components = [c for c in COMPONENTS if c in components and c not in drop]
+    cfg = merge(cfg, {"components": components})
+    return validate(cfg)
+
+
+def dump(cfg: RunConfig) -> str:
+    return yaml.safe_dump(to_dict(cfg), sort_keys=False)
+
+
+def load_run_config(run_dir: Path) -> RunConfig:
+    path = Path(run_dir) / "config.yaml"
+    if not path.is_file():
+        raise ValueError(f"{run_dir} is not a run folder (no config.yaml)")
+    return validate(from_dict(yaml.safe_load(path.read_text())))

@@ -1,0 +1,224 @@
+"""Typed configuration: the vanilla-PPO base, VAPO's component values, presets.
+
+Every field has a one-line doc (shown by `vapo-train --help`) and, where it has one, a valid
+range that `validate()` enforces before any compute. Experiment files hold only deltas.
+
+The seven VAPO switches live in `Switches`; component callbacks set them (see
+`vapo_lit/components/`). A `Switches()` with nothing set is vanilla PPO as SPEC.md defines it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from dataclasses import dataclass, field
+from typing import Any
+
+COMPONENTS = (
+    "value_pretraining",
+    "decoupled_gae",
+    "length_adaptive_gae",
+    "token_level_loss",
+    "clip_higher",
+    "positive_lm_loss",
+    "group_sampling",
+)
+"""The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md)."""
+
+
+def _f(default, doc: str, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
+    """A dataclass field with its doc and valid range (inclusive unless *_open)."""
+    meta = {"doc": doc, "lo": lo, "hi": hi, "choices": choices, "lo_open": lo_open, "hi_open": hi_open}
+    if isinstance(default, (list, dict)):
+        return field(default_factory=lambda: type(default)(default), metadata=meta)
+    return field(default=default, metadata=meta)
+
+
+@dataclass
+class ComponentValues:
+    """The values the component callbacks apply when switched on (paper values by default)."""
+
+    value_pretrain_steps: int = _f(50, "max critic-only iterations of value pretraining (paper: 50)", lo=1)
+    value_pretrain_min_ev: float | None = _f(None, "stop value pretraining early once critic explained variance reaches this", lo=-1.0, hi=1.0)
+    lambda_critic: float = _f(1.0, "lambda of the critic targets with decoupled GAE (paper: 1.0)", lo=0.0, hi=1.0)
+    alpha: float = _f(0.05, "length-adaptive GAE alpha: lambda = 1 - 1/(alpha*l) (paper: 0.05, for chains of thousands of tokens)", lo=0.0, lo_open=True)
+    eps_high: float = _f(0.28, "upper clip epsilon with Clip-Higher (DAPO/VAPO: 0.28)", lo=0.0)
+    mu: float = _f(0.1, "weight of the positive-example NLL (paper: 0.1)", lo=0.0)
+    samples_per_prompt: int = _f(16, "samples per prompt with group sampling (paper: 16)", lo=2)
+
+
+@dataclass
+class Switches(ComponentValues):
+    """What the module reads. All booleans False: vanilla PPO (SPEC.md table, column 'off').
+
+    Set only by the component callbacks, each of which declares the fields it may change.
+    """
+
+    value_pretraining: bool = _f(False, "train the critic alone on the initial policy's samples before any actor update")
+    decoupled_gae: bool = _f(False, "critic targets use lambda_critic, actor advantages lambda_policy")
+    length_adaptive_gae: bool = _f(False, "lambda_policy = 1 - 1/(alpha * l) per response (else ppo.lam)")
+    token_level_loss: bool = _f(False, "policy loss averaged over all tokens of the mini-batch (else per response, then over responses)")
+    clip_higher: bool = _f(False, "asymmetric clip range [1 - eps, 1 + eps_high] (else eps on both sides)")
+    positive_lm_loss: bool = _f(False, "add mu * NLL of the correct responses to the policy loss")
+    group_sampling: bool = _f(False, "fewer prompts, samples_per_prompt samples each, same responses per step")
+
+
+@dataclass
+class PPOConfig:
+    """Vanilla PPO settings (paper section 5.1 where it gives one; CPU-sized defaults otherwise)."""
+
+    actor_lr: float = _f(1e-6, "actor AdamW learning rate (paper: 1e-6)", lo=0.0, lo_open=True)
+    critic_lr: float = _f(2e-6, "critic AdamW learning rate (paper: 2e-6; the critic must keep pace)", lo=0.0, lo_open=True)
+    weight_decay: float = _f(0.0, "AdamW weight decay of both optimizers", lo=0.0)
+    warmup_steps: int = _f(0, "linear warmup of both learning rates over this many optimizer steps, then constant", lo=0)
+    lam: float = _f(0.95, "GAE lambda without length-adaptive GAE (paper vanilla: 0.95)", lo=0.0, hi=1.0)
+    gamma: float = _f(1.0, "discount (paper: 1.0)", lo=0.0, hi=1.0, lo_open=True)
+    eps: float = _f(0.2, "clip epsilon (both sides without Clip-Higher; the low side with it)", lo=0.0, hi=1.0, hi_open=True)
+    responses_per_step: int = _f(64, "responses sampled per PPO iteration (paper: 8192)", lo=1)
+    mini_batch_size: int = _f(32, "responses per optimizer step (paper: 512)", lo=1)
+    micro_batch_size: int = _f(32, "responses per forward/backward (gradient accumulation inside a mini-batch)", lo=1)
+    ppo_epochs: int = _f(1, "passes of the actor over each rollout batch", lo=1)
+    critic_epochs: int = _f(1, "passes of the critic over each rollout batch", lo=1)
+    whiten_advantages: bool = _f(True, "normalise actor advantages over the batch's valid tokens (critic targets never)")
+    value_clip: float | None = _f(None, "PPO value clipping range around rollout-time values (None: off)", lo=0.0, lo_open=True)
+    grad_clip: float = _f(1.0, "max gradient norm, each model (0: off)", lo=0.0)
+    max_new_tokens: int | None = _f(None, "response length limit (None: the task's default)", lo=1)
+    temperature: float = _f(1.0, "rollout sampling temperature", lo=0.0, lo_open=True)
+    top_p: float = _f(1.0, "rollout nucleus sampling (1.0: off)", lo=0.0, hi=1.0, lo_open=True)
+
+
+@dataclass
+class RunConfig:
+    """One training run."""
+
+    task: str = _f("chain", "task name (see vapo_lit.tasks)")
+    task_options: dict = _f({}, "keyword options for the task (e.g. data file paths for 'math')")
+    model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
+    critic_init: str = _f("reward_model", "critic initialisation: 'reward_model', 'actor' or a local dir")
+    components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
+    vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})
+    ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"doc": "PPO settings"})
+    steps: int = _f(100, "PPO iterations with actor updates (value pretraining comes on top)", lo=1)
+    seed: int = _f(0, "seed of prompts, sampling, initialisation", lo=0)
+    eval_every: int = _f(10, "evaluate every this many PPO iterations (0: only at start and end)", lo=0)
+    eval_k: int = _f(8, "samples per eval prompt for avg@k (paper: 32)", lo=1)
+    eval_top_p: float = _f(0.7, "eval nucleus (paper: 0.7)", lo=0.0, hi=1.0, lo_open=True)
+    eval_temperature: float = _f(1.0, "eval temperature (paper: 1.0)", lo=0.0, lo_open=True)
+    eval_problems: int | None = _f(None, "use only the first N eval problems (None: all)", lo=1)
+    checkpoint_every: int = _f(10, "save last.ckpt every this many PPO iterations", lo=1)
+    out_dir: str = _f("runs", "where run folders go")
+    name: str | None = _f(None, "run folder name (default: derived from components and seed)")
+    wandb: str = _f("auto", "W&B mode: auto (online if logged in, else offline), online, offline, disabled",
+                    choices=("auto", "online", "offline", "disabled"))
+    wandb_project: str = _f("vapo-lit", "W&B project")
+    wandb_group: str | None = _f(None, "W&B group (a grid shares one)")
+    wandb_job_type: str | None = _f(None, "W&B job_type (a grid's table row)")
+    threads: int | None = _f(None, "torch CPU threads (None: torch's default)", lo=1)
+    cache_dir: str | None = _f(None, "cache of built models and pretrained critics (default ~/.cache/vapo-lit)")
+
+
+# ----------------------------------------------------------------------------- validation
+def _check_range(path: str, value: Any, meta: dict) -> None:
+    lo, hi, choices = meta.get("lo"), meta.get("hi"), meta.get("choices")
+    if value is None or isinstance(value, bool):
+        return
+    if choices is not None and value not in choices:
+        raise ValueError(f"{path}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
+    if isinstance(value, (int, float)):
+        if isinstance(value, float) and math.isnan(value):
+            raise ValueError(f"{path} is NaN; {_range_text(meta)}")
+        bad_lo = lo is not None and (value <= lo if meta.get("lo_open") else value < lo)
+        bad_hi = hi is not None and (value >= hi if meta.get("hi_open") else value > hi)
+        if bad_lo or bad_hi:
+            raise ValueError(f"{path}={value!r} is out of range; {_range_text(meta)}")
+
+
+def _range_text(meta: dict) -> str:
+    lo, hi = meta.get("lo"), meta.get("hi")
+    left = "(" if meta.get("lo_open") else "["
+    right = ")" if meta.get("hi_open") else "]"
+    if lo is not None and hi is not None:
+        return f"valid range: {left}{lo}, {hi}{right}"
+    if lo is not None:
+        return f"valid range: {'>' if meta.get('lo_open') else '>='} {lo}"
+    return f"valid range: {'<' if meta.get('hi_open') else '<='} {hi}"
+
+
+def validate(cfg: RunConfig) -> RunConfig:
+    """Raise ValueError (naming the field, the value and what is valid) on any bad setting."""
+    def walk(obj, prefix):
+        for f in dataclasses.fields(obj):
+            value = getattr(obj, f.name)
+            path = f"{prefix}{f.name}"
+            if dataclasses.is_dataclass(value):
+                walk(value, path + ".")
+            else:
+                _check_range(path, value, f.metadata)
+
+    walk(cfg, "")
+    unknown = [c for c in cfg.components if c not in COMPONENTS]
+    if unknown:
+        raise ValueError(
+            f"unknown component(s): {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
+        )
+    p = cfg.ppo
+    if p.mini_batch_size > p.responses_per_step:
+        raise ValueError(
+            f"ppo.mini_batch_size={p.mini_batch_size} exceeds ppo.responses_per_step={p.responses_per_step}; "
+            "it must be <= responses_per_step"
+        )
+    if p.micro_batch_size > p.mini_batch_size:
+        raise ValueError(
+            f"ppo.micro_batch_size={p.micro_batch_size} exceeds ppo.mini_batch_size={p.mini_batch_size}"
+        )
+    if "group_sampling" in cfg.components and p.responses_per_step % cfg.vapo.samples_per_prompt:
+        raise ValueError(
+            f"with group_sampling, ppo.responses_per_step={p.responses_per_step} must be a multiple of "
+            f"vapo.samples_per_prompt={cfg.vapo.samples_per_prompt}"
+        )
+    if "clip_higher" in cfg.components and cfg.vapo.eps_high < p.eps:
+        raise ValueError(
+            f"vapo.eps_high={cfg.vapo.eps_high} is below ppo.eps={p.eps}; Clip-Higher needs eps_high >= eps_low"
+        )
+    return cfg
+
+
+# ----------------------------------------------------------------------------- dict round trip
+def to_dict(cfg) -> dict:
+    return dataclasses.asdict(cfg)
+
+
+def from_dict(data: dict, cls=RunConfig):
+    """Build a (nested) config from a dict; unknown keys raise with the valid ones listed."""
+    if data is None:
+        return cls()
+    if not isinstance(data, dict):
+        raise ValueError(f"{cls.__name__} expects a mapping; got {type(data).__name__}")
+    fields = {f.name: f for f in dataclasses.fields(cls)}
+    kwargs = {}
+    for key, value in data.items():
+        if key not in fields:
+            raise ValueError(f"unknown setting {key!r} in {cls.__name__}; valid: {', '.join(fields)}")
+        sub = _nested_type(cls, key)
+        kwargs[key] = from_dict(value, sub) if sub is not None else value
+    return cls(**kwargs)
+
+
+def _nested_type(cls, name):
+    if cls is RunConfig:
+        return {"vapo": ComponentValues, "ppo": PPOConfig}.get(name)
+    return None
+
+
+def merge(cfg, delta: dict):
+    """A copy of `cfg` with the (nested) `delta` applied."""
+    base = to_dict(cfg)
+
+    def deep(a, b):
+        for k, v in b.items():
+            if isinstance(v, dict) and isinstance(a.get(k), dict) and k != "task_options":
+                deep(a[k], v)
+            else:
+                a[k] = v
+        return a
+
+    return from_dict(deep(base, delta), type(cfg))
