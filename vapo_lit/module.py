@@ -97,8 +97,18 @@ class VapoModule(L.LightningModule):
             self.critic.load_state_dict(loaded.state_dict())
 
     def on_value_pretraining_end(self, steps: int, ev: float) -> None:
+        self.reset_critic_optimizer()
         self._pending_eval["value_pretrain/steps"] = steps
         self._pending_eval["value_pretrain/final_ev"] = ev
+
+    def reset_critic_optimizer(self) -> None:
+        """PPO starts with a fresh critic optimiser and schedule after value pretraining, whether
+        the pretrained critic was just trained or loaded from the cache (so both runs match)."""
+        opt, sch = self.optimizers()[1], self.lr_schedulers()[1]
+        opt.optimizer.state.clear() if hasattr(opt, "optimizer") else opt.state.clear()
+        sch.last_epoch = 0
+        for group, base, fn in zip(sch.optimizer.param_groups, sch.base_lrs, sch.lr_lambdas):
+            group["lr"] = base * fn(0)
 
     # ------------------------------------------------------------------ Lightning plumbing
     @property

@@ -235,8 +235,10 @@ def build_module(cfg: RunConfig) -> VapoModule:
     return VapoModule(cfg, task, actor, tokenizer, critic)
 
 
-def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=()) -> dict:
-    """Run (or, with resume=True, continue) one training run; returns its summary."""
+def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_factory=build_module) -> dict:
+    """Run (or, with resume=True, continue) one training run; returns its summary.
+
+    `module_factory(cfg) -> VapoModule` builds task and models (tests pass tiny ones)."""
     validate(cfg)
     run_dir = run_dir_of(cfg)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
@@ -253,7 +255,7 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=()) -> dict:
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
-    module = build_module(cfg)
+    module = module_factory(cfg)
     keep_until = None
     wandb_id = None
     if resume:
@@ -274,10 +276,15 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=()) -> dict:
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(run_dir),
     )
     t0 = time.perf_counter()
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", ".*does not have many workers.*")
-        warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
-        trainer.fit(module, ckpt_path=str(ckpt) if resume else None)
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*does not have many workers.*")
+            warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+            trainer.fit(module, ckpt_path=str(ckpt) if resume else None)
+    except BaseException:
+        if wb is not None and wb._experiment is not None:
+            wb.experiment.finish(exit_code=1)  # keep what was logged; mark the run failed
+        raise
     summary = {
         "run_dir": str(run_dir), "iterations": module.iteration, "ppo_updates": module.ppo_updates,
         "best_eval": module.best_eval, "wall_seconds": time.perf_counter() - t0,
@@ -285,7 +292,5 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=()) -> dict:
     }
     _write_json(run_dir / "summary.json", summary)
     if wb is not None:
-        import wandb
-
-        wandb.finish()
+        wb.experiment.finish()  # flush and close this run's file now (not at interpreter exit)
     return summary

@@ -50,7 +50,8 @@ class ValuePretraining(Component):
         entry = self._entry(pl_module)
         if verify_dir(entry) is None:
             stats = json.loads((entry / "pretraining.json").read_text())
-            pl_module.load_critic_weights(entry)  # critic optimiser stays fresh (no step taken yet)
+            pl_module.load_critic_weights(entry)
+            pl_module.reset_critic_optimizer()
             self.steps_done, self.last_ev, self.done = stats["steps_done"], stats["last_ev"], True
             self.from_cache = str(entry)
             pl_module.iteration = stats["steps_done"]  # same prompt stream as a run that pretrained

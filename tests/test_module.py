@@ -1,0 +1,249 @@
+"""VapoModule under a real Lightning Trainer with tiny random-init models on a shrunken chain task:
+vanilla == no callbacks, callbacks change only their switches, the actor is frozen during value
+pretraining, resume reproduces the metric history, non-finite losses stop the run loudly, and
+the W&B offline run can be read back from disk."""
+from __future__ import annotations
+
+import csv
+import dataclasses
+import json
+import math
+
+import pytest
+import torch
+from lightning.pytorch.callbacks import Callback
+from transformers import LlamaConfig, LlamaForCausalLM
+
+from vapo_lit.components import REGISTRY, build_callbacks
+from vapo_lit.config import COMPONENTS, ComponentValues, PPOConfig, RunConfig, Switches, merge
+from vapo_lit.models.value import ValueModel
+from vapo_lit.module import NonFiniteLossError, VapoModule
+from vapo_lit.presets import PRESETS
+from vapo_lit.tasks import get_task
+from vapo_lit.train import train
+
+
+def tiny_factory(cfg: RunConfig) -> VapoModule:
+    """Random-init tiny Llama actor and a critic on a copy of its backbone (no SFT: seconds)."""
+    torch.manual_seed(cfg.seed)
+    task = get_task(cfg.task, **cfg.task_options)
+    tok = task.tokenizer
+    mc = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    actor = LlamaForCausalLM(mc)
+    critic = ValueModel.from_causal_lm(actor)
+    return VapoModule(cfg, task, actor, tok, critic)
+
+
+def smoke_cfg(tmp_path, **delta) -> RunConfig:
+    cfg = merge(RunConfig(), PRESETS["smoke"])
+    base = {"out_dir": str(tmp_path / "runs"), "wandb": "disabled", "cache_dir": str(tmp_path / "cache")}
+    return merge(cfg, {**base, **delta})
+
+
+def read_metrics(run_dir) -> list[dict]:
+    with open(f"{run_dir}/metrics.csv", newline="") as f:
+        return list(csv.DictReader(f))
+
+
+# ----------------------------------------------------------------------------- switches
+@pytest.mark.parametrize("name", COMPONENTS)
+def test_each_callback_sets_only_its_declared_switches(name):
+    values = ComponentValues(alpha=0.7, lambda_critic=0.9, eps_high=0.33, mu=0.3, samples_per_prompt=4,
+                             value_pretrain_steps=7, value_pretrain_min_ev=0.2)
+    (cb,) = build_callbacks([name], values)
+    before = Switches()
+    after = dataclasses.replace(before)
+    cb.apply(after)
+    changed = {f.name for f in dataclasses.fields(Switches) if getattr(before, f.name) != getattr(after, f.name)}
+    assert getattr(after, name) is True
+    assert name in changed and changed <= set(cb.declares), changed
+    for key in cb.declares:
+        if key != name:
+            assert getattr(after, key) == getattr(values, key)
+
+
+def test_unknown_component_and_bad_values():
+    with pytest.raises(ValueError, match="valid names: value_pretraining, decoupled_gae"):
+        build_callbacks(["not_a_component"])
+    with pytest.raises(ValueError, match=r"length_adaptive_gae.alpha=0 is out of range; valid range: > 0"):
+        REGISTRY["length_adaptive_gae"](alpha=0)
+    with pytest.raises(ValueError, match="takes mu; got 'alpha'"):
+        REGISTRY["positive_lm_loss"](alpha=1.0)
+
+
+def test_callback_checks_run_in_setup(tmp_path):
+    cfg = smoke_cfg(tmp_path, ppo={"eps": 0.3}, vapo={"eps_high": 0.28}, components=["clip_higher"])
+    with pytest.raises(ValueError, match="eps_high=0.28 is below"):
+        train(cfg, module_factory=tiny_factory)
+
+
+# ----------------------------------------------------------------------------- vanilla
+class FirstUpdate(Callback):
+    def __init__(self):
+        self.metrics = None
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        if self.metrics is None:
+            self.metrics = dict(pl_module.last_metrics)
+
+
+def test_all_switches_off_is_vanilla_ppo(tmp_path):
+    """No component callbacks at all == the explicit vanilla config (--only none): same first update."""
+    import lightning as L
+
+    cfg = smoke_cfg(tmp_path, components=[], steps=1, eval_every=0)
+    probe_a = FirstUpdate()
+    module = tiny_factory(cfg)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, callbacks=[probe_a],
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module)
+    assert module.switches == Switches()  # nothing switched on
+
+    probe_b = FirstUpdate()
+    from vapo_lit.cli.args import config_from_args
+    from vapo_lit.cli.train import build_parser
+
+    explicit = config_from_args(build_parser().parse_args(["--preset", "smoke", "--only", "none"]))
+    explicit = merge(explicit, {"out_dir": str(tmp_path / "b"), "wandb": "disabled", "steps": 1, "eval_every": 0})
+    assert explicit.components == []
+    train(explicit, module_factory=tiny_factory, extra_callbacks=[probe_b])
+    for key in ("loss/policy", "value/loss", "policy/entropy", "gae/lambda_policy_mean", "objective/score"):
+        assert probe_a.metrics[key] == probe_b.metrics[key], key
+    assert probe_a.metrics["gae/lambda_policy_mean"] == pytest.approx(0.95)
+
+
+def test_components_change_the_update(tmp_path):
+    """Sanity: the full recipe's first update differs from vanilla's (the switches are read)."""
+    probes = {}
+    for label, comps in (("vanilla", []), ("vapo", [c for c in COMPONENTS if c != "value_pretraining"])):
+        probes[label] = FirstUpdate()
+        cfg = smoke_cfg(tmp_path, components=comps, steps=1, eval_every=0, name=label)
+        train(cfg, module_factory=tiny_factory, extra_callbacks=[probes[label]])
+    a, b = probes["vanilla"].metrics, probes["vapo"].metrics
+    assert a["rollout/samples_per_prompt"] == 1 and b["rollout/samples_per_prompt"] == 4
+    assert a["gae/lambda_policy_mean"] != b["gae/lambda_policy_mean"]
+    assert a["loss/policy"] != b["loss/policy"]
+
+
+# ----------------------------------------------------------------------------- value pretraining
+class WeightWatch(Callback):
+    def __init__(self):
+        self.snapshots = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        self.snapshots.append((pl_module.phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
+                               {k: v.clone() for k, v in pl_module.critic.state_dict().items()}))
+
+
+def test_value_pretraining_freezes_the_actor(tmp_path):
+    watch = WeightWatch()
+    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0,
+                    vapo={"value_pretrain_steps": 3})
+    train(cfg, module_factory=tiny_factory, extra_callbacks=[watch])
+    phases = [p for p, _, _ in watch.snapshots]
+    assert phases == ["value_pretrain"] * 3 + ["ppo"]
+    first_actor, last_pre_actor = watch.snapshots[0][1], watch.snapshots[3][1]
+    assert all(torch.equal(first_actor[k], last_pre_actor[k]) for k in first_actor)  # bit-identical
+    c0, c3 = watch.snapshots[0][2], watch.snapshots[3][2]
+    assert any(not torch.equal(c0[k], c3[k]) for k in c0)  # the critic did learn
+    rows = read_metrics(next((tmp_path / "runs").iterdir()))
+    assert [float(r["train/value_pretraining"]) for r in rows] == [1.0, 1.0, 1.0, 0.0]
+
+
+def test_pretrained_critic_is_cached_and_reused(tmp_path):
+    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0,
+                    vapo={"value_pretrain_steps": 2}, name="first")
+    train(cfg, module_factory=tiny_factory)
+    watch = WeightWatch()
+    second = merge(cfg, {"name": "second"})
+    train(second, module_factory=tiny_factory, extra_callbacks=[watch])
+    assert [p for p, _, _ in watch.snapshots] == ["ppo"]  # no pretraining iterations the second time
+    rows_a = read_metrics(tmp_path / "runs" / "first")
+    rows_b = read_metrics(tmp_path / "runs" / "second")
+    # same prompt stream position and same critic: the first PPO iteration is identical
+    assert rows_a[-1]["value/loss"] == rows_b[-1]["value/loss"]
+    assert rows_a[-1]["loss/policy"] == rows_b[-1]["loss/policy"]
+
+
+# ----------------------------------------------------------------------------- resume
+class CrashAt(Callback):
+    def __init__(self, iteration):
+        self.iteration = iteration
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if pl_module.iteration == self.iteration:
+            raise KeyboardInterrupt  # what Lightning sees when a user kills the run with Ctrl-C
+
+
+def _comparable(rows):
+    return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
+
+
+def test_resume_reproduces_metric_history(tmp_path):
+    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=2,
+                vapo={"value_pretrain_steps": 1})
+    full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
+    train(full, module_factory=tiny_factory)
+    broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
+    with pytest.raises(BaseException):
+        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(5)])
+    partial = read_metrics(tmp_path / "runs" / "broken")
+    assert len(partial) == 5  # iterations 1..5 logged (1 = value pretraining), last checkpoint at 4
+    train(broken, resume=True, module_factory=tiny_factory)
+    a = _comparable(read_metrics(tmp_path / "runs" / "full"))
+    b = _comparable(read_metrics(tmp_path / "runs" / "broken"))
+    assert [r["step"] for r in b] == [r["step"] for r in a]
+    assert a == b
+
+
+# ----------------------------------------------------------------------------- non-finite
+class PoisonCritic(Callback):
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        if pl_module.iteration == 2:
+            with torch.no_grad():
+                pl_module.critic.head.bias.fill_(float("nan"))
+
+
+def test_nan_loss_stops_with_step_tensor_and_checkpoint(tmp_path):
+    cfg = smoke_cfg(tmp_path, components=[], steps=5, checkpoint_every=1, eval_every=0)
+    with pytest.raises(NonFiniteLossError) as e:
+        train(cfg, module_factory=tiny_factory, extra_callbacks=[PoisonCritic()])
+    msg = str(e.value)
+    assert "value/loss" in msg and "iteration 2" in msg and "last.ckpt" in msg
+
+
+# ----------------------------------------------------------------------------- logging
+def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.delenv("WANDB_API_KEY", raising=False)
+    cfg = smoke_cfg(tmp_path, wandb="auto", steps=2, eval_every=1, wandb_group="grid-x",
+                    components=[c for c in COMPONENTS if c != "clip_higher"], vapo={"value_pretrain_steps": 1})
+    summary = train(cfg, module_factory=tiny_factory)
+    run_dir = summary["run_dir"]
+    card = json.loads(open(f"{run_dir}/run_card.json").read())
+    for item in ("value_initialisation_and_warmup", "update_frequencies", "lambdas", "masks", "token_denominator",
+                 "packed_batch_semantics", "positive_samples", "rollout_budget", "sampling", "verifier"):
+        assert item in card, item
+    assert card["components_off"] == ["clip_higher"] and card["wandb"]["mode"] == "offline"
+    assert card["wandb"]["group"] == "grid-x"
+
+    import glob
+
+    from wandb_offline import read_run
+
+    (path,) = glob.glob(f"{run_dir}/wandb/offline-run-*/run-*.wandb")
+    run = read_run(path)
+    history, config = run["history"], run["config"]
+    assert run["run"].run_group == "grid-x" and run["run"].job_type == "vapo-no-clip_higher"
+    assert "no-clip_higher" in list(run["run"].tags)
+    logged = {k for h in history for k in h}
+    assert {"objective/score", "value/explained_variance", "policy/entropy", "rollout/response_length",
+            "eval/avg@2"} <= logged
+    logged_card = config["run_card"].get("value", config["run_card"])
+    assert logged_card["config"]["components"] == cfg.components  # the full config is in the W&B config
+    assert logged_card["lambdas"] == card["lambdas"]
+    csv_rows = read_metrics(run_dir)
+    assert len(csv_rows) == 3 and math.isclose(float(csv_rows[-1]["objective/score"]),
+                                               [h for h in history if "objective/score" in h][-1]["objective/score"])
