@@ -251,3 +251,24 @@ def test_bad_eps():
         policy_loss(z, z, z, z, eps_high=-0.1)
     with pytest.raises(ValueError, match="advantages must have the shape of logprobs"):
         policy_loss(z, z, torch.zeros(2, 1), z)
+
+
+def test_group_normalized_advantage_matches_loop():
+    from vapo_lit.algos import group_normalized_advantage
+
+    g = torch.Generator().manual_seed(3)
+    scores = (torch.rand(12, generator=g) < 0.4).double()
+    scores[:4] = 1.0  # a group with no signal
+    mask = torch.ones(12, 5, dtype=torch.float64)
+    mask[3, 2:] = 0
+    adv = group_normalized_advantage(scores, mask, group_size=4)
+    for b in range(12):
+        grp = scores[(b // 4) * 4:(b // 4) * 4 + 4].tolist()
+        mean = sum(grp) / 4
+        std = math.sqrt(sum((x - mean) ** 2 for x in grp) / 4)
+        expect = (scores[b].item() - mean) / (std + 1e-6)
+        for t in range(5):
+            assert adv[b, t].item() == pytest.approx(expect * mask[b, t].item(), abs=1e-9)
+    assert bool((adv[:4] == 0).all())
+    with pytest.raises(ValueError, match="group_size must divide N = 12"):
+        group_normalized_advantage(scores, mask, group_size=5)

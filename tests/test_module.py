@@ -12,28 +12,17 @@ import math
 import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
-from transformers import LlamaConfig, LlamaForCausalLM
 
 from vapo_lit.components import REGISTRY, build_callbacks
 from vapo_lit.config import COMPONENTS, ComponentValues, PPOConfig, RunConfig, Switches, merge
-from vapo_lit.models.value import ValueModel
-from vapo_lit.module import NonFiniteLossError, VapoModule
+from vapo_lit.module import NonFiniteLossError, VapoModule  # noqa: F401
 from vapo_lit.presets import PRESETS
-from vapo_lit.tasks import get_task
-from vapo_lit.train import train
+from vapo_lit.train import build_module, train
 
 
 def tiny_factory(cfg: RunConfig) -> VapoModule:
     """Random-init tiny Llama actor and a critic on a copy of its backbone (no SFT: seconds)."""
-    torch.manual_seed(cfg.seed)
-    task = get_task(cfg.task, **cfg.task_options)
-    tok = task.tokenizer
-    mc = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=256,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    actor = LlamaForCausalLM(mc)
-    critic = ValueModel.from_causal_lm(actor)
-    return VapoModule(cfg, task, actor, tok, critic)
+    return build_module(merge(cfg, {"model": "random"}))
 
 
 def smoke_cfg(tmp_path, **delta) -> RunConfig:
@@ -247,3 +236,16 @@ def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
     csv_rows = read_metrics(run_dir)
     assert len(csv_rows) == 3 and math.isclose(float(csv_rows[-1]["objective/score"]),
                                                [h for h in history if "objective/score" in h][-1]["objective/score"])
+
+
+def test_critic_free_grpo_baseline(tmp_path):
+    cfg = smoke_cfg(tmp_path, advantage_estimator="grpo", steps=2, eval_every=0,
+                    components=["token_level_loss", "clip_higher", "group_sampling"])
+    summary = train(cfg, module_factory=tiny_factory)
+    rows = read_metrics(summary["run_dir"])
+    assert len(rows) == 2 and not any(k.startswith("value/") for k in rows[-1] if rows[-1][k])
+    assert float(rows[-1]["rollout/samples_per_prompt"]) == 4
+    with pytest.raises(ValueError, match="grpo is critic-free: value_pretraining"):
+        train(smoke_cfg(tmp_path, advantage_estimator="grpo"), module_factory=tiny_factory)
+    with pytest.raises(ValueError, match="needs group_sampling"):
+        train(smoke_cfg(tmp_path, advantage_estimator="grpo", components=["clip_higher"]), module_factory=tiny_factory)

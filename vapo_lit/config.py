@@ -95,6 +95,8 @@ class RunConfig:
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
     critic_init: str = _f("reward_model", "critic initialisation: 'reward_model', 'actor' or a local dir")
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
+    advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
+                                  choices=("gae", "grpo"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})
     ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"doc": "PPO settings"})
     steps: int = _f(100, "PPO iterations with actor updates (value pretraining comes on top)", lo=1)
@@ -179,6 +181,15 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(
             f"vapo.eps_high={cfg.vapo.eps_high} is below ppo.eps={p.eps}; Clip-Higher needs eps_high >= eps_low"
         )
+    if cfg.advantage_estimator == "grpo":
+        critic_parts = [c for c in ("value_pretraining", "decoupled_gae", "length_adaptive_gae") if c in cfg.components]
+        if critic_parts:
+            raise ValueError(
+                f"advantage_estimator=grpo is critic-free: {', '.join(critic_parts)} do not apply; valid with grpo: "
+                "token_level_loss, clip_higher, positive_lm_loss, group_sampling"
+            )
+        if "group_sampling" not in cfg.components:
+            raise ValueError("advantage_estimator=grpo needs group_sampling (the baseline is the group's mean score)")
     return cfg
 
 

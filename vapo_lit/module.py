@@ -104,7 +104,7 @@ class VapoModule(L.LightningModule):
     def reset_critic_optimizer(self) -> None:
         """PPO starts with a fresh critic optimiser and schedule after value pretraining, whether
         the pretrained critic was just trained or loaded from the cache (so both runs match)."""
-        opt, sch = self.optimizers()[1], self.lr_schedulers()[1]
+        opt, sch = self._opt(1)
         opt.optimizer.state.clear() if hasattr(opt, "optimizer") else opt.state.clear()
         sch.last_epoch = 0
         for group, base, fn in zip(sch.optimizer.param_groups, sch.base_lrs, sch.lr_lambdas):
@@ -119,15 +119,25 @@ class VapoModule(L.LightningModule):
     def prompts_per_step(self) -> int:
         return self.cfg.ppo.responses_per_step // self.samples_per_prompt
 
+    @property
+    def critic_free(self) -> bool:
+        return self.critic is None
+
     def configure_optimizers(self):
         p = self.cfg.ppo
-        opt_a = torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)
-        opt_c = torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
         warm = max(1, p.warmup_steps)
         schedule = lambda step: min(1.0, (step + 1) / warm)  # noqa: E731 - warmup, then constant
-        sch_a = torch.optim.lr_scheduler.LambdaLR(opt_a, schedule)
-        sch_c = torch.optim.lr_scheduler.LambdaLR(opt_c, schedule)
-        return [opt_a, opt_c], [sch_a, sch_c]
+        opts = [torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)]
+        if not self.critic_free:
+            opts.append(torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay))
+        return opts, [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in opts]
+
+    def _opt(self, i: int):
+        """(optimizer, scheduler) i: 0 = actor, 1 = critic (Lightning unwraps single lists)."""
+        opts, schs = self.optimizers(), self.lr_schedulers()
+        opts = opts if isinstance(opts, list) else [opts]
+        schs = schs if isinstance(schs, list) else [schs]
+        return opts[i], schs[i]
 
     def train_dataloader(self):
         stream = PromptStream(self.task, self.prompts_per_step, self.cfg.seed, start=self.iteration)
@@ -178,38 +188,23 @@ class VapoModule(L.LightningModule):
         rewards = torch.zeros(N, R)
         rewards[torch.arange(N), last] = score * (ro.lengths > 0)
 
-        # 3. values: V(s_t) of response token t is read at column P + t - 1
+        # 3-4. values and advantages
         input_ids, attn = ro.input_ids, ro.attention_mask
-        with torch.no_grad():
-            v_full = self.critic(input_ids, attn)  # (N, P + R)
-        values = v_full[:, P - 1:-1] * mask
-        bootstrap = torch.where(ro.truncated, v_full[torch.arange(N), P + last], torch.zeros(N))
-
-        # 4. advantages (one pass over the TD residuals, two lambdas)
         lengths = mask.sum(1)
-        if sw.length_adaptive_gae:
-            lam_policy = algos.length_adaptive_lambda(lengths.clamp(min=1), sw.alpha, p.gamma)
-            n_clamped = algos.lambda_clamped(lengths.clamp(min=1), sw.alpha, p.gamma)
+        if self.critic_free:  # the GRPO/DAPO baseline row: group-normalised outcome, no critic
+            advantages = algos.group_normalized_advantage(score, mask, self.samples_per_prompt)
+            values = returns = None
+            lam_policy, n_clamped = None, 0
         else:
-            lam_policy, n_clamped = torch.full((N,), p.lam), 0
-        if pretraining:
-            lam_critic = 1.0  # Monte-Carlo returns
-        elif sw.decoupled_gae:
-            lam_critic = sw.lambda_critic
-        else:
-            lam_critic = lam_policy  # one lambda for both
-        advantages, returns = algos.decoupled_gae(
-            rewards, values, mask, lam_policy, lam_critic, gamma=p.gamma, bootstrap_values=bootstrap
-        )
-        if p.whiten_advantages:
-            advantages = algos.masked_whiten(advantages, mask)
+            values, returns, advantages, lam_policy, n_clamped = self.advantages(
+                input_ids, attn, rewards, mask, ro, P, pretraining)
 
         batch = dict(input_ids=input_ids, attn=attn, response_ids=ro.response_ids, mask=mask,
                      old_logprobs=ro.logprobs, old_values=values, advantages=advantages,
                      returns=returns, positive=score > 0)
 
         # 5. critic update
-        critic_stats = self.update_critic(batch, P)
+        critic_stats = {} if self.critic_free else self.update_critic(batch, P)
         # 6. actor update (never during value pretraining: the initial policy stays fixed)
         actor_stats = {} if pretraining else self.update_actor(batch, P)
         t_update = time.perf_counter()
@@ -219,7 +214,8 @@ class VapoModule(L.LightningModule):
         if not pretraining:
             self.ppo_updates += 1
         metrics = self.rollout_metrics(ro, score, verdicts, lengths, lam_policy, n_clamped)
-        metrics.update(self.critic_metrics(values, returns, mask, score, lengths))
+        if not self.critic_free:
+            metrics.update(self.critic_metrics(values, returns, mask, score, lengths))
         metrics.update(critic_stats)
         metrics.update(actor_stats)
         metrics.update({
@@ -228,9 +224,10 @@ class VapoModule(L.LightningModule):
             "perf/tokens_per_second": float(lengths.sum()) / max(t_update - t_start, 1e-9),
             "train/iteration": self.iteration, "train/ppo_update": self.ppo_updates,
             "train/value_pretraining": float(pretraining),
-            "train/actor_lr": self.optimizers()[0].param_groups[0]["lr"],
-            "train/critic_lr": self.optimizers()[1].param_groups[0]["lr"],
+            "train/actor_lr": self._opt(0)[0].param_groups[0]["lr"],
         })
+        if not self.critic_free:
+            metrics["train/critic_lr"] = self._opt(1)[0].param_groups[0]["lr"]
         done = self.ppo_updates >= self.cfg.steps
         if not pretraining and (done or (self.cfg.eval_every and self.ppo_updates % self.cfg.eval_every == 0)):
             self._pending_eval.update(self.evaluate())
@@ -245,6 +242,34 @@ class VapoModule(L.LightningModule):
             self.trainer.should_stop = True
 
     # ------------------------------------------------------------------ pieces of the step
+    @torch.no_grad()
+    def advantages(self, input_ids, attn, rewards, mask, ro, P, pretraining):
+        """Critic values V(s_t) (read at column P + t - 1), bootstrap values of truncated rows,
+        and decoupled GAE: actor advantages with lambda_policy, critic targets with lambda_critic."""
+        sw, p = self.switches, self.cfg.ppo
+        N = mask.shape[0]
+        v_full = self.critic(input_ids, attn)  # (N, P + R)
+        values = v_full[:, P - 1:-1] * mask
+        last = (ro.lengths - 1).clamp(min=0)
+        bootstrap = torch.where(ro.truncated, v_full[torch.arange(N), P + last], torch.zeros(N))
+        lengths = mask.sum(1).clamp(min=1)
+        if sw.length_adaptive_gae:
+            lam_policy = algos.length_adaptive_lambda(lengths, sw.alpha, p.gamma)
+            n_clamped = algos.lambda_clamped(lengths, sw.alpha, p.gamma)
+        else:
+            lam_policy, n_clamped = torch.full((N,), p.lam), 0
+        if pretraining:
+            lam_critic = 1.0  # Monte-Carlo returns
+        elif sw.decoupled_gae:
+            lam_critic = sw.lambda_critic
+        else:
+            lam_critic = lam_policy  # one lambda for both
+        advantages, returns = algos.decoupled_gae(
+            rewards, values, mask, lam_policy, lam_critic, gamma=p.gamma, bootstrap_values=bootstrap)
+        if p.whiten_advantages:
+            advantages = algos.masked_whiten(advantages, mask)
+        return values, returns, advantages, lam_policy, n_clamped
+
     @torch.no_grad()
     def rollout(self, prompts: list[str], seed: int, temperature=None, top_p=None) -> Rollout:
         g = torch.Generator().manual_seed(seed)
@@ -268,8 +293,7 @@ class VapoModule(L.LightningModule):
         return algos.token_logprobs(logits, batch["response_ids"][idx]), logits
 
     def update_critic(self, batch, P) -> dict:
-        opt = self.optimizers()[1]
-        sch = self.lr_schedulers()[1]
+        opt, sch = self._opt(1)
         mask = batch["mask"]
         losses, norms = [], []
         for epoch in range(self.cfg.ppo.critic_epochs):
@@ -293,8 +317,7 @@ class VapoModule(L.LightningModule):
 
     def update_actor(self, batch, P) -> dict:
         sw, p = self.switches, self.cfg.ppo
-        opt = self.optimizers()[0]
-        sch = self.lr_schedulers()[0]
+        opt, sch = self._opt(0)
         mask = batch["mask"]
         eps_high = sw.eps_high if sw.clip_higher else p.eps
         aggregation = "token" if sw.token_level_loss else "sample"
@@ -374,11 +397,10 @@ class VapoModule(L.LightningModule):
             "rollout/verifier_errors": float(sum(v.error is not None for v in verdicts)),
             "rollout/prompts": float(len(ro.texts) // self.samples_per_prompt),
             "rollout/samples_per_prompt": float(self.samples_per_prompt),
-            "gae/lambda_policy_mean": float(lam_policy.mean()),
-            "gae/lambda_policy_min": float(lam_policy.min()),
-            "gae/lambda_policy_max": float(lam_policy.max()),
-            "gae/lambda_policy_clamped": float(n_clamped),
         }
+        if lam_policy is not None:
+            m.update({"gae/lambda_policy_mean": float(lam_policy.mean()), "gae/lambda_policy_min": float(lam_policy.min()),
+                      "gae/lambda_policy_max": float(lam_policy.max()), "gae/lambda_policy_clamped": float(n_clamped)})
         if self.samples_per_prompt > 1:  # how many groups hold both a right and a wrong answer
             g = score.view(-1, self.samples_per_prompt)
             m["rollout/mixed_groups_frac"] = float(((g.max(1).values > 0) & (g.min(1).values == 0)).float().mean())

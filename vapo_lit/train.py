@@ -226,13 +226,35 @@ def _write_json(path: Path, data) -> None:
 
 # ----------------------------------------------------------------------------- train
 def build_module(cfg: RunConfig) -> VapoModule:
+    """Task, policy and critic as the config names them (no critic for the critic-free estimator).
+
+    `model: random` is an untrained tiny Llama on the task's tokenizer with a critic on a copy of
+    its backbone: seconds to build, for smoke runs and tests of the machinery (it learns nothing)."""
     from vapo_lit.models import load_critic, load_policy
+    from vapo_lit.models.value import ValueModel
     from vapo_lit.tasks import get_task
 
     task = get_task(cfg.task, **cfg.task_options)
-    actor, tokenizer = load_policy(cfg.model, task, seed=cfg.seed, cache_dir=cfg.cache_dir)
-    critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
+    if cfg.model == "random":
+        actor, tokenizer = random_tiny_policy(task, cfg.seed)
+        critic = ValueModel.from_causal_lm(actor)
+    else:
+        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.seed, cache_dir=cfg.cache_dir)
+        critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
+    if cfg.advantage_estimator == "grpo":
+        critic = None
     return VapoModule(cfg, task, actor, tokenizer, critic)
+
+
+def random_tiny_policy(task, seed: int):
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    tok = task.tokenizer
+    torch.manual_seed(seed)
+    mc = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return LlamaForCausalLM(mc), tok
 
 
 def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_factory=build_module) -> dict:

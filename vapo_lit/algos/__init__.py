@@ -2,7 +2,13 @@
 
     from vapo_lit.algos import gae, length_adaptive_lambda
 """
-from vapo_lit.algos.advantage import decoupled_gae, gae, lambda_clamped, length_adaptive_lambda
+from vapo_lit.algos.advantage import (
+    decoupled_gae,
+    gae,
+    group_normalized_advantage,
+    lambda_clamped,
+    length_adaptive_lambda,
+)
 from vapo_lit.algos.losses import (
     AGGREGATIONS,
     PolicyLossStats,
@@ -28,7 +34,7 @@ from vapo_lit.algos.stats import (
 )
 
 __all__ = [
-    "gae", "decoupled_gae", "length_adaptive_lambda", "lambda_clamped",
+    "gae", "decoupled_gae", "length_adaptive_lambda", "lambda_clamped", "group_normalized_advantage",
     "AGGREGATIONS", "PolicyLossStats", "aggregate", "clip_fractions", "clipped_surrogate",
     "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
     "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",

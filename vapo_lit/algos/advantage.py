@@ -25,7 +25,7 @@ import torch
 
 from vapo_lit.algos import _native
 
-__all__ = ["length_adaptive_lambda", "lambda_clamped", "gae", "decoupled_gae"]
+__all__ = ["length_adaptive_lambda", "lambda_clamped", "gae", "decoupled_gae", "group_normalized_advantage"]
 
 
 # --------------------------------------------------------------------------- lambda schedule
@@ -260,3 +260,23 @@ def _reverse_discounted_cumsum(x: torch.Tensor, c: torch.Tensor, chunk: int = 64
         out[:, ci] = local[:, ci] + tail * carry[:, None]
         carry = out[:, ci, 0]
     return out.reshape(B, C * L)[:, :T]
+
+
+# --------------------------------------------------------------------------- critic-free baseline
+def group_normalized_advantage(scores, mask, group_size: int, eps: float = 1e-6, scale: bool = True):
+    """GRPO/DAPO outcome advantage: (score - group mean) / (group std + eps), on every valid token.
+
+    `scores` (N,) with N = prompts x group_size, samples of one prompt adjacent; `mask` (N, T).
+    A group whose scores are all equal gets advantage 0 (no signal), as in GRPO. `scale=False`
+    keeps only the mean baseline (Dr. GRPO). The std is the population std of the group.
+    """
+    scores = torch.as_tensor(scores, dtype=mask.dtype if mask.is_floating_point() else torch.float32)
+    if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
+        raise ValueError(f"scores must have shape (N,) = ({mask.shape[0]},); got {tuple(scores.shape)}")
+    if group_size < 1 or scores.shape[0] % group_size:
+        raise ValueError(f"group_size must divide N = {scores.shape[0]}; got {group_size}")
+    g = scores.view(-1, group_size)
+    centred = g - g.mean(1, keepdim=True)
+    if scale:
+        centred = centred / (g.std(1, unbiased=False, keepdim=True) + eps)
+    return centred.reshape(-1, 1) * mask
