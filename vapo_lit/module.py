@@ -70,8 +70,7 @@ class VapoModule(L.LightningModule):
         self.last_metrics: dict[str, float] = {}
         self.last_good_checkpoint: str | None = None
         self.max_new_tokens = cfg.ppo.max_new_tokens or task.max_new_tokens
-        problems = task.eval_problems()
-        self.eval_set = problems[: cfg.eval_problems] if cfg.eval_problems else problems
+        self.eval_set = eval_subset(task, cfg.eval_problems)
         self._pending_eval: dict[str, float] = {}
         self._resumed = False
 
@@ -444,6 +443,26 @@ class VapoModule(L.LightningModule):
             self.best_eval = metrics[key]
             metrics["eval/is_best"] = 1.0
         return metrics
+
+
+def eval_subset(task, n: int | None) -> list:
+    """The first n eval problems of each bucket in turn (round robin), so a subset still covers
+    every length bucket evenly; all of them when n is None."""
+    problems = task.eval_problems()
+    if not n or n >= len(problems):
+        return problems
+    by_bucket: dict[str, list] = {}
+    for pr in problems:
+        by_bucket.setdefault(task.bucket(pr), []).append(pr)
+    queues = [by_bucket[b] for b in task.bucket_names() if b in by_bucket]
+    out, i = [], 0
+    while len(out) < n:
+        q = queues[i % len(queues)]
+        j = i // len(queues)
+        if j < len(q):
+            out.append(q[j])
+        i += 1
+    return out
 
 
 def _mean(xs) -> float:
