@@ -277,15 +277,17 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     run_dir.mkdir(parents=True, exist_ok=True)
     (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
-    module = module_factory(cfg)
     keep_until = None
     wandb_id = None
     if resume:
         state = torch.load(ckpt, map_location="cpu", weights_only=False)
         keep_until = state["vapo"]["iteration"]
+        if state["vapo"]["ppo_updates"] >= cfg.steps and (run_dir / "summary.json").is_file():
+            return json.loads((run_dir / "summary.json").read_text())  # finished: nothing to resume
         card_path = run_dir / "run_card.json"
         if card_path.is_file():
             wandb_id = json.loads(card_path.read_text()).get("wandb", {}).get("id")
+    module = module_factory(cfg)
     loggers = [ResumableCSVLogger(run_dir, keep_until_step=keep_until if resume else None)]
     wb = make_wandb_logger(cfg, run_dir, {"config": to_dict(cfg)}, wandb_id)
     if wb is not None:
