@@ -2,6 +2,8 @@
 from __future__ import annotations
 
 import csv
+import os
+import signal
 import subprocess
 import sys
 import time
@@ -68,3 +70,36 @@ def test_smoke_run_then_resume_in_a_subprocess(tmp_path):
                              capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert len(list(csv.DictReader(open(tmp_path / "runs" / "r" / "metrics.csv")))) == 5
+
+
+def _rows(path):
+    with open(path, newline="") as f:
+        return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in csv.DictReader(f)]
+
+
+@pytest.mark.slow
+def test_sigkilled_run_resumes_to_the_same_history(tmp_path):
+    """SIGKILL a real vapo-train process mid-run; --resume gives the uninterrupted run's metrics."""
+    env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
+    common = ["--preset", "smoke", "--model", "random", "--steps", "12", "--checkpoint_every", "2",
+              "--eval_every", "4", "--wandb", "disabled", "--threads", "1", "--out_dir", str(tmp_path / "runs")]
+    base = [sys.executable, "-m", "vapo_lit.cli.train", *common]
+    ref = subprocess.run(base + ["--name", "ref", "--cache_dir", str(tmp_path / "c1")], env=env,
+                         capture_output=True, text=True, timeout=300)
+    assert ref.returncode == 0, ref.stderr[-2000:]
+    proc = subprocess.Popen(base + ["--name", "killed", "--cache_dir", str(tmp_path / "c2")], env=env,
+                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    metrics = tmp_path / "runs" / "killed" / "metrics.csv"
+    deadline = time.time() + 240
+    while time.time() < deadline and proc.poll() is None:
+        if metrics.is_file() and len(_rows(metrics)) >= 7:
+            break
+        time.sleep(0.05)
+    assert proc.poll() is None, "the run finished before it could be killed"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    assert 7 <= len(_rows(metrics)) < 14
+    resumed = subprocess.run([sys.executable, "-m", "vapo_lit.cli.train", "--resume", str(tmp_path / "runs" / "killed")],
+                             env=env, capture_output=True, text=True, timeout=300)
+    assert resumed.returncode == 0, resumed.stderr[-2000:]
+    assert _rows(metrics) == _rows(tmp_path / "runs" / "ref" / "metrics.csv")
