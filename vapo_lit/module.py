@@ -178,7 +178,7 @@ class VapoModule(L.LightningModule):
         t_rollout = time.perf_counter()
 
         # 2. score
-        verdicts = [self.task.verify(pr, text) for pr, text in zip(prompts, ro.texts)]
+        verdicts = self.task.verify_batch(prompts, ro.texts)
         score = torch.tensor([v.reward for v in verdicts], dtype=torch.float32)  # (N,)
         mask = ro.response_mask  # (N, R)
         N, R = mask.shape

@@ -234,7 +234,10 @@ def build_module(cfg: RunConfig) -> VapoModule:
     from vapo_lit.models.value import ValueModel
     from vapo_lit.tasks import get_task
 
-    task = get_task(cfg.task, **cfg.task_options)
+    options = dict(cfg.task_options)
+    if cfg.model not in ("builtin", "random") and "tokenizer" not in options and _accepts(cfg.task, "tokenizer"):
+        options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
+    task = get_task(cfg.task, **options)
     if cfg.model == "random":
         actor, tokenizer = random_tiny_policy(task, cfg.seed)
         critic = ValueModel.from_causal_lm(actor)
@@ -244,6 +247,16 @@ def build_module(cfg: RunConfig) -> VapoModule:
     if cfg.advantage_estimator == "grpo":
         critic = None
     return VapoModule(cfg, task, actor, tokenizer, critic)
+
+
+def _accepts(task_name: str, param: str) -> bool:
+    import inspect
+
+    from vapo_lit.tasks import TASKS, task_names
+
+    task_names()  # loads the built-in tasks
+    factory = TASKS.get(task_name)
+    return factory is not None and param in inspect.signature(factory).parameters
 
 
 def random_tiny_policy(task, seed: int):

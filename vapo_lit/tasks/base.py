@@ -60,6 +60,10 @@ class Task:
         """Score one response. Must never raise and never execute the response."""
         raise NotImplementedError
 
+    def verify_batch(self, problems: list[Problem], responses: list[str]) -> list[Verdict]:
+        """Score many responses (tasks with a checker pool override this to run them in parallel)."""
+        return [self.verify(p, r) for p, r in zip(problems, responses)]
+
     def bucket(self, problem: Problem) -> str:
         """Difficulty/length bucket label of a problem (for per-bucket pass rates)."""
         return "all"
