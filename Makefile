@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/python benchmarks/gae.py --quick
+	$(BIN)/vapo-ablate --drop=value_pretraining
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

@@ -63,13 +63,13 @@ def test_smoke_run_then_resume_in_a_subprocess(tmp_path):
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = list(csv.DictReader(open(tmp_path / "runs" / "r" / "metrics.csv")))
-    assert len(rows) == 2 + 3  # 2 value-pretraining iterations + 3 PPO iterations
+    assert len(rows) == 1 + 2 + 3  # base eval (step 0), 2 value-pretraining iterations, 3 PPO iterations
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)
     assert again.returncode == 2 and "already holds a run" in again.stderr
     resumed = subprocess.run([sys.executable, "-m", "vapo_lit.cli.train", "--resume", str(tmp_path / "runs" / "r")],
                              capture_output=True, text=True, timeout=300, env=env)
     assert resumed.returncode == 0, resumed.stderr[-3000:]
-    assert len(list(csv.DictReader(open(tmp_path / "runs" / "r" / "metrics.csv")))) == 5
+    assert len(list(csv.DictReader(open(tmp_path / "runs" / "r" / "metrics.csv")))) == 6
 
 
 def _rows(path):

@@ -138,7 +138,8 @@ def test_value_pretraining_freezes_the_actor(tmp_path):
     c0, c3 = watch.snapshots[0][2], watch.snapshots[3][2]
     assert any(not torch.equal(c0[k], c3[k]) for k in c0)  # the critic did learn
     rows = read_metrics(next((tmp_path / "runs").iterdir()))
-    assert [float(r["train/value_pretraining"]) for r in rows] == [1.0, 1.0, 1.0, 0.0]
+    assert rows[0]["step"] == "0" and rows[0]["eval/avg@2"] != ""  # the initial policy's eval row
+    assert [float(r["train/value_pretraining"]) for r in rows[1:]] == [1.0, 1.0, 1.0, 0.0]
 
 
 def test_pretrained_critic_is_cached_and_reused(tmp_path):
@@ -179,7 +180,7 @@ def test_resume_reproduces_metric_history(tmp_path):
     with pytest.raises(BaseException):
         train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(5)])
     partial = read_metrics(tmp_path / "runs" / "broken")
-    assert len(partial) == 5  # iterations 1..5 logged (1 = value pretraining), last checkpoint at 4
+    assert len(partial) == 6  # step 0 (base eval) and iterations 1..5 (1 = value pretraining); checkpoint at 4
     train(broken, resume=True, module_factory=tiny_factory)
     a = _comparable(read_metrics(tmp_path / "runs" / "full"))
     b = _comparable(read_metrics(tmp_path / "runs" / "broken"))
@@ -234,7 +235,7 @@ def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
     assert logged_card["config"]["components"] == cfg.components  # the full config is in the W&B config
     assert logged_card["lambdas"] == card["lambdas"]
     csv_rows = read_metrics(run_dir)
-    assert len(csv_rows) == 3 and math.isclose(float(csv_rows[-1]["objective/score"]),
+    assert len(csv_rows) == 4 and math.isclose(float(csv_rows[-1]["objective/score"]),
                                                [h for h in history if "objective/score" in h][-1]["objective/score"])
 
 
@@ -243,7 +244,7 @@ def test_critic_free_grpo_baseline(tmp_path):
                     components=["token_level_loss", "clip_higher", "group_sampling"])
     summary = train(cfg, module_factory=tiny_factory)
     rows = read_metrics(summary["run_dir"])
-    assert len(rows) == 2 and not any(k.startswith("value/") for k in rows[-1] if rows[-1][k])
+    assert len(rows) == 3 and not any(k.startswith("value/") for k in rows[-1] if rows[-1][k])
     assert float(rows[-1]["rollout/samples_per_prompt"]) == 4
     with pytest.raises(ValueError, match="grpo is critic-free: value_pretraining"):
         train(smoke_cfg(tmp_path, advantage_estimator="grpo"), module_factory=tiny_factory)

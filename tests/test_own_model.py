@@ -52,7 +52,7 @@ def test_own_model_and_math_data_train_end_to_end(tmp_path, data_file):
     })
     summary = train(cfg)
     rows = list(csv.DictReader(open(f"{summary['run_dir']}/metrics.csv")))
-    assert len(rows) == 3
+    assert len(rows) == 4  # base eval, 1 value-pretraining iteration, 2 PPO iterations
     assert float(rows[-1]["rollout/verifier_errors"]) == 0
     assert "eval/avg@2" in rows[-1] and rows[-1]["eval/avg@2"] != ""
     card = json.loads(open(f"{summary['run_dir']}/run_card.json").read())

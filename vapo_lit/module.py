@@ -163,8 +163,9 @@ class VapoModule(L.LightningModule):
         torch.set_rng_state(s["rng"]["torch"])
 
     def on_train_start(self) -> None:
-        if not self._resumed:  # the initial policy's eval, logged with the first row
-            self._pending_eval.update(self.evaluate())
+        if not self._resumed:  # the initial policy's eval: its own row, step 0
+            metrics = {**self.evaluate(), "train/iteration": 0, "train/ppo_update": 0}
+            self._log(metrics, step=0)
 
     # ------------------------------------------------------------------ the algorithm
     def training_step(self, problems, batch_idx):
@@ -234,11 +235,14 @@ class VapoModule(L.LightningModule):
         self._pending_eval = {}
         metrics["perf/total_seconds"] = time.perf_counter() - t_start
         self.last_metrics = metrics
-        for logger in self.loggers:
-            logger.log_metrics(metrics, step=self.iteration)
-            logger.save()
+        self._log(metrics, step=self.iteration)
         if done:
             self.trainer.should_stop = True
+
+    def _log(self, metrics: dict, step: int) -> None:
+        for logger in self.loggers:
+            logger.log_metrics(metrics, step=step)
+            logger.save()  # a killed run keeps every finished iteration
 
     # ------------------------------------------------------------------ pieces of the step
     @torch.no_grad()
