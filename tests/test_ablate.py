@@ -1,0 +1,324 @@
+"""vapo-ablate: validation writes nothing, grids and cell identity, reuse of finished cells, two real
+worker processes on one SQLite file, SIGKILL + rerun resumes from the checkpoint with the same
+table, crashing cells retried then failed, storage passwords masked.
+
+    .venv/bin/python -m pytest tests/test_ablate.py            # all (a minute or two)
+    .venv/bin/python -m pytest tests/test_ablate.py -m "not slow"
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from vapo_lit.ablate.grid import BOOKKEEPING, cell_identity, cells_of, grid_from_drop, load_grid, row_label
+from vapo_lit.ablate.progress import eta_seconds, line
+from vapo_lit.ablate.store import CellStore, Status, mask_text, mask_url
+from vapo_lit.cli.ablate import main
+from vapo_lit.config import COMPONENTS, RunConfig, merge
+from vapo_lit.presets import PRESETS
+
+ROOT = Path(__file__).resolve().parents[1]
+PY = sys.executable
+
+
+def flags(tmp_path, out="out", *extra):
+    return ["--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1",
+            "--cache_dir", str(tmp_path / "cache"), "--out", str(tmp_path / out), *extra]
+
+
+def attempts(run_dir) -> list[dict]:
+    path = Path(run_dir) / "attempts.jsonl"
+    return [json.loads(x) for x in path.read_text().splitlines()] if path.is_file() else []
+
+
+def starts(out) -> dict:
+    return {d.name: [a for a in attempts(d) if a["event"] == "start"] for d in sorted((Path(out) / "runs").iterdir())
+            if d.is_dir() and not d.name.startswith(".")}
+
+
+def write_grid(tmp_path, name, rows) -> str:
+    import yaml
+
+    path = tmp_path / f"{name}.yaml"
+    path.write_text(yaml.safe_dump({"name": name, "rows": rows}))
+    return str(path)
+
+
+def numeric_table(out, grid):
+    t = pd.read_csv(Path(out) / "reports" / grid / "table.csv")
+    return t.set_index("row").select_dtypes("number")
+
+
+# ----------------------------------------------------------------------------- validation
+def test_bad_drop_exits_fast_and_writes_nothing(tmp_path):
+    t0 = time.time()
+    r = subprocess.run([PY, "-m", "vapo_lit.cli.ablate", "--drop=not_a_component", "--out", str(tmp_path / "o")],
+                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    assert r.returncode != 0 and time.time() - t0 < 10
+    assert "not_a_component" in r.stderr and ", ".join(COMPONENTS) in r.stderr
+    assert list(tmp_path.iterdir()) == []  # no output folder, no database
+
+
+def test_unknown_grid_lists_valid_grids(tmp_path, capsys):
+    assert main(flags(tmp_path, "o", "--grid", "nope")) == 2
+    err = capsys.readouterr().err
+    assert "no such grid" in err and all(g in err for g in ("table1", "pairwise", "critic_free"))
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("url, expect", [
+    ("not a url", "not a valid database URL"),
+    ("postgresql://alice:s3cretpw@127.0.0.1:1/vapo", "driver is not installed"),
+    ("sqlite:////no/such/folder/x.db", "does not exist"),
+])
+def test_bad_storage_url_masked_and_nothing_written(tmp_path, capsys, url, expect):
+    assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--storage", url)) == 2
+    captured = capsys.readouterr()
+    assert expect in captured.err
+    assert "s3cretpw" not in captured.err + captured.out
+    assert not (tmp_path / "o").exists()
+
+
+def test_mask_url():
+    assert mask_url("postgresql://bob:pa:ss@db.example/vapo") == "postgresql://bob:***@db.example/vapo"
+    assert mask_url("mysql+pymysql://u:x%40y@h:3306/d?charset=utf8") == "mysql+pymysql://u:***@h:3306/d?charset=utf8"
+    assert mask_url("postgresql://h/d?user=u&password=hunter2&x=1") == "postgresql://h/d?user=u&password=***&x=1"
+    assert mask_url("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
+    url = "postgresql://bob:hunter2@db/vapo"
+    assert "hunter2" not in mask_text(f"could not connect to {url}: password hunter2 rejected", url)
+
+
+def test_other_flag_errors(tmp_path, capsys):
+    assert main(flags(tmp_path, "o")) == 2  # neither --drop nor --grid
+    assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--grid", "table1")) == 2
+    assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--only", "none")) == 2
+    assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--ppo.eps", "2")) == 2
+    assert "ppo.eps=2.0 is out of range" in capsys.readouterr().err
+    assert not (tmp_path / "o").exists()
+
+
+# ----------------------------------------------------------------------------- grids and cells
+def test_row_label_matches_train_run_label():
+    from vapo_lit.train import run_label
+
+    for comps in ([], list(COMPONENTS), ["clip_higher"], [c for c in COMPONENTS if c != "decoupled_gae"],
+                  [c for c in COMPONENTS if c not in ("clip_higher", "group_sampling")]):
+        assert row_label(comps) == run_label(comps)
+
+
+def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
+    base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
+    sizes = {"table1": 9, "pairwise": 29, "critic_free": 3}
+    for name, n in sizes.items():
+        grid = load_grid(name)
+        cells = cells_of(grid, base, [0, 1], tmp_path / "runs")
+        assert len(cells) == 2 * n and len({c.cell_id for c in cells}) == 2 * n
+        assert {c.cfg.wandb_group for c in cells} == {grid.grid_id}
+        assert all(c.cfg.wandb_job_type == c.row for c in cells)
+    table1 = [r.label for r in load_grid("table1").rows]
+    assert table1[0] == "vapo" and table1[-1] == "vanilla_ppo"
+    assert table1[1:8] == [f"vapo-no-{c}" for c in COMPONENTS]
+    grpo = [c for c in cells_of(load_grid("critic_free"), base, [0], tmp_path) if c.cfg.advantage_estimator == "grpo"]
+    full = [c for c in cells_of(load_grid("critic_free"), base, [0], tmp_path) if c.row == "vapo"][0]
+    assert grpo and all(c.cfg.ppo.responses_per_step == full.cfg.ppo.responses_per_step for c in grpo)  # same budget
+    assert not (tmp_path / "runs").exists()
+
+
+def test_cell_identity_ignores_bookkeeping_only():
+    cfg = merge(RunConfig(), PRESETS["smoke"])
+    same = merge(cfg, {"out_dir": "x", "name": "y", "wandb": "offline", "wandb_group": "g", "threads": 3,
+                       "cache_dir": "c", "checkpoint_every": 7, "wandb_job_type": "j", "wandb_project": "p"})
+    assert set(BOOKKEEPING) <= set(RunConfig.__dataclass_fields__)
+    assert cell_identity(cfg) == cell_identity(same)
+    for delta in ({"seed": 1}, {"steps": 4}, {"vapo": {"alpha": 0.5}}, {"components": ["clip_higher"]}):
+        assert cell_identity(merge(cfg, delta)) != cell_identity(cfg)
+
+
+def test_progress_line_and_eta():
+    st = Status(done=2, running=1, waiting=3, failed=1, total=7, mean_seconds=10.0)
+    assert eta_seconds(st, workers=1) == pytest.approx(35.0)
+    assert "2/7 done · 1 running · 3 waiting · 1 failed · ETA 35s" in line("g", st, 1)
+
+
+# ----------------------------------------------------------------------------- running
+def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
+    assert main(flags(tmp_path, "out", "--drop=value_pretraining")) == 0
+    out = tmp_path / "out"
+    text = capsys.readouterr().out
+    assert "| VAPO (full) | 1 |" in text and "| w/o value_pretraining | 1 |" in text
+    for f in ("table.md", "table.tex", "table.csv", "score.png"):
+        assert (out / "reports" / "drop-value_pretraining" / f).is_file()
+    assert main(flags(tmp_path, "out", "--drop", "clip_higher,positive_lm_loss")) == 0
+    text = capsys.readouterr().out
+    assert "1 queued, 1 already finished (reused)" in text
+    assert "| w/o clip_higher + positive_lm_loss | 1 |" in text
+    runs = starts(out)
+    assert len(runs) == 3 and all(len(v) == 1 for v in runs.values()), runs  # the full recipe ran once
+    # rerunning the same command redoes nothing
+    assert main(flags(tmp_path, "out", "--drop=value_pretraining")) == 0
+    assert "0 queued, 2 already finished (reused)" in capsys.readouterr().out
+    assert all(len(v) == 1 for v in starts(out).values())
+
+
+def test_crashing_cell_is_retried_then_failed_and_the_rest_finish(tmp_path, capsys):
+    broken = {"task_options": {**PRESETS["smoke"]["task_options"], "no_such_option": 1}}
+    grid = write_grid(tmp_path, "crashy", [{}, {"label": "broken", "only": [], "set": broken}, {"only": []}])
+    rc = main(flags(tmp_path, "out", "--grid", grid, "--retries", "1", "--vapo.value_pretrain_steps", "1"))
+    assert rc == 1
+    text = capsys.readouterr().out
+    assert "FAILED broken-s0" in text and "no_such_option" in text
+    out = tmp_path / "out"
+    store = CellStore(f"sqlite:///{out / 'ablate.db'}")
+    by_row = {}
+    for t in store.trials():
+        by_row.setdefault(t.user_attrs["row"], []).append(t)
+    assert [t.state.name for t in by_row["broken"]] == ["FAIL", "FAIL"]  # first try + 1 retry
+    assert all("no_such_option" in t.user_attrs["error"] for t in by_row["broken"])
+    assert [t.state.name for t in by_row["vapo"]] == ["COMPLETE"]
+    assert [t.state.name for t in by_row["vanilla_ppo"]] == ["COMPLETE"]
+    table = pd.read_csv(out / "reports" / "crashy" / "table.csv")
+    assert list(table["row"]) == ["vapo", "vanilla_ppo"]
+
+
+def _worker(tmp_path, out, *extra, **kw):
+    env = {**os.environ, "PYTHONWARNINGS": "ignore"}
+    return subprocess.Popen([PY, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, out, *extra)], cwd=ROOT, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+
+
+@pytest.mark.slow
+def test_two_real_workers_split_a_grid_without_running_a_cell_twice(tmp_path):
+    rows = [{"only": []}, {"only": ["clip_higher"]}, {"only": ["token_level_loss"]}, {"only": ["positive_lm_loss"]}]
+    grid = write_grid(tmp_path, "split", rows)
+    url = f"sqlite:///{tmp_path / 'shared.db'}"
+    extra = ("--grid", grid, "--seeds", "2", "--storage", url, "--steps", "6", "--no-report")
+    procs = [_worker(tmp_path, "out", *extra) for _ in range(2)]
+    logs = [p.communicate(timeout=300)[0] for p in procs]
+    assert [p.returncode for p in procs] == [0, 0], logs
+    runs = starts(tmp_path / "out")
+    assert len(runs) == 8
+    assert all(len(v) == 1 for v in runs.values()), runs  # no cell run twice
+    pids = {v[0]["pid"] for v in runs.values()}
+    assert pids == {p.pid for p in procs}, (pids, logs)  # both workers took cells
+    store = CellStore(url)
+    assert sorted(t.state.name for t in store.trials()) == ["COMPLETE"] * 8
+
+
+@pytest.mark.slow
+def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path):
+    rows = [{"only": []}, {"only": ["clip_higher", "token_level_loss"]}, {"drop": ["value_pretraining"]}]
+    grid = write_grid(tmp_path, "killme", rows)
+    extra = ("--grid", grid, "--steps", "24", "--eval_every", "6", "--checkpoint_every", "2",
+             "--heartbeat", "1", "--grace", "2")
+    out = tmp_path / "killed"
+    proc = _worker(tmp_path, "killed", *extra, start_new_session=True)
+    victim = None
+    deadline = time.time() + 240
+    while time.time() < deadline and victim is None:
+        time.sleep(0.2)
+        runs = out / "runs"
+        if not runs.is_dir():
+            continue
+        done = [d for d in runs.iterdir() if (d / "summary.json").is_file()]
+        mid = [d for d in runs.iterdir() if (d / "checkpoints" / "last.ckpt").is_file()
+               and not (d / "summary.json").is_file()]
+        if done and mid:
+            victim = mid[0]
+    assert victim is not None, "never saw a finished cell and a checkpointed unfinished one"
+    os.kill(proc.pid, signal.SIGKILL)
+    proc.wait()
+    finished_before = {d.name for d in (out / "runs").iterdir() if (d / "summary.json").is_file()}
+    assert victim.name not in finished_before
+
+    rerun = _worker(tmp_path, "killed", *extra)
+    log = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, log
+    runs = starts(out)
+    for name in finished_before:
+        assert len(runs[name]) == 1, (name, runs[name])  # finished cells not rerun
+    modes = [a["mode"] for a in runs[victim.name]]
+    assert modes == ["fresh", "resume"], modes  # the killed cell continued from its checkpoint
+
+    clean = _worker(tmp_path, "clean", *extra)
+    log = clean.communicate(timeout=300)[0]
+    assert clean.returncode == 0, log
+    a, b = numeric_table(out, "killme"), numeric_table(tmp_path / "clean", "killme")
+    pd.testing.assert_frame_equal(a, b, check_exact=False, rtol=1e-9)
+    # and the killed run's whole metric history equals the uninterrupted one (perf/ timings aside)
+    ma = pd.read_csv(victim / "metrics.csv")
+    mb = pd.read_csv(tmp_path / "clean" / "runs" / victim.name / "metrics.csv")
+    cols = [c for c in ma.columns if not c.startswith("perf/")]
+    pd.testing.assert_frame_equal(ma[cols], mb[cols], check_exact=False, rtol=1e-9)
+
+
+@pytest.mark.slow
+def test_local_workers_flag_spawns_processes(tmp_path, capsys):
+    grid = write_grid(tmp_path, "pair", [{"only": []}, {"only": ["clip_higher"]}])
+    # rc 0 also means the spawned worker process exited cleanly (run() checks its exit code)
+    assert main(flags(tmp_path, "out", "--grid", grid, "--seeds", "2", "--workers", "2", "--steps", "12")) == 0
+    runs = starts(tmp_path / "out")
+    assert len(runs) == 4 and all(len(v) == 1 for v in runs.values())
+    # which process gets how many cells depends on timing (the spawned one needs seconds to import torch)
+    assert 1 <= len({v[0]["pid"] for v in runs.values()}) <= 2
+    assert "| vanilla PPO | 2 |" in capsys.readouterr().out
+
+
+def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path):
+    """The claim rules in-process: a duplicate trial of a running cell is pruned, a COMPLETE cell
+    is not enqueued again, a trial without heartbeats past the grace period is failed once and
+    retried (the retry copies the cell), and retries stop at the limit."""
+    base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
+    cells = cells_of(grid_from_drop(["clip_higher"]), base, [0], tmp_path / "runs")
+    url = f"sqlite:///{tmp_path / 's.db'}"
+    store = CellStore(url, heartbeat_interval=1, grace_period=1, retries=1)
+    other = CellStore(url, heartbeat_interval=1, grace_period=1, retries=1)  # a second worker
+    ids = [c.cell_id for c in cells]
+    store.enqueue(cells, "g")
+    store.study.enqueue_trial({}, user_attrs={"cell_id": ids[0], "row": "vapo", "seed": 0})  # a racing duplicate
+    a = store.claim(ids[:1])
+    assert a is not None and a.number == 0
+    assert other.claim(ids[:1]) is None  # only the duplicate was left: pruned, not run
+    dup = [t for t in store.trials() if t.number == 2][0]
+    assert dup.state.name == "PRUNED" and dup.user_attrs["duplicate_of"] == 0
+    assert store.status(ids).running == 1 and store.status(ids).waiting == 1
+    time.sleep(2.5)  # no heartbeat from trial 0 any more: stale
+    assert other.fail_stale() == 1 and store.fail_stale() == 0  # exactly one worker wins
+    retry = other.claim(ids[:1])
+    assert retry is not None and retry.user_attrs["cell_id"] == ids[0] and retry.number == 3
+    assert other.fail(retry, "RuntimeError: boom")  # retries=1 used up: no new trial
+    assert store.status(ids[:1]).failed == 1 and "boom" in store.status(ids[:1]).errors[ids[0]]
+    b = store.claim(ids)
+    assert store.complete(b, 0.25, mode="fresh")
+    assert store.enqueue(cells, "g") == {"new": 1, "reused": 1, "pending": 0}  # failed cell: fresh retries
+
+
+@pytest.mark.slow
+def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path):
+    grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])
+    extra = ("--grid", grid, "--steps", "40", "--checkpoint_every", "2", "--grace", "600")
+    out = tmp_path / "out"
+    proc = _worker(tmp_path, "out", *extra)
+    deadline = time.time() + 180
+    while time.time() < deadline and not list(out.glob("runs/*/checkpoints/last.ckpt")):
+        time.sleep(0.2)
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=60)[0]
+    assert proc.returncode == 130, log
+    (run,) = [d for d in (out / "runs").iterdir() if d.is_dir()]
+    assert attempts(run)[-1]["outcome"] == "interrupted"
+    assert [t.state.name for t in CellStore(f"sqlite:///{out / 'ablate.db'}").trials()] == ["WAITING"]
+    t0 = time.time()
+    rerun = _worker(tmp_path, "out", *extra)
+    log = rerun.communicate(timeout=300)[0]
+    assert rerun.returncode == 0, log
+    assert time.time() - t0 < 120  # no waiting for the (600 s) grace period
+    assert [a["mode"] for a in attempts(run) if a["event"] == "start"] == ["fresh", "resume"]
+    assert pd.read_csv(run / "metrics.csv")["step"].tolist() == list(range(0, 41))  # step 0: base eval

@@ -1,0 +1,196 @@
+"""Grids: rows (a component set plus optional config deltas) x seeds = cells.
+
+A grid comes from `--drop a[,b]` (full recipe + that drop) or from `ablations/NAME.yaml`:
+
+    name: table1
+    description: full VAPO, each single drop, vanilla PPO
+    rows:                       # explicit rows, in any order (reports sort them the paper's way)
+      - {}                      # the full recipe (all seven components)
+      - drop: [value_pretraining]
+      - only: []                # vanilla PPO
+      - label: grpo
+        only: [token_level_loss, clip_higher, group_sampling]
+        set: {advantage_estimator: grpo}
+    generate: [full, single_drops, pair_drops, vanilla]   # optional: rows generated for you
+
+A cell = (row config, seed). Its identity is a hash of the fully resolved config minus the
+bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, caches): two
+grids that need the same run share it, and its run folder `<label>-s<seed>-<hash>` derives from it.
+"""
+from __future__ import annotations
+
+import itertools
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import yaml
+
+from vapo_lit.cache import config_key
+from vapo_lit.config import COMPONENTS, RunConfig, merge, to_dict, validate
+
+BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
+               "cache_dir", "checkpoint_every")
+"""Config fields that do not change what a run computes; left out of a cell's identity."""
+
+GENERATORS = ("full", "single_drops", "pair_drops", "vanilla")
+
+
+@dataclass
+class Row:
+    label: str
+    components: list
+    delta: dict = field(default_factory=dict)
+
+    def config(self, base: RunConfig) -> RunConfig:
+        return merge(base, {**self.delta, "components": [c for c in COMPONENTS if c in self.components]})
+
+
+@dataclass
+class Cell:
+    row: str
+    seed: int
+    cfg: RunConfig          # fully resolved; out_dir/name point at the cell's run folder
+    cell_id: str
+
+    @property
+    def run_dir(self) -> Path:
+        return Path(self.cfg.out_dir) / self.cfg.name
+
+
+@dataclass
+class Grid:
+    grid_id: str
+    rows: list
+    description: str = ""
+
+
+def row_label(components, delta: dict | None = None) -> str:
+    """train.run_label's names ('vapo', 'vanilla_ppo', 'vapo-no-a+b', ...; kept in step by a test,
+    repeated here so validation needs no torch import), and 'grpo+<components>' for critic-free rows."""
+    on = [c for c in COMPONENTS if c in components]
+    if (delta or {}).get("advantage_estimator") == "grpo":
+        return "grpo+" + "+".join(on)
+    if len(on) == len(COMPONENTS):
+        return "vapo"
+    if not on:
+        return "vanilla_ppo"
+    dropped = [c for c in COMPONENTS if c not in on]
+    return "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
+
+
+def row_order(label: str, components, estimator: str = "gae") -> tuple:
+    """The paper's order: full VAPO, single drops (COMPONENTS order), joint drops, vanilla PPO,
+    critic-free rows."""
+    dropped = tuple(COMPONENTS.index(c) for c in COMPONENTS if c not in components)
+    if estimator == "grpo":
+        return (4, dropped, label)
+    if not dropped:
+        return (0, (), label)
+    if len(dropped) == len(COMPONENTS):
+        return (3, (), label)
+    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), label)
+
+
+def _row_from_spec(spec: dict, where: str) -> Row:
+    if spec is None:
+        spec = {}
+    if not isinstance(spec, dict):
+        raise ValueError(f"{where}: a row must be a mapping (keys: label, drop, only, set); got {spec!r}")
+    bad = set(spec) - {"label", "drop", "only", "set"}
+    if bad:
+        raise ValueError(f"{where}: unknown row key(s) {sorted(bad)}; valid: label, drop, only, set")
+    if "drop" in spec and "only" in spec:
+        raise ValueError(f"{where}: use either drop or only, not both")
+    for key in ("drop", "only"):
+        names = spec.get(key) or []
+        unknown = [n for n in names if n not in COMPONENTS]
+        if unknown:
+            raise ValueError(f"{where}: unknown component(s) {unknown}; valid names: {', '.join(COMPONENTS)}")
+    if "only" in spec:
+        comps = [c for c in COMPONENTS if c in (spec["only"] or [])]
+    else:
+        comps = [c for c in COMPONENTS if c not in (spec.get("drop") or [])]
+    delta = dict(spec.get("set") or {})
+    if "components" in delta:
+        raise ValueError(f"{where}: set the components with drop/only, not set.components")
+    return Row(spec.get("label") or row_label(comps, delta), comps, delta)
+
+
+def _generated(kind: str) -> list[dict]:
+    if kind == "full":
+        return [{}]
+    if kind == "single_drops":
+        return [{"drop": [c]} for c in COMPONENTS]
+    if kind == "pair_drops":
+        return [{"drop": list(p)} for p in itertools.combinations(COMPONENTS, 2)]
+    if kind == "vanilla":
+        return [{"only": []}]
+    raise ValueError(f"unknown generator {kind!r}; valid: {', '.join(GENERATORS)}")
+
+
+def grid_from_drop(drop: list[str]) -> Grid:
+    """`--drop a,b`: the full recipe and the recipe without a and b (a joint drop)."""
+    dropped = [c for c in COMPONENTS if c in drop]
+    return Grid("drop-" + "+".join(dropped), [_row_from_spec({}, "--drop"), _row_from_spec({"drop": dropped}, "--drop")],
+                f"full VAPO vs VAPO without {' + '.join(dropped)}")
+
+
+def grid_dirs() -> list[Path]:
+    """Where `--grid NAME` looks: ./ablations, then the ablations/ folder next to the package."""
+    here = Path(__file__).resolve().parents[2] / "ablations"
+    return [d for d in (Path.cwd() / "ablations", here) if d.is_dir()]
+
+
+def available_grids() -> list[str]:
+    return sorted({p.stem for d in grid_dirs() for p in d.glob("*.yaml")})
+
+
+def load_grid(name_or_path: str) -> Grid:
+    """A grid by name (a file in ablations/) or by path; unknown names list the valid ones."""
+    path = Path(name_or_path)
+    if not (path.suffix in (".yaml", ".yml") and path.is_file()):
+        found = [d / f"{name_or_path}.yaml" for d in grid_dirs() if (d / f"{name_or_path}.yaml").is_file()]
+        if not found:
+            raise ValueError(f"--grid {name_or_path!r}: no such grid; valid grids: {', '.join(available_grids()) or '(none)'}")
+        path = found[0]
+    try:
+        spec = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ValueError(f"{path}: not valid YAML ({e})") from None
+    if not isinstance(spec, dict):
+        raise ValueError(f"{path}: expected a mapping with 'rows' and/or 'generate'")
+    bad = set(spec) - {"name", "description", "rows", "generate"}
+    if bad:
+        raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate")
+    specs = [s for kind in spec.get("generate") or [] for s in _generated(kind)] + list(spec.get("rows") or [])
+    rows = [_row_from_spec(s, f"{path} row {i}") for i, s in enumerate(specs)]
+    if not rows:
+        raise ValueError(f"{path}: the grid has no rows")
+    labels = [r.label for r in rows]
+    dup = sorted({x for x in labels if labels.count(x) > 1})
+    if dup:
+        raise ValueError(f"{path}: duplicate row label(s) {dup}")
+    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""))
+
+
+def cell_identity(cfg: RunConfig) -> str:
+    d = to_dict(cfg)
+    for key in BOOKKEEPING:
+        d.pop(key, None)
+    return config_key(d)
+
+
+def cells_of(grid: Grid, base: RunConfig, seeds: list[int], runs_dir: Path) -> list[Cell]:
+    """Every (row, seed) cell, validated, with its identity and run folder (nothing is written)."""
+    cells = []
+    for row in grid.rows:
+        for seed in seeds:
+            cfg = merge(row.config(base), {"seed": seed, "wandb_group": grid.grid_id, "wandb_job_type": row.label})
+            try:
+                validate(cfg)
+            except ValueError as e:
+                raise ValueError(f"row {row.label!r} seed {seed}: {e}") from None
+            cid = cell_identity(cfg)
+            cfg = merge(cfg, {"out_dir": str(runs_dir), "name": f"{row.label}-s{seed}-{cid[:10]}"})
+            cells.append(Cell(row.label, seed, cfg, cid))
+    return cells

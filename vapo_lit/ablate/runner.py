@@ -1,0 +1,129 @@
+"""`plan()` validates everything and writes nothing; `run()` enqueues, works, reports.
+
+    from vapo_lit.ablate.runner import plan, run
+    p = plan(grid_from_drop(["value_pretraining"]), base_cfg, seeds=[0], out="runs/ablate")
+    exit_code = run(p, workers=2)
+
+Output folder layout:
+    OUT/ablate.db               the default storage (SQLite), one study 'vapo-ablate'
+    OUT/runs/<row>-s<seed>-<id>/ one run folder per cell (train()'s files + attempts.jsonl)
+    OUT/grids/<grid>.json       which cells make up a grid (rows in order), for vapo-report
+    OUT/reports/<grid>/         table.md, table.tex, table.csv, figures (vapo-report)
+"""
+from __future__ import annotations
+
+import json
+import multiprocessing
+import os
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from vapo_lit.ablate import progress
+from vapo_lit.ablate.grid import Grid, cells_of, row_order
+from vapo_lit.ablate.store import STUDY, CellStore, check_url, is_sqlite, mask_url
+from vapo_lit.ablate.worker import WorkerSpec, work, work_in_subprocess
+from vapo_lit.config import RunConfig, merge
+
+
+@dataclass
+class Plan:
+    grid: Grid
+    cells: list
+    out: Path
+    url: str
+    study: str = STUDY
+    heartbeat_interval: int = 10
+    grace_period: int = 60
+    retries: int = 2
+
+
+def default_storage(out: Path) -> str:
+    return f"sqlite:///{(Path(out) / 'ablate.db').resolve()}"
+
+
+def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *, workers: int = 1,
+         retries: int = 2, heartbeat_interval: int = 10, grace_period: int = 60, study: str = STUDY) -> Plan:
+    """Resolve and validate every cell and the storage URL; raises ValueError; writes nothing."""
+    out = Path(out)
+    if workers < 1 or retries < 0 or heartbeat_interval < 1 or grace_period < 1:
+        raise ValueError("--workers, --heartbeat and --grace must be >= 1 and --retries >= 0")
+    if not seeds:
+        raise ValueError("--seeds must be >= 1")
+    if out.exists() and not out.is_dir():
+        raise ValueError(f"--out {out}: exists and is not a folder")
+    if base.threads is None:  # one torch thread per worker: multi-threaded torch stalls under CPU contention
+        base = merge(base, {"threads": 1})
+    cells = cells_of(grid, base, list(seeds), out / "runs")
+    url = storage or default_storage(out)
+    if storage is not None:
+        check_url(storage)
+    return Plan(grid, cells, out, url, study, heartbeat_interval, grace_period, retries)
+
+
+def write_manifest(p: Plan) -> Path:
+    path = p.out / "grids" / f"{p.grid.grid_id}.json"
+    path.parent.mkdir(parents=True, exist_ok=True)
+    rows = sorted({c.row: c for c in p.cells}.values(),
+                  key=lambda c: row_order(c.row, c.cfg.components, c.cfg.advantage_estimator))
+    data = {
+        "grid": p.grid.grid_id, "description": p.grid.description, "storage": mask_url(p.url), "study": p.study,
+        "wandb_group": p.grid.grid_id, "rows": [c.row for c in rows],
+        "cells": [{"row": c.row, "seed": c.seed, "cell_id": c.cell_id, "run_dir": os.path.relpath(c.run_dir, p.out)}
+                  for c in p.cells],
+    }
+    tmp = path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(data, indent=1))
+    os.replace(tmp, path)
+    return path
+
+
+def open_store(p: Plan) -> CellStore:
+    """Open the storage (creating OUT only now, after validation). Remote URLs are opened first,
+    so a bad server leaves nothing on disk."""
+    if is_sqlite(p.url):
+        p.out.mkdir(parents=True, exist_ok=True)
+        return CellStore(p.url, p.study, p.heartbeat_interval, p.grace_period, p.retries)
+    store = CellStore(p.url, p.study, p.heartbeat_interval, p.grace_period, p.retries)
+    p.out.mkdir(parents=True, exist_ok=True)
+    return store
+
+
+def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log=print) -> int:
+    """Enqueue the grid, work on it with `workers` local processes, write the report.
+    Returns 0 when every cell finished, 1 when some failed (after their retries)."""
+    t0 = time.time()
+    store = open_store(p)
+    write_manifest(p)
+    counts = store.enqueue(p.cells, p.grid.grid_id)
+    log(f"[{p.grid.grid_id}] {len(p.cells)} cells ({len({c.row for c in p.cells})} rows x "
+        f"{len({c.seed for c in p.cells})} seeds): {counts['new']} queued, {counts['reused']} already finished "
+        f"(reused), {counts['pending']} queued or running from before · storage {mask_url(p.url)} · W&B group "
+        f"{p.grid.grid_id}")
+    spec = WorkerSpec(p.url, p.study, p.grid.grid_id, p.cells, p.heartbeat_interval, p.grace_period, p.retries,
+                      workers)
+    procs = []
+    if workers > 1:
+        ctx = multiprocessing.get_context("spawn")
+        procs = [ctx.Process(target=work_in_subprocess, args=(spec,), daemon=False) for _ in range(workers - 1)]
+        for proc in procs:
+            proc.start()
+    try:
+        work(spec, log=log)
+    finally:
+        for proc in procs:
+            proc.join()
+    crashed = [proc.exitcode for proc in procs if proc.exitcode != 0]
+    if crashed:
+        log(f"[{p.grid.grid_id}] {len(crashed)} local worker process(es) exited with codes {crashed}")
+    status = store.status([c.cell_id for c in p.cells])
+    for cid, err in (status.errors or {}).items():
+        name = next(c.cfg.name for c in p.cells if c.cell_id == cid)
+        log(f"FAILED {name}: {err.strip().splitlines()[0] if err.strip() else err}")
+    if report:
+        from vapo_lit.report import write_report
+
+        text = write_report(p.out, grid_id=p.grid.grid_id, last_n=last_n)
+        log(text)
+    log(f"[{p.grid.grid_id}] finished in {progress.fmt_seconds(time.time() - t0)}")
+    return 0 if status.failed == 0 and not crashed else 1

@@ -1,0 +1,153 @@
+"""The worker loop: claim a cell, run it through `train()` (resuming from its last checkpoint when
+a previous attempt died), record the outcome, print progress; until the grid has no waiting or
+running cell left. Any number of these, on any machine, can share one storage URL.
+
+Each run folder gets `attempts.jsonl`, one line per attempt: trial number, worker (host:pid),
+mode (fresh / resume / reused), start and end time and outcome; nothing else is written into it
+except by `train()`.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import time
+import traceback
+import warnings
+from dataclasses import dataclass
+from pathlib import Path
+
+from vapo_lit.ablate import progress
+from vapo_lit.ablate.store import CellStore, Heartbeat, mask_text, worker_id
+
+
+class CellLost(RuntimeError):
+    """This worker's trial was failed as stale by another worker; stop without recording."""
+
+
+@dataclass
+class WorkerSpec:
+    """Everything a worker process needs (picklable: spawned workers get it as-is)."""
+    url: str
+    study: str
+    grid_id: str
+    cells: list
+    heartbeat_interval: int = 10
+    grace_period: int = 60
+    retries: int = 2
+    workers: int = 1
+    poll_seconds: float = 2.0
+
+
+def _lease_guard(hb: Heartbeat):
+    from lightning.pytorch.callbacks import Callback
+
+    class LeaseGuard(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if hb.lost:
+                raise CellLost("another worker took this cell over (missed heartbeats)")
+
+    return LeaseGuard()
+
+
+def _ledger(run_dir: Path, record: dict) -> None:
+    run_dir.mkdir(parents=True, exist_ok=True)
+    with open(run_dir / "attempts.jsonl", "a") as f:
+        f.write(json.dumps(record) + "\n")
+
+
+def _final_eval(summary: dict, k: int) -> float:
+    v = (summary.get("last_metrics") or {}).get(f"eval/avg@{k}")
+    best = summary.get("best_eval")
+    for x in (v, best):
+        if isinstance(x, (int, float)) and x == x and abs(x) != float("inf"):
+            return float(x)
+    return 0.0
+
+
+def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
+    """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
+    from vapo_lit.train import train
+
+    run_dir = cell.run_dir
+    summary_path = run_dir / "summary.json"
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    if summary_path.is_file():
+        mode = "reused"
+    elif ckpt.is_file():
+        mode = "resume"
+    else:
+        mode = "fresh"
+        if (run_dir / "metrics.csv").exists():  # died before its first checkpoint: start over, keep the old one aside
+            aside = run_dir.parent / ".partial" / f"{run_dir.name}-t{trial.number}"
+            aside.parent.mkdir(parents=True, exist_ok=True)
+            shutil.move(str(run_dir), str(aside))
+    record = {"trial": trial.number, "worker": worker_id(), "pid": os.getpid(), "mode": mode, "start": time.time()}
+    _ledger(run_dir, {**record, "event": "start"})
+    try:
+        if mode == "reused":
+            summary = json.loads(summary_path.read_text())
+        else:
+            with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
+                warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
+                summary = train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
+    except (KeyboardInterrupt, SystemExit) as e:  # Lightning turns Ctrl-C inside fit() into SystemExit(1)
+        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "interrupted"})
+        store.release(trial)
+        raise KeyboardInterrupt from e
+    except CellLost:
+        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "lost"})
+        return "lost"
+    except Exception as e:  # noqa: BLE001 - any crash of a cell is recorded, the grid goes on
+        err = mask_text(f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]), url)
+        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "failed", "error": err[-500:]})
+        store.fail(trial, err)
+        return "failed"
+    _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "done"})
+    store.complete(trial, _final_eval(summary, cell.cfg.eval_k), mode=mode, run_dir=str(run_dir))
+    return "done"
+
+
+def work(spec: WorkerSpec, log=print) -> None:
+    """Claim and run cells of the grid until none is waiting or running."""
+    import torch
+
+    torch.set_num_threads(max(1, min(c.cfg.threads or 1 for c in spec.cells)))
+    store = CellStore(spec.url, spec.study, spec.heartbeat_interval, spec.grace_period, spec.retries)
+    by_id = {c.cell_id: c for c in spec.cells}
+    last_stale_check = 0.0
+    said_waiting = False
+    while True:
+        if time.time() - last_stale_check >= min(spec.heartbeat_interval, spec.poll_seconds):
+            store.fail_stale()
+            last_stale_check = time.time()
+        trial = store.claim(by_id)
+        if trial is None:
+            status = store.status(by_id)
+            if status.finished:
+                return
+            if not said_waiting:
+                log(f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] nothing to claim: {status.running} cell(s) running "
+                    f"in other workers; a dead worker's cell is taken over after {spec.grace_period}s without heartbeat")
+                said_waiting = True
+            time.sleep(spec.poll_seconds)
+            continue
+        cell = by_id[trial.user_attrs["cell_id"]]
+        outcome = run_cell(store, trial, cell, spec.url)
+        note = f"{cell.cfg.name}: {outcome}"
+        if outcome == "failed":
+            retries_left = spec.retries - len(trial.system_attrs.get("retry_history", []))
+            note += f" ({'retrying' if retries_left > 0 else 'no retries left'})"
+        log(f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] {note}")
+        progress.show(spec.grid_id, store.status(by_id), spec.workers)
+
+
+def work_in_subprocess(spec: WorkerSpec) -> None:
+    """Entry of a spawned local worker (`--workers N`)."""
+    import warnings
+
+    warnings.filterwarnings("ignore")
+    try:
+        work(spec)
+    except KeyboardInterrupt:
+        pass
