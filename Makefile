@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 demo: $(STAMP)
-	$(BIN)/vapo-ablate --drop=value_pretraining
+	$(BIN)/vapo-ablate --drop=value_pretraining --workers 2
 
 test: $(STAMP)
 	$(BIN)/python -m pytest

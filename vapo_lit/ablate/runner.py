@@ -89,6 +89,27 @@ def open_store(p: Plan) -> CellStore:
     return store
 
 
+def prepare_models(cells, log=print) -> None:
+    """Build (or load) each distinct built-in base policy and reward model once, here, before
+    workers start: parallel workers would otherwise each build the same cache entry."""
+    from vapo_lit.models import load_critic, load_policy
+    from vapo_lit.tasks import get_task
+
+    seen = set()
+    for c in cells:
+        cfg = c.cfg
+        key = (cfg.task, repr(sorted(cfg.task_options.items())), cfg.model, cfg.critic_init, cfg.seed, cfg.cache_dir)
+        if cfg.model != "builtin" or key in seen:
+            continue
+        seen.add(key)
+        t0 = time.time()
+        task = get_task(cfg.task, **cfg.task_options)
+        load_policy(cfg.model, task, seed=cfg.seed, cache_dir=cfg.cache_dir)
+        if cfg.advantage_estimator != "grpo" and cfg.critic_init in ("reward_model", "actor"):
+            load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
+        log(f"built-in models for seed {cfg.seed} ready ({time.time() - t0:.0f} s; cached for later runs)")
+
+
 def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log=print) -> int:
     """Enqueue the grid, work on it with `workers` local processes, write the report.
     Returns 0 when every cell finished, 1 when some failed (after their retries)."""
@@ -100,6 +121,7 @@ def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log
         f"{len({c.seed for c in p.cells})} seeds): {counts['new']} queued, {counts['reused']} already finished "
         f"(reused), {counts['pending']} queued or running from before · storage {mask_url(p.url)} · W&B group "
         f"{p.grid.grid_id}")
+    prepare_models(p.cells, log=log)
     spec = WorkerSpec(p.url, p.study, p.grid.grid_id, p.cells, p.heartbeat_interval, p.grace_period, p.retries,
                       workers)
     procs = []
