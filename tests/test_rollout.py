@@ -1,0 +1,181 @@
+"""KV-cached sampling: behaviour log-probs, padding/positions, reproducibility, top-p."""
+import pytest
+import torch
+
+from vapo_lit.rollout import (Rollout, encode_prompts, generate, sample_next, sequence_logprobs,
+                              top_p_filter)
+from vapo_lit.tasks import get_task
+
+
+@pytest.fixture(scope="module")
+def task():
+    return get_task("chain", max_n=12, n_buckets=2)
+
+
+def tiny_model(kind: str, vocab_size: int, tok):
+    torch.manual_seed(0)
+    if kind == "llama":
+        from transformers import LlamaConfig, LlamaForCausalLM
+
+        cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        return LlamaForCausalLM(cfg).eval()
+    if kind == "gpt2":
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        cfg = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128,
+                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        return GPT2LMHeadModel(cfg).eval()
+    if kind == "qwen2":
+        from transformers import Qwen2Config, Qwen2ForCausalLM
+
+        cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
+                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        return Qwen2ForCausalLM(cfg).eval()
+    raise ValueError(kind)
+
+
+PROMPTS = ["chain 1 from 7:", "chain 3 from 12: 12: 6 11: 0", "7:", "chain 9 from 4: => 5 5 5 5 5 5"]
+
+
+class EosBiased(torch.nn.Module):
+    """Wraps a causal LM and adds `bias` to the EOS logit (to exercise early stopping)."""
+
+    def __init__(self, inner, eos_id, bias):
+        super().__init__()
+        self.inner, self.eos_id, self.bias = inner, eos_id, bias
+
+    def forward(self, **kw):
+        out = self.inner(**kw)
+        out.logits[..., self.eos_id] += self.bias
+        return out
+
+
+def check_invariants(ro: Rollout, n: int, max_new: int, tok):
+    assert ro.prompt_ids.shape[0] == n and ro.response_ids.shape[0] == n
+    assert ro.response_ids.shape[1] <= max_new
+    assert torch.equal(ro.terminated ^ ro.truncated, torch.ones(n, dtype=torch.bool))
+    assert torch.equal(ro.response_mask.sum(1).long(), ro.lengths)
+    assert ro.response_mask.dtype == torch.float32
+    for i in range(n):
+        L = int(ro.lengths[i])
+        assert torch.all(ro.response_ids[i, L:] == tok.pad_token_id)
+        assert torch.all(ro.logprobs[i, L:] == 0)
+        assert torch.all(ro.logprobs[i, :L] <= 0)
+        if ro.terminated[i]:
+            assert int(ro.response_ids[i, L - 1]) == tok.eos_token_id
+            assert tok.eos_token_id not in ro.response_ids[i, : L - 1].tolist()
+        else:
+            assert L == max_new and tok.eos_token_id not in ro.response_ids[i, :L].tolist()
+        assert ro.texts[i] == tok.decode(ro.response_ids[i, :L].tolist(), skip_special_tokens=True)
+    # left padding of the prompts
+    assert torch.all(ro.prompt_mask[:, -1] == 1)
+    assert torch.all(ro.prompt_ids[ro.prompt_mask == 0] == tok.pad_token_id)
+
+
+@pytest.mark.parametrize("kind", ["llama", "gpt2", "qwen2"])
+@pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.7, 0.8)])
+def test_logprobs_match_full_forward(task, kind, temperature, top_p):
+    tok = task.tokenizer
+    model = tiny_model(kind, len(tok), tok)
+    gen = torch.Generator().manual_seed(1)
+    ro = generate(model, tok, PROMPTS, max_new_tokens=20, temperature=temperature, top_p=top_p, generator=gen)
+    check_invariants(ro, len(PROMPTS), 20, tok)
+    P = ro.prompt_ids.shape[1]
+    with torch.no_grad():
+        full = sequence_logprobs(model, ro.input_ids, ro.attention_mask, temperature=temperature)[:, P - 1:]
+    m = ro.response_mask
+    assert torch.allclose(full * m, ro.logprobs, atol=1e-4)
+    # and each row alone, without any padding, gives the same log-probs (positions are right)
+    for i in range(len(PROMPTS)):
+        keep = ro.attention_mask[i].bool()
+        ids = ro.input_ids[i][keep][None]
+        p_i = int(ro.prompt_mask[i].sum())
+        with torch.no_grad():
+            alone = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)[0, p_i - 1:]
+        L = int(ro.lengths[i])
+        assert torch.allclose(alone[:L], ro.logprobs[i, :L], atol=1e-4)
+
+
+def test_reproducible_with_seeded_generator(task):
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok)
+    a = generate(model, tok, PROMPTS * 4, max_new_tokens=16, generator=torch.Generator().manual_seed(7))
+    b = generate(model, tok, PROMPTS * 4, max_new_tokens=16, generator=torch.Generator().manual_seed(7))
+    c = generate(model, tok, PROMPTS * 4, max_new_tokens=16, generator=torch.Generator().manual_seed(8))
+    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
+    assert a.texts == b.texts
+    assert not torch.equal(a.response_ids, c.response_ids)
+
+
+def test_stops_when_all_ended_and_truncation(task):
+    tok = task.tokenizer
+    base = tiny_model("llama", len(tok), tok)
+    eager = EosBiased(base, tok.eos_token_id, 50.0)
+    ro = generate(eager, tok, PROMPTS, max_new_tokens=30, generator=torch.Generator().manual_seed(0))
+    assert ro.response_ids.shape[1] == 1 and bool(ro.terminated.all())
+    assert ro.texts == [""] * len(PROMPTS) and torch.equal(ro.lengths, torch.ones(len(PROMPTS), dtype=torch.long))
+    never = EosBiased(base, tok.eos_token_id, -1e4)
+    ro = generate(never, tok, PROMPTS, max_new_tokens=9, generator=torch.Generator().manual_seed(0))
+    assert ro.response_ids.shape[1] == 9 and bool(ro.truncated.all())
+    check_invariants(ro, len(PROMPTS), 9, tok)
+    # mixed: some end early, the batch still runs to the longest
+    mixed = EosBiased(base, tok.eos_token_id, 2.5)
+    ro = generate(mixed, tok, PROMPTS * 8, max_new_tokens=40, generator=torch.Generator().manual_seed(3))
+    check_invariants(ro, len(PROMPTS) * 8, 40, tok)
+    assert ro.lengths.min() < ro.lengths.max()
+    assert ro.response_ids.shape[1] == int(ro.lengths.max())
+
+
+def test_greedy(task):
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok)
+    a = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0.0)
+    b = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0.0, generator=torch.Generator().manual_seed(5))
+    assert torch.equal(a.response_ids, b.response_ids)
+
+
+def test_top_p_filter_hand_made():
+    p = torch.tensor([[0.05, 0.5, 0.15, 0.3]])
+    assert torch.allclose(top_p_filter(p, 0.7), torch.tensor([[0.0, 0.625, 0.0, 0.375]]))
+    assert torch.allclose(top_p_filter(p, 0.5), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    assert torch.allclose(top_p_filter(p, 0.81), torch.tensor([[0.0, 0.5, 0.15, 0.3]]) / 0.95)
+    assert torch.allclose(top_p_filter(p, 1.0), p)
+    assert torch.allclose(top_p_filter(p, 1e-6), torch.tensor([[0.0, 1.0, 0.0, 0.0]]))
+    # the paper's setting: a 0.6 / 0.4 split survives top-p 0.7, a 0.75 / 0.25 one does not
+    assert torch.allclose(top_p_filter(torch.tensor([0.6, 0.4]), 0.7), torch.tensor([0.6, 0.4]))
+    assert torch.allclose(top_p_filter(torch.tensor([0.75, 0.25]), 0.7), torch.tensor([1.0, 0.0]))
+
+
+def test_sample_next_top_p_and_logprobs():
+    probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
+    logits = probs.log().expand(20000, 4).clone()
+    gen = torch.Generator().manual_seed(0)
+    tok, lp = sample_next(logits, temperature=1.0, top_p=0.7, generator=gen)
+    counts = torch.bincount(tok, minlength=4).float() / len(tok)
+    assert counts[0] == 0 and counts[2] == 0
+    assert abs(counts[1] - 0.625) < 0.02 and abs(counts[3] - 0.375) < 0.02
+    # behaviour log-probs are recorded before the truncation
+    assert torch.allclose(lp, probs.log()[tok], atol=1e-6)
+    tok, lp = sample_next(logits[:5], temperature=2.0, top_p=1.0, generator=gen)
+    assert torch.allclose(lp, torch.log_softmax(probs.log() / 2.0, -1)[tok], atol=1e-6)
+
+
+def test_encode_prompts_left_pads(task):
+    tok = task.tokenizer
+    ids, mask = encode_prompts(tok, ["7:", "chain 1 from 7:"])
+    assert ids.shape == (2, 5) and mask[0].tolist() == [0, 0, 0, 1, 1]
+    assert ids[0, :3].tolist() == [tok.pad_token_id] * 3 and ids[0, 3] == tok.bos_token_id
+
+
+def test_bad_arguments(task):
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok)
+    with pytest.raises(ValueError):
+        generate(model, tok, PROMPTS, max_new_tokens=0)
+    with pytest.raises(ValueError):
+        generate(model, tok, PROMPTS, max_new_tokens=4, top_p=0.0)
+    with pytest.raises(ValueError):
+        generate(model, tok, [], max_new_tokens=4)

@@ -1,0 +1,116 @@
+"""avg@k evaluation (the paper's: k samples per problem at temperature 1.0, top-p 0.7).
+
+``eval/avg@k`` = mean over problems of the mean verifier reward over that problem's k samples.
+"""
+from __future__ import annotations
+
+from collections import defaultdict
+
+import torch
+
+from vapo_lit.rollout import generate
+
+
+@torch.no_grad()
+def evaluate(model, task, problems, *, k: int = 8, temperature: float = 1.0, top_p: float = 0.7,
+             max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
+             tokenizer=None, return_samples: bool = False) -> dict[str, float]:
+    """Sample `k` responses per problem and score them with ``task.verify``.
+
+    Returns (all floats):
+
+    * ``eval/avg@k``: mean over problems of the mean reward over its k samples;
+    * ``eval/avg@k/<bucket>``: the same within each of ``task.bucket_names()`` (buckets without
+      problems are omitted);
+    * ``eval/strict_avg@k``: the same with the task's independent check (``Verdict.strict``);
+      only when the task provides it (a verdict with ``strict=None`` counts as not strict);
+    * ``eval/response_length``: mean response tokens (EOS included);
+    * ``eval/distinct_per_prompt``: mean number of distinct response texts among the k;
+    * ``eval/verifier_errors``: number of verdicts with ``error`` set (scored 0, counted apart);
+    * ``eval/truncated_frac``: share of responses that hit the length limit;
+    * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
+      in tokens (NaN when none).
+
+    Samples are drawn in batches of `batch_size` responses from one generator seeded with `seed`,
+    so the result is a deterministic function of (model, problems, arguments). With
+    ``return_samples=True`` a second value is returned: a list of per-response dicts.
+    """
+    problems = list(problems)
+    if not problems:
+        raise ValueError("no problems to evaluate")
+    if k < 1:
+        raise ValueError("k must be >= 1")
+    tok = tokenizer if tokenizer is not None else task.tokenizer
+    max_new = max_new_tokens or task.max_new_tokens
+    gen = torch.Generator().manual_seed(seed)
+    flat = [p for p in problems for _ in range(k)]
+    rewards, stricts, lengths, truncs, texts, errors = [], [], [], [], [], 0
+    any_strict = False
+    for i in range(0, len(flat), batch_size):
+        chunk = flat[i: i + batch_size]
+        ro = generate(model, tok, [p.prompt for p in chunk], max_new_tokens=max_new,
+                      temperature=temperature, top_p=top_p, generator=gen)
+        for j, (p, text) in enumerate(zip(chunk, ro.texts)):
+            v = task.verify(p, text)
+            if v.error is not None:
+                errors += 1
+            rewards.append(float(v.reward) if v.error is None else 0.0)
+            any_strict |= v.strict is not None
+            stricts.append(1.0 if v.strict else 0.0)
+            lengths.append(int(ro.lengths[j]))
+            truncs.append(bool(ro.truncated[j]))
+            texts.append(text)
+
+    per_problem = defaultdict(list)
+    by_bucket: dict[str, list[float]] = defaultdict(list)
+    strict_pp = []
+    distinct = []
+    for pi, p in enumerate(problems):
+        sl = slice(pi * k, (pi + 1) * k)
+        score = sum(rewards[sl]) / k
+        per_problem[pi] = score
+        by_bucket[task.bucket(p)].append(score)
+        strict_pp.append(sum(stricts[sl]) / k)
+        distinct.append(len(set(texts[sl])))
+    out = {f"eval/avg@{k}": sum(per_problem.values()) / len(problems)}
+    names = list(task.bucket_names())
+    names += sorted(b for b in by_bucket if b not in names)
+    for b in names:
+        if by_bucket.get(b):
+            out[f"eval/avg@{k}/{b}"] = sum(by_bucket[b]) / len(by_bucket[b])
+    if any_strict:
+        out[f"eval/strict_avg@{k}"] = sum(strict_pp) / len(strict_pp)
+    out["eval/response_length"] = sum(lengths) / len(lengths)
+    out["eval/distinct_per_prompt"] = sum(distinct) / len(distinct)
+    out["eval/verifier_errors"] = float(errors)
+    out["eval/truncated_frac"] = sum(truncs) / len(truncs)
+    correct_lengths = [n for n, r in zip(lengths, rewards) if r > 0]
+    out["eval/correct_len_min"] = float(min(correct_lengths)) if correct_lengths else float("nan")
+    out["eval/correct_len_max"] = float(max(correct_lengths)) if correct_lengths else float("nan")
+    if return_samples:
+        samples = [{"problem": flat[i], "text": texts[i], "reward": rewards[i], "strict": stricts[i],
+                    "length": lengths[i], "truncated": truncs[i]} for i in range(len(flat))]
+        return out, samples
+    return out
+
+
+def format_table(metrics: dict[str, float], task=None, *, k: int | None = None) -> str:
+    """The per-bucket avg@k table (and the summary lines) as plain text."""
+    if k is None:
+        ks = [key.split("@")[1] for key in metrics if key.startswith("eval/avg@") and "/" not in key.split("@")[1]]
+        k = int(ks[0]) if ks else 8
+    prefix = f"eval/avg@{k}/"
+    buckets = [key[len(prefix):] for key in metrics if key.startswith(prefix)]
+    if task is not None:
+        order = [b for b in task.bucket_names() if b in buckets]
+        buckets = order + [b for b in buckets if b not in order]
+    width = max([len("bucket"), len("overall")] + [len(b) for b in buckets])
+    lines = [f"{'bucket':<{width}}  avg@{k}"]
+    for b in buckets:
+        lines.append(f"{b:<{width}}  {100 * metrics[prefix + b]:6.2f}%")
+    lines.append(f"{'overall':<{width}}  {100 * metrics[f'eval/avg@{k}']:6.2f}%")
+    for key in (f"eval/strict_avg@{k}", "eval/response_length", "eval/distinct_per_prompt",
+                "eval/verifier_errors", "eval/truncated_frac", "eval/correct_len_min", "eval/correct_len_max"):
+        if key in metrics:
+            lines.append(f"{key} = {metrics[key]:.4g}")
+    return "\n".join(lines)

@@ -1,0 +1,237 @@
+"""KV-cached sampling of responses from any HF causal LM, with behaviour log-probs.
+
+Conventions (the PPO code relies on them):
+
+* prompts are LEFT-padded, responses RIGHT-padded, both with the pad id (the tokenizer's pad
+  token, else its EOS);
+* positions are counted over real tokens only: ``position_ids = cumsum(attention_mask) - 1``
+  (see :func:`position_ids_from_mask`), so a left-padded prompt gets the same positions as an
+  unpadded one. Any later forward pass over (prompt, response) must use the same positions to
+  reproduce the log-probs recorded here; :func:`sequence_logprobs` does that.
+* ``Rollout.logprobs`` = ``log_softmax(logits / temperature)`` of the sampled token, recorded at
+  sampling time, BEFORE top-p truncation (the truncation is treated as part of the sampler, not
+  of the policy; with top_p = 1 the two coincide). With ``temperature == 0`` the sampler is greedy
+  and logprobs are those of ``log_softmax(logits)``.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class Rollout:
+    prompt_ids: torch.LongTensor
+    """(N, P) LEFT-padded with the pad id."""
+    prompt_mask: torch.Tensor
+    """(N, P) 1 on real prompt tokens, 0 on padding (long)."""
+    response_ids: torch.LongTensor
+    """(N, R) RIGHT-padded with the pad id; includes the EOS token when emitted."""
+    response_mask: torch.Tensor
+    """(N, R) float 1.0 on response tokens (EOS included), 0.0 on padding."""
+    logprobs: torch.Tensor
+    """(N, R) behaviour log-prob of each sampled token (temperature-scaled, pre top-p), 0 on padding."""
+    lengths: torch.LongTensor
+    """(N,) response tokens including EOS."""
+    terminated: torch.BoolTensor
+    """(N,) ended with EOS."""
+    truncated: torch.BoolTensor
+    """(N,) hit max_new_tokens without EOS (exactly one of terminated/truncated is True)."""
+    texts: list[str]
+    """Decoded responses, special tokens stripped."""
+
+    @property
+    def input_ids(self) -> torch.LongTensor:
+        """(N, P + R) prompt and response concatenated."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(N, P + R) long mask of real tokens."""
+        return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
+
+def pad_id_of(tokenizer) -> int:
+    if tokenizer.pad_token_id is not None:
+        return int(tokenizer.pad_token_id)
+    if tokenizer.eos_token_id is not None:
+        return int(tokenizer.eos_token_id)
+    raise ValueError("tokenizer has neither a pad nor an eos token")
+
+
+def eos_ids_of(model, tokenizer) -> list[int]:
+    """EOS ids: the tokenizer's plus the model's generation_config ones (may be a list)."""
+    ids = set()
+    if tokenizer.eos_token_id is not None:
+        ids.add(int(tokenizer.eos_token_id))
+    gen = getattr(model, "generation_config", None)
+    extra = getattr(gen, "eos_token_id", None) if gen is not None else None
+    if isinstance(extra, int):
+        ids.add(extra)
+    elif extra:
+        ids.update(int(i) for i in extra)
+    if not ids:
+        raise ValueError("no EOS token id: set tokenizer.eos_token_id")
+    return sorted(ids)
+
+
+def _cache_kwarg(model) -> str:
+    """Name of the KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values`."""
+    import inspect
+
+    try:
+        params = inspect.signature(model.forward).parameters
+    except (TypeError, ValueError):
+        params = {}
+    if "cache" in params:
+        return "cache"
+    if "past_key_values" in params:
+        return "past_key_values"
+    from transformers.modeling_outputs import CausalLMOutputWithPast
+
+    return "cache" if "cache" in CausalLMOutputWithPast.__dataclass_fields__ else "past_key_values"
+
+
+def _cache_of(out):
+    for name in ("cache", "past_key_values"):
+        value = out.get(name) if hasattr(out, "get") else getattr(out, name, None)
+        if value is not None:
+            return value
+    raise RuntimeError("the model returned no KV cache (use_cache=True was ignored)")
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.LongTensor:
+    """Positions over real tokens only (left padding gets position 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
+    """Tokenise (with the tokenizer's own special tokens) and LEFT-pad."""
+    if not prompts:
+        raise ValueError("no prompts")
+    enc = [tokenizer(p)["input_ids"] for p in prompts]
+    if any(len(e) == 0 for e in enc):
+        raise ValueError("a prompt encodes to zero tokens")
+    width = max(len(e) for e in enc)
+    pad = pad_id_of(tokenizer)
+    ids = torch.full((len(enc), width), pad, dtype=torch.long)
+    mask = torch.zeros((len(enc), width), dtype=torch.long)
+    for i, e in enumerate(enc):
+        ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
+        mask[i, width - len(e):] = 1
+    return ids, mask
+
+
+def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
+    """Renormalised nucleus of `probs` (..., V): the smallest set of most likely tokens whose
+    mass reaches `top_p` (the most likely token is always kept)."""
+    if top_p >= 1.0:
+        return probs
+    sorted_p, idx = probs.sort(dim=-1, descending=True)
+    mass_before = sorted_p.cumsum(-1) - sorted_p
+    keep_sorted = mass_before < top_p
+    keep_sorted[..., 0] = True
+    keep = torch.zeros_like(keep_sorted).scatter(-1, idx, keep_sorted)
+    out = probs * keep
+    return out / out.sum(-1, keepdim=True)
+
+
+def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
+                generator: torch.Generator | None) -> tuple[torch.LongTensor, torch.Tensor]:
+    """Sample one token per row of `logits` (N, V); return (tokens, behaviour log-probs)."""
+    logits = logits.float()
+    if temperature <= 0:
+        logp = torch.log_softmax(logits, -1)
+        tok = logits.argmax(-1)
+    else:
+        logp = torch.log_softmax(logits / temperature, -1)
+        probs = top_p_filter(logp.exp(), top_p)
+        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+    return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+@torch.no_grad()
+def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
+             top_p: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
+    """Sample one response per prompt with a KV cache, one token at a time.
+
+    Stops as soon as every sequence has emitted EOS, or after `max_new_tokens`. `generator`
+    (a CPU `torch.Generator`) makes sampling reproducible for the same model and prompts.
+    """
+    if max_new_tokens < 1:
+        raise ValueError("max_new_tokens must be >= 1")
+    if not 0.0 < top_p <= 1.0:
+        raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    was_training = model.training
+    model.eval()
+    try:
+        device = next(model.parameters()).device
+        prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+        n = prompt_ids.shape[0]
+        pad = pad_id_of(tokenizer)
+        eos = torch.tensor(eos_ids_of(model, tokenizer), device=device)
+
+        ids = prompt_ids.to(device)
+        mask = prompt_mask.to(device)
+        pos = position_ids_from_mask(mask)
+        cache_kw = _cache_kwarg(model)
+        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+        past = _cache_of(out)
+        logits = out.logits[:, -1, :]
+        next_pos = pos[:, -1:] + 1
+
+        tokens, logps = [], []
+        done = torch.zeros(n, dtype=torch.bool, device=device)
+        lengths = torch.zeros(n, dtype=torch.long, device=device)
+        terminated = torch.zeros(n, dtype=torch.bool, device=device)
+        for step in range(max_new_tokens):
+            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator)
+            tok = torch.where(done, torch.full_like(tok, pad), tok)
+            lp = torch.where(done, torch.zeros_like(lp), lp)
+            tokens.append(tok)
+            logps.append(lp)
+            lengths += (~done).long()
+            is_eos = torch.isin(tok, eos) & ~done
+            terminated |= is_eos
+            done |= is_eos
+            if bool(done.all()) or step == max_new_tokens - 1:
+                break
+            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
+            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
+                        use_cache=True, **{cache_kw: past})
+            past = _cache_of(out)
+            logits = out.logits[:, -1, :]
+            next_pos = next_pos + 1
+
+        response_ids = torch.stack(tokens, 1).cpu()
+        logprobs = torch.stack(logps, 1).float().cpu()
+        lengths = lengths.cpu()
+        terminated = terminated.cpu()
+        r = response_ids.shape[1]
+        response_mask = (torch.arange(r)[None, :] < lengths[:, None]).float()
+        logprobs = logprobs * response_mask
+        texts = tokenizer.batch_decode(
+            [response_ids[i, : int(lengths[i])].tolist() for i in range(n)], skip_special_tokens=True)
+        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                       response_mask=response_mask, logprobs=logprobs, lengths=lengths,
+                       terminated=terminated, truncated=~terminated, texts=list(texts))
+    finally:
+        model.train(was_training)
+
+
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """(N, L-1) log-prob of token t+1 given tokens <= t under ``log_softmax(logits / T)``, with the
+    same positions as :func:`generate` (``cumsum(mask) - 1``). Gradients flow (no no_grad).
+
+    For a :class:`Rollout` ``ro``: ``sequence_logprobs(model, ro.input_ids, ro.attention_mask)[:,
+    P - 1:]`` lines up with ``ro.logprobs`` (P = prompt width).
+    """
+    pos = position_ids_from_mask(attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
+    logits = logits[:, :-1].float()
+    if temperature > 0:
+        logits = logits / temperature
+    logp = torch.log_softmax(logits, -1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
