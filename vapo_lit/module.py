@@ -80,7 +80,7 @@ class VapoModule(L.LightningModule):
         c, p = self.cfg, self.cfg.ppo
         return {
             "task": c.task, "task_options": c.task_options, "model": c.model, "critic_init": c.critic_init,
-            "seed": c.seed, "critic_lr": p.critic_lr, "weight_decay": p.weight_decay,
+            "seed": c.seed, "model_seed": c.model_seed, "critic_lr": p.critic_lr, "weight_decay": p.weight_decay,
             "warmup_steps": p.warmup_steps, "gamma": p.gamma, "responses_per_step": p.responses_per_step,
             "mini_batch_size": p.mini_batch_size, "micro_batch_size": p.micro_batch_size,
             "critic_epochs": p.critic_epochs, "value_clip": p.value_clip, "grad_clip": p.grad_clip,

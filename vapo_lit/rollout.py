@@ -110,7 +110,9 @@ def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.LongTensor, tor
     """Tokenise (with the tokenizer's own special tokens) and LEFT-pad."""
     if not prompts:
         raise ValueError("no prompts")
-    enc = [tokenizer(p)["input_ids"] for p in prompts]
+    bos = getattr(tokenizer, "bos_token", None)
+    # A chat template usually writes the BOS token itself: do not add a second one.
+    enc = [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
     if any(len(e) == 0 for e in enc):
         raise ValueError("a prompt encodes to zero tokens")
     width = max(len(e) for e in enc)

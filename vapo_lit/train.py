@@ -242,8 +242,9 @@ def build_module(cfg: RunConfig) -> VapoModule:
         actor, tokenizer = random_tiny_policy(task, cfg.seed)
         critic = ValueModel.from_causal_lm(actor)
     else:
-        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.seed, cache_dir=cfg.cache_dir)
-        critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
+        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir)
+        critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
+                             cache_dir=cfg.cache_dir)
     if cfg.advantage_estimator == "grpo":
         critic = None
     return VapoModule(cfg, task, actor, tokenizer, critic)
@@ -317,6 +318,9 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*does not have many workers.*")
             warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+            # Models stay in eval mode on purpose: no dropout, so the PPO ratio compares the policy
+            # with itself and the recorded behaviour log-probs are reproducible.
+            warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode.*")
             trainer.fit(module, ckpt_path=str(ckpt) if resume else None)
     except BaseException:
         if wb is not None and wb._experiment is not None:

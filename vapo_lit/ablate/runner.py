@@ -98,16 +98,17 @@ def prepare_models(cells, log=print) -> None:
     seen = set()
     for c in cells:
         cfg = c.cfg
-        key = (cfg.task, repr(sorted(cfg.task_options.items())), cfg.model, cfg.critic_init, cfg.seed, cfg.cache_dir)
+        key = (cfg.task, repr(sorted(cfg.task_options.items())), cfg.model, cfg.critic_init, cfg.model_seed,
+               cfg.cache_dir)
         if cfg.model != "builtin" or key in seen:
             continue
         seen.add(key)
         t0 = time.time()
         task = get_task(cfg.task, **cfg.task_options)
-        load_policy(cfg.model, task, seed=cfg.seed, cache_dir=cfg.cache_dir)
+        load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir)
         if cfg.advantage_estimator != "grpo" and cfg.critic_init in ("reward_model", "actor"):
-            load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.seed, cache_dir=cfg.cache_dir)
-        log(f"built-in models for seed {cfg.seed} ready ({time.time() - t0:.0f} s; cached for later runs)")
+            load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed, cache_dir=cfg.cache_dir)
+        log(f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)")
 
 
 def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log=print) -> int:
