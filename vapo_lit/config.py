@@ -221,6 +221,18 @@ def _nested_type(cls, name):
     return None
 
 
+def nest(flat: dict) -> dict:
+    """{'vapo.alpha': 1} -> {'vapo': {'alpha': 1}} (dotted config paths to a nested delta)."""
+    out: dict = {}
+    for path, value in flat.items():
+        node = out
+        *parents, leaf = path.split(".")
+        for part in parents:
+            node = node.setdefault(part, {})
+        node[leaf] = value
+    return out
+
+
 def merge(cfg, delta: dict):
     """A copy of `cfg` with the (nested) `delta` applied."""
     base = to_dict(cfg)

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import RunConfig, merge, to_dict, validate
+from vapo_lit.config import RunConfig, merge, nest, to_dict, validate
 
 KINDS = ("float", "int", "categorical")
 PRUNERS = ("median", "percentile", "threshold", "hyperband", "none")
@@ -53,18 +53,6 @@ def _config_paths() -> set:
     from vapo_lit.cli.args import _walk_fields
 
     return {name for name, _, _ in _walk_fields(RunConfig)}
-
-
-def nest(flat: dict) -> dict:
-    """{'vapo.alpha': 1} -> {'vapo': {'alpha': 1}}"""
-    out: dict = {}
-    for path, value in flat.items():
-        node = out
-        *parents, leaf = path.split(".")
-        for p in parents:
-            node = node.setdefault(p, {})
-        node[leaf] = value
-    return out
 
 
 def load_sweep(path) -> SweepSpec:

@@ -13,7 +13,7 @@ from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import COMPONENTS, RunConfig, from_dict, merge, to_dict, validate
+from vapo_lit.config import COMPONENTS, RunConfig, from_dict, merge, nest, to_dict, validate
 from vapo_lit.presets import PRESETS
 
 
@@ -111,14 +111,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
         if key.startswith("set:") and value is not None:
             name = key[4:]
             flat[name] = _parse_value(value, kinds[name], name)
-    delta: dict = {}
-    for name, value in flat.items():
-        node = delta
-        *parents, leaf = name.split(".")
-        for part in parents:
-            node = node.setdefault(part, {})
-        node[leaf] = value
-    cfg = merge(cfg, delta)
+    cfg = merge(cfg, nest(flat))
     drop = parse_components(args.drop or None, "--drop") or []
     only = parse_components(args.only, "--only")
     if only is not None and drop:
