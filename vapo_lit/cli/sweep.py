@@ -36,7 +36,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 def base_config(spec, args):
     """preset < the file's base < command-line flags; validated."""
-    from vapo_lit.ablate.sweep import nest
+    from vapo_lit.config import nest
     from vapo_lit.config import RunConfig, merge, validate
     from vapo_lit.presets import PRESETS
 
