@@ -120,7 +120,7 @@ class RunCheckpoints(Callback):
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / name
         tmp = self.dir / f".{name}.tmp"
-        trainer.save_checkpoint(str(tmp))
+        trainer.save_checkpoint(str(tmp), weights_only=False)  # full state: optimizers, schedulers, callbacks
         os.replace(tmp, final)
         return str(final)
 
