@@ -1,6 +1,5 @@
 """Built-in policy / reward model: cache key, atomic cache, corruption recovery, loaders."""
 import json
-import os
 import time
 import warnings
 from pathlib import Path

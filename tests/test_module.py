@@ -14,7 +14,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from vapo_lit.components import REGISTRY, build_callbacks
-from vapo_lit.config import COMPONENTS, ComponentValues, PPOConfig, RunConfig, Switches, merge
+from vapo_lit.config import COMPONENTS, ComponentValues, RunConfig, Switches, merge
 from vapo_lit.module import NonFiniteLossError, VapoModule  # noqa: F401
 from vapo_lit.presets import PRESETS
 from vapo_lit.train import build_module, train

@@ -169,7 +169,6 @@ class VapoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ the algorithm
     def training_step(self, problems, batch_idx):
-        sw, p = self.switches, self.cfg.ppo
         pretraining = self.phase == "value_pretrain"
         t_start = time.perf_counter()
 

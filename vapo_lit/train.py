@@ -132,7 +132,7 @@ class RunCheckpoints(Callback):
 
 
 # ----------------------------------------------------------------------------- run card
-def run_card(cfg: RunConfig, module: VapoModule, callbacks) -> dict:
+def run_card(cfg: RunConfig, module: VapoModule) -> dict:
     """Everything SPEC.md says a run must record, with this project's answers."""
     sw, p = module.switches, cfg.ppo
     task = module.task
@@ -207,7 +207,7 @@ class RunCardWriter(Callback):
         self.run_dir, self.extra = Path(run_dir), extra
 
     def on_fit_start(self, trainer, pl_module) -> None:
-        card = run_card(pl_module.cfg, pl_module, trainer.callbacks)
+        card = run_card(pl_module.cfg, pl_module)
         card.update(self.extra)
         for lg in trainer.loggers:
             if type(lg).__name__ == "WandbLogger":
