@@ -318,6 +318,9 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         with warnings.catch_warnings():
             warnings.filterwarnings("ignore", ".*does not have many workers.*")
             warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+            # ResumableCSVLogger keeps the rows up to the checkpoint itself; Lightning's generic
+            # "previous log files will be deleted" warning does not apply to it.
+            warnings.filterwarnings("ignore", ".*Experiment logs directory .* exists and is not empty.*")
             # Models stay in eval mode on purpose: no dropout, so the PPO ratio compares the policy
             # with itself and the recorded behaviour log-probs are reproducible.
             warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode.*")
