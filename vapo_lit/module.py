@@ -24,7 +24,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos
 from vapo_lit.config import RunConfig, Switches, to_dict
-from vapo_lit.rollout import Rollout, generate, position_ids_from_mask
+from vapo_lit.rollout import Rollout, generate, next_token_logits
 
 POSITION_EDGES = (1, 8, 32, 128)
 """Response-position buckets of value/bias: first token, 1-7, 8-31, 32-127, 128+."""
@@ -289,9 +289,8 @@ class VapoModule(L.LightningModule):
             yield idx, [idx[k:k + micro] for k in range(0, len(idx), micro)]
 
     def _forward_actor(self, batch, idx, P):
-        ids, attn = batch["input_ids"][idx], batch["attn"][idx]
-        logits = self.actor(input_ids=ids, attention_mask=attn, position_ids=position_ids_from_mask(attn)).logits
-        logits = logits[:, P - 1:-1].float() / self.cfg.ppo.temperature  # predicts response token t
+        logits = next_token_logits(self.actor, batch["input_ids"][idx], batch["attn"][idx],
+                                   temperature=self.cfg.ppo.temperature)[:, P - 1:]  # predicts response token t
         return algos.token_logprobs(logits, batch["response_ids"][idx]), logits
 
     def update_critic(self, batch, P) -> dict:

@@ -222,18 +222,23 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
         model.train(was_training)
 
 
+def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """(N, L-1, V) float logits / T predicting token t+1 from tokens <= t, with the same positions
+    as :func:`generate` (``cumsum(mask) - 1``). Gradients flow (no no_grad). The PPO update reads
+    its log-probs and entropy from these, so the ratio compares like with like."""
+    pos = position_ids_from_mask(attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
+    logits = logits[:, :-1].float()
+    return logits / temperature if temperature > 0 else logits
+
+
 def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                       temperature: float = 1.0) -> torch.Tensor:
-    """(N, L-1) log-prob of token t+1 given tokens <= t under ``log_softmax(logits / T)``, with the
-    same positions as :func:`generate` (``cumsum(mask) - 1``). Gradients flow (no no_grad).
+    """(N, L-1) log-prob of token t+1 given tokens <= t under ``log_softmax(logits / T)``.
 
     For a :class:`Rollout` ``ro``: ``sequence_logprobs(model, ro.input_ids, ro.attention_mask)[:,
     P - 1:]`` lines up with ``ro.logprobs`` (P = prompt width).
     """
-    pos = position_ids_from_mask(attention_mask)
-    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
-    logits = logits[:, :-1].float()
-    if temperature > 0:
-        logits = logits / temperature
-    logp = torch.log_softmax(logits, -1)
+    logp = torch.log_softmax(next_token_logits(model, input_ids, attention_mask, temperature=temperature), -1)
     return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)
