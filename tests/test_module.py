@@ -152,7 +152,9 @@ def test_pretrained_critic_is_cached_and_reused(tmp_path):
     assert [p for p, _, _ in watch.snapshots] == ["ppo"]  # no pretraining iterations the second time
     rows_a = read_metrics(tmp_path / "runs" / "first")
     rows_b = read_metrics(tmp_path / "runs" / "second")
-    # same prompt stream position and same critic: the first PPO iteration is identical
+    # same base eval, same prompt stream position and same critic: the first PPO iteration is identical
+    assert rows_a[0]["eval/avg@2"] == rows_b[0]["eval/avg@2"]
+    assert rows_a[0]["eval/response_length"] == rows_b[0]["eval/response_length"]  # same samples
     assert rows_a[-1]["value/loss"] == rows_b[-1]["value/loss"]
     assert rows_a[-1]["loss/policy"] == rows_b[-1]["loss/policy"]
 

@@ -164,7 +164,9 @@ class VapoModule(L.LightningModule):
 
     def on_train_start(self) -> None:
         if not self._resumed:  # the initial policy's eval: its own row, step 0
-            metrics = {**self.evaluate(), "train/iteration": 0, "train/ppo_update": 0}
+            # seeded as iteration 0 even when a cached pretrained critic moved the iteration on, so
+            # every run of one seed reports the same base eval
+            metrics = {**self.evaluate(at=0), "train/iteration": 0, "train/ppo_update": 0}
             self._log(metrics, step=0)
 
     # ------------------------------------------------------------------ the algorithm
@@ -431,13 +433,15 @@ class VapoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ evaluation
     @torch.no_grad()
-    def evaluate(self) -> dict:
+    def evaluate(self, at: int | None = None) -> dict:
+        """eval/... of the current actor; sampling seeded by iteration `at` (default: the current one)."""
         from vapo_lit.evaluation import evaluate
 
         t0 = time.perf_counter()
+        at = self.iteration if at is None else at
         metrics = evaluate(self.actor, self.task, self.eval_set, k=self.cfg.eval_k,
                            temperature=self.cfg.eval_temperature, top_p=self.cfg.eval_top_p,
-                           max_new_tokens=self.max_new_tokens, seed=step_seed(self.cfg.seed, self.iteration, 3))
+                           max_new_tokens=self.max_new_tokens, seed=step_seed(self.cfg.seed, at, 3))
         metrics = {k: float(v) for k, v in metrics.items()}
         metrics["perf/eval_seconds"] = time.perf_counter() - t0
         key = f"eval/avg@{self.cfg.eval_k}"
