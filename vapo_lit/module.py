@@ -16,7 +16,6 @@ from __future__ import annotations
 import math
 import random
 import time
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -198,7 +197,7 @@ class VapoModule(L.LightningModule):
             lam_policy, n_clamped = None, 0
         else:
             values, returns, advantages, lam_policy, n_clamped = self.advantages(
-                input_ids, attn, rewards, mask, ro, P, pretraining)
+                input_ids, attn, rewards, mask, ro.truncated, last, P, pretraining)
 
         batch = dict(input_ids=input_ids, attn=attn, response_ids=ro.response_ids, mask=mask,
                      old_logprobs=ro.logprobs, old_values=values, advantages=advantages,
@@ -247,15 +246,14 @@ class VapoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ pieces of the step
     @torch.no_grad()
-    def advantages(self, input_ids, attn, rewards, mask, ro, P, pretraining):
+    def advantages(self, input_ids, attn, rewards, mask, truncated, last, P, pretraining):
         """Critic values V(s_t) (read at column P + t - 1), bootstrap values of truncated rows,
         and decoupled GAE: actor advantages with lambda_policy, critic targets with lambda_critic."""
         sw, p = self.switches, self.cfg.ppo
         N = mask.shape[0]
         v_full = self.critic(input_ids, attn)  # (N, P + R)
         values = v_full[:, P - 1:-1] * mask
-        last = (ro.lengths - 1).clamp(min=0)
-        bootstrap = torch.where(ro.truncated, v_full[torch.arange(N), P + last], torch.zeros(N))
+        bootstrap = torch.where(truncated, v_full[torch.arange(N), P + last], torch.zeros(N))
         lengths = mask.sum(1).clamp(min=1)
         if sw.length_adaptive_gae:
             lam_policy = algos.length_adaptive_lambda(lengths, sw.alpha, p.gamma)
@@ -482,8 +480,3 @@ def _bucket_labels(edges) -> list[str]:
     labels += [f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
     labels.append(f"ge{edges[-1]}")
     return labels
-
-
-def last_checkpoint(run_dir) -> Path | None:
-    p = Path(run_dir) / "checkpoints" / "last.ckpt"
-    return p if p.is_file() else None
