@@ -18,11 +18,11 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from vapo_lit.ablate.grid import BOOKKEEPING, cell_identity, cells_of, grid_from_drop, load_grid, row_label
+from vapo_lit.ablate.grid import BOOKKEEPING, available_grids, cell_identity, cells_of, grid_from_drop, load_grid
 from vapo_lit.ablate.progress import eta_seconds, line
 from vapo_lit.ablate.store import CellStore, Status, mask_text, mask_url
 from vapo_lit.cli.ablate import main
-from vapo_lit.config import COMPONENTS, RunConfig, merge
+from vapo_lit.config import COMPONENTS, RunConfig, merge, run_label
 from vapo_lit.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -106,12 +106,25 @@ def test_other_flag_errors(tmp_path, capsys):
 
 
 # ----------------------------------------------------------------------------- grids and cells
-def test_row_label_matches_train_run_label():
-    from vapo_lit.train import run_label
+def test_one_label_for_run_folders_wandb_and_reports(tmp_path):
+    """Every row of every shipped grid (critic-free rows included): the label the grid gives the
+    row is the one train() names the run folder and W&B job type with, and the one the report
+    derives from the run's config when no grid manifest is there."""
+    from vapo_lit.report.collect import label_of
+    from vapo_lit.train import run_dir_of
 
-    for comps in ([], list(COMPONENTS), ["clip_higher"], [c for c in COMPONENTS if c != "decoupled_gae"],
-                  [c for c in COMPONENTS if c not in ("clip_higher", "group_sampling")]):
-        assert row_label(comps) == run_label(comps)
+    base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
+    seen = 0
+    for name in available_grids():
+        for row in load_grid(name).rows:
+            cfg = row.config(base)
+            assert row.label == run_label(cfg.components, cfg.advantage_estimator), (name, row.label)
+            assert run_dir_of(merge(cfg, {"out_dir": "x"})).name == f"{row.label}-s0"
+            assert label_of({"components": cfg.components, "advantage_estimator": cfg.advantage_estimator}) == row.label
+            seen += 1
+    assert seen >= 9 + 29 + 3
+    assert run_label([], "grpo") == "grpo+" and run_label(list(COMPONENTS)) == "vapo"
+    assert run_label(["token_level_loss", "group_sampling"], "grpo") == "grpo+token_level_loss+group_sampling"
 
 
 def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):

@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from vapo_lit.ablate.grid import row_order
+from vapo_lit.config import row_order
 from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.cli.report import main as report
 from vapo_lit.config import COMPONENTS
@@ -135,7 +135,7 @@ def test_row_order_is_the_papers():
     labels["vapo-no-decoupled_gae+clip_higher"] = [x for x in COMPONENTS if x not in ("decoupled_gae", "clip_higher")]
     labels["grpo+token_level_loss+clip_higher+group_sampling"] = ["token_level_loss", "clip_higher", "group_sampling"]
     est = {k: "grpo" if k.startswith("grpo") else "gae" for k in labels}
-    got = sorted(labels, key=lambda k: row_order(k, labels[k], est[k]))
+    got = sorted(labels, key=lambda k: row_order(labels[k], est[k], k))
     assert got == (["vapo"] + [f"vapo-no-{c}" for c in COMPONENTS] + ["vapo-no-decoupled_gae+clip_higher",
                    "vanilla_ppo", "grpo+token_level_loss+clip_higher+group_sampling"])
 

@@ -9,7 +9,9 @@ The seven VAPO switches live in `Switches`; component callbacks set them (see
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
+import typing
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -23,6 +25,47 @@ COMPONENTS = (
     "group_sampling",
 )
 """The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md)."""
+
+
+def check_components(names, where: str = "") -> list[str]:
+    """`names` as a list, or ValueError naming the unknown ones and listing the valid names.
+    The one place component names are validated (config, CLI flags, grid files, callbacks)."""
+    names = list(names)
+    unknown = [n for n in names if n not in COMPONENTS]
+    if unknown:
+        prefix = f"{where}: " if where else ""
+        raise ValueError(
+            f"{prefix}unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
+        )
+    return names
+
+
+def run_label(components, advantage_estimator: str = "gae") -> str:
+    """The one name of a component set, used for run folders, W&B job types and report rows:
+    'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
+    'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator)."""
+    on = [c for c in COMPONENTS if c in components]
+    if advantage_estimator == "grpo":
+        return "grpo+" + "+".join(on)
+    if len(on) == len(COMPONENTS):
+        return "vapo"
+    if not on:
+        return "vanilla_ppo"
+    dropped = [c for c in COMPONENTS if c not in on]
+    return "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
+
+
+def row_order(components, advantage_estimator: str = "gae", label: str = "") -> tuple:
+    """Sort key in the paper's order: full VAPO, single drops (COMPONENTS order), joint drops,
+    vanilla PPO, critic-free rows."""
+    dropped = tuple(COMPONENTS.index(c) for c in COMPONENTS if c not in components)
+    if advantage_estimator == "grpo":
+        return (4, dropped, label)
+    if not dropped:
+        return (0, (), label)
+    if len(dropped) == len(COMPONENTS):
+        return (3, (), label)
+    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), label)
 
 
 def _f(default, doc: str, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
@@ -120,7 +163,7 @@ class RunConfig:
 
 
 # ----------------------------------------------------------------------------- validation
-def _check_range(path: str, value: Any, meta: dict) -> None:
+def check_range(path: str, value: Any, meta: dict) -> None:
     lo, hi, choices = meta.get("lo"), meta.get("hi"), meta.get("choices")
     if value is None or isinstance(value, bool):
         return
@@ -155,14 +198,10 @@ def validate(cfg: RunConfig) -> RunConfig:
             if dataclasses.is_dataclass(value):
                 walk(value, path + ".")
             else:
-                _check_range(path, value, f.metadata)
+                check_range(path, value, f.metadata)
 
     walk(cfg, "")
-    unknown = [c for c in cfg.components if c not in COMPONENTS]
-    if unknown:
-        raise ValueError(
-            f"unknown component(s): {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
-        )
+    check_components(cfg.components)
     p = cfg.ppo
     if p.mini_batch_size > p.responses_per_step:
         raise ValueError(
@@ -246,3 +285,66 @@ def merge(cfg, delta: dict):
         return a
 
     return from_dict(deep(base, delta), type(cfg))
+
+
+# ----------------------------------------------------------------------------- flat field paths
+def field_type(annotation):
+    """The concrete type of an annotation (`int | None` -> int)."""
+    args = [a for a in typing.get_args(annotation) if a is not type(None)]
+    return args[0] if args else annotation
+
+
+def walk_fields(cls=None, prefix: str = ""):
+    """(dotted path, type, dataclass field) of every leaf setting: 'steps', 'ppo.actor_lr', ..."""
+    cls = RunConfig if cls is None else cls
+    hints = typing.get_type_hints(cls)
+    for f in dataclasses.fields(cls):
+        kind = field_type(hints[f.name])
+        if dataclasses.is_dataclass(kind):
+            yield from walk_fields(kind, prefix + f.name + ".")
+        else:
+            yield prefix + f.name, kind, f
+
+
+def field_paths() -> set[str]:
+    return {path for path, _, _ in walk_fields()}
+
+
+def parse_value(text: str, kind, name: str):
+    """A command-line string as the setting's type; ValueError saying what was expected."""
+    if text.lower() in ("none", "null"):
+        return None
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is list:
+            return [s.strip() for s in text.split(",") if s.strip()]
+        if kind is dict:
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+        return text
+    except (ValueError, json.JSONDecodeError):
+        what = {bool: "true/false", int: "an integer", float: "a number", list: "a comma-separated list",
+                dict: "a JSON object"}.get(kind, "a string")
+        raise ValueError(f"--{name}={text!r} is not valid; expected {what}") from None
+
+
+def parse_flat(flat_text: dict) -> dict:
+    """{'ppo.actor_lr': '1e-5'} -> a nested, typed delta (unknown paths raise)."""
+    kinds = {path: kind for path, kind, _ in walk_fields()}
+    out = {}
+    for path, text in flat_text.items():
+        if path not in kinds:
+            raise ValueError(f"unknown setting {path!r}; e.g. steps, ppo.actor_lr, vapo.alpha")
+        out[path] = parse_value(text, kinds[path], path)
+    return nest(out)

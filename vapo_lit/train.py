@@ -24,26 +24,13 @@ from lightning.pytorch.callbacks import Callback
 from lightning.pytorch.loggers import CSVLogger
 
 from vapo_lit.components import build_callbacks
-from vapo_lit.config import COMPONENTS, RunConfig, to_dict, validate
+from vapo_lit.config import COMPONENTS, RunConfig, run_label, to_dict, validate
 from vapo_lit.module import VapoModule
 
 
 # ----------------------------------------------------------------------------- run naming
-def run_label(components) -> str:
-    """'vapo' for the full recipe, 'vanilla_ppo' for none, else 'vapo-no-<dropped>' / '+'-joined."""
-    on = [c for c in COMPONENTS if c in components]
-    if len(on) == len(COMPONENTS):
-        return "vapo"
-    if not on:
-        return "vanilla_ppo"
-    dropped = [c for c in COMPONENTS if c not in components]
-    if len(dropped) <= 3:
-        return "vapo-no-" + "+".join(dropped)
-    return "ppo+" + "+".join(on)
-
-
 def run_dir_of(cfg: RunConfig) -> Path:
-    return Path(cfg.out_dir) / (cfg.name or f"{run_label(cfg.components)}-s{cfg.seed}")
+    return Path(cfg.out_dir) / (cfg.name or f"{run_label(cfg.components, cfg.advantage_estimator)}-s{cfg.seed}")
 
 
 # ----------------------------------------------------------------------------- loggers
@@ -101,7 +88,7 @@ def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | N
     dropped = [c for c in COMPONENTS if c not in cfg.components]
     return WandbLogger(
         name=run_dir.name, project=cfg.wandb_project, group=cfg.wandb_group or run_dir.name,
-        job_type=cfg.wandb_job_type or run_label(cfg.components),
+        job_type=cfg.wandb_job_type or run_label(cfg.components, cfg.advantage_estimator),
         tags=[f"no-{c}" for c in dropped] + [f"seed-{cfg.seed}"], save_dir=str(run_dir), mode=mode,
         id=run_id, resume="allow" if run_id else None, config=card, log_model=False,
     )

@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from vapo_lit.cache import config_key
-from vapo_lit.config import COMPONENTS, RunConfig, merge, to_dict, validate
+from vapo_lit.config import COMPONENTS, RunConfig, check_components, merge, run_label, to_dict, validate
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
                "cache_dir", "checkpoint_every")
@@ -64,33 +64,6 @@ class Grid:
     description: str = ""
 
 
-def row_label(components, delta: dict | None = None) -> str:
-    """train.run_label's names ('vapo', 'vanilla_ppo', 'vapo-no-a+b', ...; kept in step by a test,
-    repeated here so validation needs no torch import), and 'grpo+<components>' for critic-free rows."""
-    on = [c for c in COMPONENTS if c in components]
-    if (delta or {}).get("advantage_estimator") == "grpo":
-        return "grpo+" + "+".join(on)
-    if len(on) == len(COMPONENTS):
-        return "vapo"
-    if not on:
-        return "vanilla_ppo"
-    dropped = [c for c in COMPONENTS if c not in on]
-    return "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
-
-
-def row_order(label: str, components, estimator: str = "gae") -> tuple:
-    """The paper's order: full VAPO, single drops (COMPONENTS order), joint drops, vanilla PPO,
-    critic-free rows."""
-    dropped = tuple(COMPONENTS.index(c) for c in COMPONENTS if c not in components)
-    if estimator == "grpo":
-        return (4, dropped, label)
-    if not dropped:
-        return (0, (), label)
-    if len(dropped) == len(COMPONENTS):
-        return (3, (), label)
-    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), label)
-
-
 def _row_from_spec(spec: dict, where: str) -> Row:
     if spec is None:
         spec = {}
@@ -102,10 +75,7 @@ def _row_from_spec(spec: dict, where: str) -> Row:
     if "drop" in spec and "only" in spec:
         raise ValueError(f"{where}: use either drop or only, not both")
     for key in ("drop", "only"):
-        names = spec.get(key) or []
-        unknown = [n for n in names if n not in COMPONENTS]
-        if unknown:
-            raise ValueError(f"{where}: unknown component(s) {unknown}; valid names: {', '.join(COMPONENTS)}")
+        check_components(spec.get(key) or [], where)
     if "only" in spec:
         comps = [c for c in COMPONENTS if c in (spec["only"] or [])]
     else:
@@ -113,7 +83,7 @@ def _row_from_spec(spec: dict, where: str) -> Row:
     delta = dict(spec.get("set") or {})
     if "components" in delta:
         raise ValueError(f"{where}: set the components with drop/only, not set.components")
-    return Row(spec.get("label") or row_label(comps, delta), comps, delta)
+    return Row(spec.get("label") or run_label(comps, delta.get("advantage_estimator", "gae")), comps, delta)
 
 
 def _generated(kind: str) -> list[dict]:

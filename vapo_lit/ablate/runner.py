@@ -20,10 +20,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from vapo_lit.ablate import progress
-from vapo_lit.ablate.grid import Grid, cells_of, row_order
+from vapo_lit.ablate.grid import Grid, cells_of
 from vapo_lit.ablate.store import STUDY, CellStore, check_url, is_sqlite, mask_url
 from vapo_lit.ablate.worker import WorkerSpec, work, work_in_subprocess
-from vapo_lit.config import RunConfig, merge
+from vapo_lit.config import RunConfig, merge, row_order
 
 
 @dataclass
@@ -65,7 +65,7 @@ def write_manifest(p: Plan) -> Path:
     path = p.out / "grids" / f"{p.grid.grid_id}.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = sorted({c.row: c for c in p.cells}.values(),
-                  key=lambda c: row_order(c.row, c.cfg.components, c.cfg.advantage_estimator))
+                  key=lambda c: row_order(c.cfg.components, c.cfg.advantage_estimator, c.row))
     data = {
         "grid": p.grid.grid_id, "description": p.grid.description, "storage": mask_url(p.url), "study": p.study,
         "wandb_group": p.grid.grid_id, "rows": [c.row for c in rows],

@@ -29,7 +29,7 @@ from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import RunConfig, merge, nest, to_dict, validate
+from vapo_lit.config import RunConfig, field_paths, merge, nest, to_dict, validate
 
 KINDS = ("float", "int", "categorical")
 PRUNERS = ("median", "percentile", "threshold", "hyperband", "none")
@@ -49,10 +49,6 @@ class SweepSpec:
     enqueue: list = field(default_factory=list)
 
 
-def _config_paths() -> set:
-    from vapo_lit.cli.args import _walk_fields
-
-    return {name for name, _, _ in _walk_fields(RunConfig)}
 
 
 def load_sweep(path) -> SweepSpec:
@@ -70,7 +66,7 @@ def load_sweep(path) -> SweepSpec:
         raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: {', '.join(sorted(allowed))}")
     data.setdefault("study", path.stem)
     spec = SweepSpec(**data)
-    paths = _config_paths()
+    paths = field_paths()
     if not spec.space:
         raise ValueError(f"{path}: empty search space")
     for name, dist in spec.space.items():

@@ -7,64 +7,19 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
-import json
-import typing
 from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import COMPONENTS, RunConfig, from_dict, merge, nest, to_dict, validate
+from vapo_lit.config import (COMPONENTS, RunConfig, check_components, from_dict, merge, nest, parse_value, to_dict,
+                             validate, walk_fields)
 from vapo_lit.presets import PRESETS
-
-
-def _field_type(t):
-    """The concrete type of an annotation (`int | None` -> int)."""
-    args = [a for a in typing.get_args(t) if a is not type(None)]
-    return args[0] if args else t
-
-
-def _parse_value(text: str, kind, name: str):
-    if text.lower() in ("none", "null"):
-        return None
-    try:
-        if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-        if kind is list:
-            return [s.strip() for s in text.split(",") if s.strip()]
-        if kind is dict:
-            value = json.loads(text)
-            if not isinstance(value, dict):
-                raise ValueError
-            return value
-        return text
-    except (ValueError, json.JSONDecodeError):
-        what = {bool: "true/false", int: "an integer", float: "a number", list: "a comma-separated list",
-                dict: "a JSON object"}.get(kind, "a string")
-        raise ValueError(f"--{name}={text!r} is not valid; expected {what}") from None
-
-
-def _walk_fields(cls, prefix=""):
-    hints = typing.get_type_hints(cls)
-    for f in dataclasses.fields(cls):
-        kind = _field_type(hints[f.name])
-        if dataclasses.is_dataclass(kind):
-            yield from _walk_fields(kind, prefix + f.name + ".")
-        else:
-            yield prefix + f.name, kind, f
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per config field (`--steps`, `--ppo.actor_lr`, `--vapo.alpha`, ...)."""
     group = parser.add_argument_group("settings (see README; any field of the YAML config)")
-    for name, kind, f in _walk_fields(RunConfig):
+    for name, kind, f in walk_fields():
         doc = f.metadata.get("doc", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
         group.add_argument(f"--{name}", dest=f"set:{name}", metavar=kind.__name__.upper() if kind in (int, float) else "V",
@@ -79,17 +34,13 @@ def add_selection_flags(parser: argparse.ArgumentParser) -> None:
 
 
 def parse_components(text: str | None, flag: str) -> list[str] | None:
+    """'a,b' -> ['a', 'b'] ('none' -> []), validated; None when the flag was not given."""
     if text is None:
         return None
     names = [s.strip() for s in text.replace("=", ",").split(",") if s.strip()]
     if names == ["none"]:
         return []
-    unknown = [n for n in names if n not in COMPONENTS]
-    if unknown:
-        raise ValueError(
-            f"{flag}: unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
-        )
-    return names
+    return check_components(names, flag)
 
 
 def config_from_args(args: argparse.Namespace) -> RunConfig:
@@ -106,11 +57,11 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             raise ValueError(f"--config {args.config}: not valid YAML ({e})") from None
         cfg = merge(cfg, delta)
     flat = {}
-    kinds = {name: kind for name, kind, _ in _walk_fields(RunConfig)}
+    kinds = {name: kind for name, kind, _ in walk_fields()}
     for key, value in vars(args).items():
         if key.startswith("set:") and value is not None:
             name = key[4:]
-            flat[name] = _parse_value(value, kinds[name], name)
+            flat[name] = parse_value(value, kinds[name], name)
     cfg = merge(cfg, nest(flat))
     drop = parse_components(args.drop or None, "--drop") or []
     only = parse_components(args.only, "--only")

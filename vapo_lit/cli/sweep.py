@@ -15,7 +15,7 @@ import argparse
 import sys
 from pathlib import Path
 
-from vapo_lit.cli.args import _parse_value, _walk_fields, add_config_flags
+from vapo_lit.cli.args import add_config_flags
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -36,21 +36,18 @@ def build_parser() -> argparse.ArgumentParser:
 
 def base_config(spec, args):
     """preset < the file's base < command-line flags; validated."""
-    from vapo_lit.config import nest
-    from vapo_lit.config import RunConfig, merge, validate
+    from vapo_lit.config import RunConfig, merge, parse_flat, validate
     from vapo_lit.presets import PRESETS
 
     preset = args.preset or spec.preset
     if preset not in PRESETS:
         raise ValueError(f"preset {preset!r} is not valid; choose one of: {', '.join(PRESETS)}")
     cfg = merge(merge(RunConfig(), PRESETS[preset]), spec.base)
-    kinds = {name: kind for name, kind, _ in _walk_fields(RunConfig)}
-    flat = {k[4:]: _parse_value(v, kinds[k[4:]], k[4:]) for k, v in vars(args).items()
-            if k.startswith("set:") and v is not None}
+    flat = {k[4:]: v for k, v in vars(args).items() if k.startswith("set:") and v is not None}
     for taken in ("out_dir", "name"):
         if taken in flat:
             raise ValueError(f"--{taken} is set per trial by vapo-sweep; use --out")
-    return validate(merge(cfg, nest(flat)))
+    return validate(merge(cfg, parse_flat(flat)))
 
 
 def main(argv=None) -> int:

@@ -14,7 +14,7 @@ from vapo_lit.components.length_adaptive_gae import LengthAdaptiveGAE
 from vapo_lit.components.positive_lm_loss import PositiveLMLoss
 from vapo_lit.components.token_level_loss import TokenLevelLoss
 from vapo_lit.components.value_pretraining import ValuePretraining
-from vapo_lit.config import COMPONENTS, ComponentValues
+from vapo_lit.config import COMPONENTS, ComponentValues, check_components
 
 REGISTRY: dict[str, type[Component]] = {
     cls.name: cls
@@ -24,26 +24,15 @@ REGISTRY: dict[str, type[Component]] = {
 assert tuple(REGISTRY) == COMPONENTS
 
 
-def check_names(names) -> list[str]:
-    """The names, validated: an unknown one raises ValueError listing the valid names."""
-    names = list(names)
-    unknown = [n for n in names if n not in REGISTRY]
-    if unknown:
-        raise ValueError(
-            f"unknown component(s): {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
-        )
-    return names
-
-
 def build_callbacks(names, values: ComponentValues | None = None) -> list[Component]:
     """One callback per named component, constructed with its values from `values`."""
     values = values or ComponentValues()
     out = []
-    for name in check_names(names):
+    for name in check_components(names):
         cls = REGISTRY[name]
         kwargs = {k: getattr(values, k) for k in cls.declares if k != name}
         out.append(cls(**kwargs))
     return out
 
 
-__all__ = ["Component", "REGISTRY", "build_callbacks", "check_names", *[c.__name__ for c in REGISTRY.values()]]
+__all__ = ["Component", "REGISTRY", "build_callbacks", *[c.__name__ for c in REGISTRY.values()]]

@@ -7,7 +7,7 @@ from typing import ClassVar
 
 from lightning.pytorch.callbacks import Callback
 
-from vapo_lit.config import Switches
+from vapo_lit.config import Switches, check_range
 
 
 class Component(Callback):
@@ -21,9 +21,7 @@ class Component(Callback):
         for key, value in values.items():
             if key not in allowed:
                 raise ValueError(f"component {self.name!r} takes {', '.join(allowed) or 'no values'}; got {key!r}")
-            from vapo_lit.config import _check_range
-
-            _check_range(f"{self.name}.{key}", value, fields[key].metadata)
+            check_range(f"{self.name}.{key}", value, fields[key].metadata)
         self.values = {k: values.get(k, fields[k].default) for k in allowed}
 
     def apply(self, switches: Switches) -> None:

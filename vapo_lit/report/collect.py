@@ -13,7 +13,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from vapo_lit.ablate.grid import row_label
+from vapo_lit.config import run_label
 
 TRACKED = {"entropy": "policy/entropy", "response_length": "rollout/response_length",
            "explained_variance": "value/explained_variance"}
@@ -37,7 +37,7 @@ class RunLog:
 
 def label_of(cfg: dict) -> str:
     """A row label from a run's config when no grid manifest names it."""
-    return row_label(cfg.get("components", []), {"advantage_estimator": cfg.get("advantage_estimator", "gae")})
+    return run_label(cfg.get("components", []), cfg.get("advantage_estimator", "gae"))
 
 
 def load_run(run_dir: Path, row: str | None = None) -> RunLog:

@@ -10,7 +10,7 @@ import math
 
 import pandas as pd
 
-from vapo_lit.ablate.grid import row_order
+from vapo_lit.config import row_order
 from vapo_lit.report.collect import TRACKED
 from vapo_lit.report.stats import summarize
 
@@ -57,7 +57,7 @@ def build_table(per_run: pd.DataFrame, orders: dict) -> pd.DataFrame:
 
 
 def orders_of(logs) -> dict:
-    return {log.row: row_order(log.row, log.components, log.estimator) for log in logs}
+    return {log.row: row_order(log.components, log.estimator, log.row) for log in logs}
 
 
 # ----------------------------------------------------------------------------- formatting
