@@ -13,11 +13,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from vapo_lit.build import build_module
 from vapo_lit.components import REGISTRY, build_callbacks
 from vapo_lit.config import COMPONENTS, ComponentValues, RunConfig, Switches, merge
 from vapo_lit.module import NonFiniteLossError, VapoModule  # noqa: F401
 from vapo_lit.presets import PRESETS
-from vapo_lit.train import build_module, train
+from vapo_lit.train import train
 
 
 def tiny_factory(cfg: RunConfig) -> VapoModule:
