@@ -123,7 +123,8 @@ class WeightWatch(Callback):
         self.snapshots = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.snapshots.append((pl_module.phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
+        phase = "value_pretrain" if pl_module.pretrain.active else "ppo"
+        self.snapshots.append((phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
                                {k: v.clone() for k, v in pl_module.critic.state_dict().items()}))
 
 

@@ -54,7 +54,7 @@ def recompute(out: Path) -> pd.DataFrame:
         for name, col in (("entropy", "policy/entropy"), ("response_length", "rollout/response_length"),
                           ("explained_variance", "value/explained_variance")):
             s = ppo[col].dropna().to_numpy()
-            rec[f"{name}_final"], rec[f"{name}_last"] = s[-1], s[-LAST_N:].mean()
+            rec[f"{name}_final"], rec[f"{name}_last"] = (s[-1], s[-LAST_N:].mean()) if len(s) else (np.nan, np.nan)
         per.append(rec)
     per = pd.DataFrame(per)
     rows = []

@@ -25,7 +25,8 @@ class RunCheckpoints(Callback):
         return str(final)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.last_metrics.get("eval/is_best"):
+        ev = pl_module.last_eval
+        if ev is not None and ev.is_best and ev.iteration == pl_module.iteration:  # evaluated in this iteration
             self._save(trainer, "best.ckpt")
         if pl_module.iteration % self.every == 0 or trainer.should_stop:
             pl_module.last_good_checkpoint = self._save(trainer, "last.ckpt")

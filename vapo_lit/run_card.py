@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from vapo_lit.config import COMPONENTS, RunConfig, to_dict
+from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, to_dict
 
 
 def run_card(cfg: RunConfig, module) -> dict:
@@ -20,6 +20,7 @@ def run_card(cfg: RunConfig, module) -> dict:
         "config": to_dict(cfg),
         "components_on": [c for c in COMPONENTS if c in cfg.components],
         "components_off": [c for c in COMPONENTS if c not in cfg.components],
+        "optional_components_on": [c for c in OPTIONAL_COMPONENTS if c in cfg.components],
         "switches": to_dict(sw),
         "value_initialisation_and_warmup": {
             "critic_init": cfg.critic_init,
@@ -42,7 +43,10 @@ def run_card(cfg: RunConfig, module) -> dict:
         },
         "masks": {
             "terminal": "response ended with EOS: no value after the last token (bootstrap 0)",
-            "truncated": "response hit max_new_tokens: bootstrapped from V(state after the last token)",
+            "truncated": ("response hit max_new_tokens: bootstrapped from V(state after the last token)"
+                          if cfg.truncation == "bootstrap" else
+                          "response hit max_new_tokens: scored by the verifier and treated as terminal (bootstrap 0)"),
+            "truncation": cfg.truncation,
             "padding": "no TD residual; interior zeros are skipped as if cut out",
         },
         "token_denominator": (
@@ -66,7 +70,7 @@ def run_card(cfg: RunConfig, module) -> dict:
         "sampling": {
             "temperature": p.temperature, "top_p": p.top_p,
             "behaviour_logprobs": "recorded at sampling time: log softmax(logits / temperature) of the sampled "
-                                  "token, before top-p truncation (KV-cached generation)",
+                                  f"token, before top-p truncation (rollout engine {cfg.rollout_engine!r})",
             "eval": {"k": cfg.eval_k, "temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p},
         },
         "verifier": {
