@@ -19,6 +19,8 @@ from dataclasses import dataclass
 
 import torch
 
+from vapo_lit.algos.losses import at_least_float32
+
 
 @dataclass
 class Rollout:
@@ -224,12 +226,12 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
 
 def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                       temperature: float = 1.0) -> torch.Tensor:
-    """(N, L-1, V) float logits / T predicting token t+1 from tokens <= t, with the same positions
+    """(N, L-1, V) logits / T (at least float32) predicting token t+1 from tokens <= t, with the same positions
     as :func:`generate` (``cumsum(mask) - 1``). Gradients flow (no no_grad). The PPO update reads
     its log-probs and entropy from these, so the ratio compares like with like."""
     pos = position_ids_from_mask(attention_mask)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
-    logits = logits[:, :-1].float()
+    logits = at_least_float32(logits[:, :-1])
     return logits / temperature if temperature > 0 else logits
 
 
