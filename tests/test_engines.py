@@ -33,7 +33,7 @@ def test_behaviour_logprobs_equal_the_training_recomputation(task, backend, temp
     tok = task.tokenizer
     model = tiny_model("llama", len(tok), tok).double()
     engine = make(backend, model, tok)
-    ro = engine.generate(PROMPTS * 3, SamplingParams(max_new_tokens=14, temperature=temperature, top_p=top_p), seed=4)
+    ro = engine.generate(PROMPTS * 3, SamplingParams(max_new_tokens=14, temperature=temperature, top_p=top_p), 4)
     check_invariants(ro, len(PROMPTS) * 3, 14, tok)
     P = ro.prompt_ids.shape[1]
     logp, _ = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
@@ -47,11 +47,11 @@ def test_eos_and_truncation_flags(task, backend):
     tok = task.tokenizer
     base = tiny_model("llama", len(tok), tok)
     eager = make(backend, EosBiased(base, tok.eos_token_id, 8.0).eval(), tok)
-    ro = eager.generate(PROMPTS * 2, SamplingParams(max_new_tokens=30), seed=0)
+    ro = eager.generate(PROMPTS * 2, SamplingParams(max_new_tokens=30), 0)
     check_invariants(ro, 8, 30, tok)
     assert bool(ro.terminated.all())
     never = make(backend, EosBiased(base, tok.eos_token_id, -50.0).eval(), tok)
-    ro = never.generate(PROMPTS, SamplingParams(max_new_tokens=9), seed=0)
+    ro = never.generate(PROMPTS, SamplingParams(max_new_tokens=9), 0)
     check_invariants(ro, 4, 9, tok)
     assert bool(ro.truncated.all()) and ro.response_ids.shape[1] == 9
 
@@ -60,9 +60,9 @@ def test_seeded_reproducibility(task, backend):
     tok = task.tokenizer
     engine = make(backend, tiny_model("llama", len(tok), tok), tok)
     s = SamplingParams(max_new_tokens=16)
-    a = engine.generate(PROMPTS * 4, s, seed=7)
-    b = engine.generate(PROMPTS * 4, s, seed=7)
-    c = engine.generate(PROMPTS * 4, s, seed=8)
+    a = engine.generate(PROMPTS * 4, s, 7)
+    b = engine.generate(PROMPTS * 4, s, 7)
+    c = engine.generate(PROMPTS * 4, s, 8)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert not torch.equal(a.response_ids, c.response_ids)
 
@@ -72,11 +72,11 @@ def test_weight_updates_visible_after_load_weights(task, backend):
     model = tiny_model("llama", len(tok), tok)
     engine = make(backend, model, tok)
     s = SamplingParams(max_new_tokens=6)
-    before = engine.generate(PROMPTS, s, seed=0)
+    before = engine.generate(PROMPTS, s, 0)
     with torch.no_grad():  # an "update" that makes every next-token distribution uniform
         model.lm_head.weight.zero_()
     engine.load_weights(model)
-    after = engine.generate(PROMPTS, s, seed=0)
+    after = engine.generate(PROMPTS, s, 0)
     m = after.response_mask.bool()
     uniform = -torch.log(torch.tensor(float(model.config.vocab_size)))
     assert not torch.allclose(before.logprobs[before.response_mask.bool()], uniform)

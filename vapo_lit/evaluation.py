@@ -18,11 +18,6 @@ def as_engine(model_or_engine, tokenizer):
     return HFEngine(model_or_engine, tokenizer)
 
 
-def chunk_seed(seed: int, i: int) -> int:
-    """The seed of the i-th chunk of `batch_size` responses (chunk 0 uses `seed` itself)."""
-    return (seed + i * 1_000_000_007) % (2**63 - 1)
-
-
 @torch.no_grad()
 def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
              max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
@@ -45,11 +40,12 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
       in tokens (NaN when none).
 
-    Samples are drawn in chunks of `batch_size` responses, chunk i seeded with
-    ``chunk_seed(seed, i)``, so the result is a deterministic function of (model, problems,
-    arguments). With ``return_samples=True`` a second value is returned: a list of per-response dicts.
+    Samples are drawn in chunks of `batch_size` responses; sample j (problem j // k) is seeded
+    with ``sample_seed(seed, j)``, so the result is a deterministic function of (model, problems,
+    arguments) whatever the chunk size. With ``return_samples=True`` a second value is returned: a list of per-response dicts.
     """
     from vapo_lit.engines import SamplingParams
+    from vapo_lit.rng import sample_seed
 
     problems = list(problems)
     if not problems:
@@ -63,9 +59,9 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     flat = [p for p in problems for _ in range(k)]
     rewards, stricts, lengths, truncs, texts, errors = [], [], [], [], [], 0
     any_strict = False
-    for c, i in enumerate(range(0, len(flat), batch_size)):
+    for i in range(0, len(flat), batch_size):
         chunk = flat[i: i + batch_size]
-        ro = engine.generate([p.prompt for p in chunk], sampling, seed=chunk_seed(seed, c))
+        ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
         for j, (p, text) in enumerate(zip(chunk, ro.texts)):
             v = task.verify(p, text)
             if v.error is not None:

@@ -30,6 +30,7 @@ from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
                                  value_stats)
+from vapo_lit.rng import sample_seed
 
 
 class NonFiniteLossError(RuntimeError):
@@ -170,8 +171,8 @@ class VapoModule(L.LightningModule):
         """prompts_per_step prompts x samples_per_prompt samples from the engine."""
         k = self.samples_per_prompt
         per_response = [pr for pr in problems for _ in range(k)]
-        ro = self.engine.generate([pr.prompt for pr in per_response], self.sampling,
-                                  seed=step_seed(self.cfg.seed, self.iteration, 2))
+        seeds = [sample_seed(self.cfg.seed, self.iteration, 2, i) for i in range(len(per_response))]
+        ro = self.engine.generate([pr.prompt for pr in per_response], self.sampling, seeds)
         return Experience.from_rollout(ro, per_response, group_size=k)
 
     def update_critic(self, exp: Experience) -> CriticUpdateStats:
@@ -343,7 +344,7 @@ class VapoModule(L.LightningModule):
         from vapo_lit.evaluation import evaluate
 
         t0 = time.perf_counter()
-        seed = step_seed(self.cfg.seed, self.iteration if at is None else at, 3)
+        seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, 3)
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
                                   top_p=self.cfg.eval_top_p)
         metrics = {k: float(v) for k, v in evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,

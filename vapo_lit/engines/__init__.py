@@ -2,12 +2,12 @@
 
     engine = make_engine("hf", actor, tokenizer)
     engine.load_weights(actor)                       # after every actor update
-    ro = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=256), seed=7)
+    ro = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=256), seeds)
 
 Training, evaluation and the built-in model builder all sample through this protocol. An engine
 returns a :class:`~vapo_lit.rollout.Rollout` (left-padded prompts, right-padded responses, EOS vs
-truncation flags, behaviour log-probs of the sampled tokens recorded at sampling time) and must
-pass the contract tests in `tests/test_engines.py`.
+truncation flags, behaviour log-probs of the sampled tokens recorded at sampling time), seeds each
+response by its own seed (vapo_lit.rng), and must pass the contract tests in `tests/test_engines.py`.
 
 Backends:
 
@@ -51,8 +51,11 @@ class SamplingParams:
 class RolloutEngine(Protocol):
     """What the trainer needs of a sampler."""
 
-    def generate(self, prompts: list[str], sampling: SamplingParams, seed: int) -> Rollout:
-        """One response per prompt; a deterministic function of (weights, prompts, sampling, seed)."""
+    def generate(self, prompts: list[str], sampling: SamplingParams, seeds) -> Rollout:
+        """One response per prompt. `seeds`: one int per prompt (an int: expanded per row, see
+        vapo_lit.rollout.as_seeds). Response i must be a deterministic function of (weights,
+        prompts[i], sampling, seeds[i]) alone, whatever else is in the batch (up to float
+        reduction order), so that chunking and data-parallel sharding do not change results."""
 
     def load_weights(self, actor) -> None:
         """Make the engine sample from `actor`'s current weights (called after every actor update)."""

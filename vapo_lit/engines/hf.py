@@ -20,7 +20,6 @@ class HFEngine:
         self.model = actor
 
     @torch.no_grad()
-    def generate(self, prompts: list[str], sampling, seed: int) -> Rollout:
-        g = torch.Generator().manual_seed(int(seed))
+    def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
         return generate(self.model, self.tokenizer, prompts, max_new_tokens=sampling.max_new_tokens,
-                        temperature=sampling.temperature, top_p=sampling.top_p, generator=g)
+                        temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds)
