@@ -146,6 +146,11 @@ class PPOConfig:
     grad_clip: float = _f(1.0, "max gradient norm, each model (0: off)", lo=0.0)
     max_new_tokens: int | None = _f(None, "response length limit (None: the task's default)", lo=1)
     temperature: float = _f(1.0, "rollout sampling temperature", lo=0.0, lo_open=True)
+    rollout_batch_size: int | None = _f(None, "responses per generate call, rollouts and evals (None: all at once); bounds sampling memory", lo=1)
+    logits_chunk: int | None = _f(None, "response positions per output-layer chunk in the update's log-prob pass (None: all); "
+                                        "bounds logits memory to micro_batch x chunk x vocab", lo=1)
+    recompute_logprobs: bool = _f(False, "recompute the behaviour log-probs with the training forward pass (one extra actor "
+                                         "pass) instead of taking the sampler's; for bf16 sampling or a remote engine")
     top_p: float = _f(1.0, "rollout nucleus sampling (1.0: off)", lo=0.0, hi=1.0, lo_open=True)
 
 
@@ -156,7 +161,12 @@ class RunConfig:
     task: str = _f("chain", "task name (see vapo_lit.tasks)")
     task_options: dict = _f({}, "keyword options for the task (e.g. data file paths for 'math')")
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
-    critic_init: str = _f("reward_model", "critic initialisation: 'reward_model', 'actor' or a local dir")
+    critic_init: str = _f("auto", "critic initialisation: 'auto' (the built-in reward model for the built-in policy, "
+                                  "else 'actor'), 'reward_model', 'actor' (the policy's backbone + a fresh value head) or a local dir")
+    model_dtype: str = _f("float32", "dtype the models are loaded in: float32 master weights (AdamW at small learning rates "
+                                     "needs them), bfloat16, float16, float64, or auto (the checkpoint's)",
+                          choices=("float32", "bfloat16", "float16", "float64", "auto"))
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (transformers' gradient checkpointing, actor and critic)")
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
@@ -182,6 +192,11 @@ class RunConfig:
     wandb_group: str | None = _f(None, "W&B group (a grid shares one)")
     wandb_job_type: str | None = _f(None, "W&B job_type (a grid's table row)")
     threads: int | None = _f(None, "torch CPU threads (None: torch's default)", lo=1)
+    accelerator: str = _f("auto", "Lightning accelerator: auto, cpu, gpu, cuda, mps", choices=("auto", "cpu", "gpu", "cuda", "mps"))
+    devices: str = _f("1", "Lightning devices: a count ('2'), a list ('0,1') or 'auto'")
+    precision: str = _f("auto", "Lightning precision: auto (bf16-mixed on a GPU with bf16, else 32-true), 32-true, 64-true, "
+                                "bf16-mixed (fp32 master weights, bf16 compute), bf16-true",
+                        choices=("auto", "32-true", "64-true", "bf16-mixed", "bf16-true"))
     cache_dir: str | None = _f(None, "cache of built models and pretrained critics (default ~/.cache/vapo-lit)")
 
 
@@ -225,6 +240,7 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     walk(cfg, "")
     check_components(cfg.components)
+    parse_devices(cfg.devices)
     p = cfg.ppo
     if p.mini_batch_size > p.responses_per_step:
         raise ValueError(
@@ -254,6 +270,23 @@ def validate(cfg: RunConfig) -> RunConfig:
         if "group_sampling" not in cfg.components:
             raise ValueError("advantage_estimator=grpo needs group_sampling (the baseline is the group's mean score)")
     return cfg
+
+
+def parse_devices(text):
+    """'auto' | '2' | '0,1' as Lightning's devices argument (ValueError otherwise)."""
+    t = str(text).strip()
+    if t == "auto":
+        return t
+    try:
+        if "," in t:
+            ids = [int(x) for x in t.split(",") if x.strip()]
+            if ids and all(i >= 0 for i in ids):
+                return ids
+        elif int(t) >= 1:
+            return int(t)
+    except ValueError:
+        pass
+    raise ValueError(f"devices={text!r} is not valid; give a count (2), a list of device ids (0,1) or auto")
 
 
 # ----------------------------------------------------------------------------- dict round trip

@@ -62,6 +62,7 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     for i in range(0, len(flat), batch_size):
         chunk = flat[i: i + batch_size]
         ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
+        chunk_lengths, chunk_truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
         for j, (p, text) in enumerate(zip(chunk, ro.texts)):
             v = task.verify(p, text)
             if v.error is not None:
@@ -69,8 +70,8 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
             rewards.append(float(v.reward) if v.error is None else 0.0)
             any_strict |= v.strict is not None
             stricts.append(1.0 if v.strict else 0.0)
-            lengths.append(int(ro.lengths[j]))
-            truncs.append(bool(ro.truncated[j]))
+            lengths.append(int(chunk_lengths[j]))
+            truncs.append(bool(chunk_truncated[j]))
             texts.append(text)
 
     per_problem = defaultdict(list)

@@ -31,6 +31,7 @@ from vapo_lit.evaluation import eval_subset
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
                                  value_stats)
 from vapo_lit.rng import sample_seed
+from vapo_lit.rollout import concat_rollouts, pad_id_of
 
 
 class NonFiniteLossError(RuntimeError):
@@ -42,6 +43,20 @@ def step_seed(seed: int, iteration: int, salt: int = 0) -> int:
     return (seed * 1_000_003 + iteration * 7_919 + salt * 104_729) % (2**63 - 1)
 
 
+class Prompts:
+    """One iteration's problems. A plain container on purpose: Lightning's precision plugins walk
+    a batch's lists and dataclasses to cast tensors, and the frozen `Problem`s must stay untouched."""
+
+    def __init__(self, problems: list):
+        self.problems = problems
+
+    def __iter__(self):
+        return iter(self.problems)
+
+    def __len__(self) -> int:
+        return len(self.problems)
+
+
 class PromptStream(IterableDataset):
     """Endless prompt batches; batch i is a pure function of (seed, start + i)."""
 
@@ -51,7 +66,7 @@ class PromptStream(IterableDataset):
     def __iter__(self):
         i = self.start
         while True:
-            yield self.task.train_problems(self.n, seed=step_seed(self.seed, i, salt=1))
+            yield Prompts(self.task.train_problems(self.n, seed=step_seed(self.seed, i, salt=1)))
             i += 1
 
 
@@ -144,7 +159,7 @@ class VapoModule(L.LightningModule):
 
         # 3. values   4. advantages
         if not self.critic_free:
-            fill_values(exp, self.critic, truncation=self.cfg.truncation)
+            fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         adv_stats = fill_advantages(exp, self.advantage_settings(pretraining))
         extra = {} if pretraining else {k: v for ext in self.extensions for k, v in ext.on_experience(self, exp).items()}
 
@@ -168,12 +183,29 @@ class VapoModule(L.LightningModule):
         self.log_iteration(metrics, exp, pretraining, t0, t_rollout, t_update)
 
     def rollout(self, problems) -> Experience:
-        """prompts_per_step prompts x samples_per_prompt samples from the engine."""
+        """prompts_per_step prompts x samples_per_prompt samples from the engine, in chunks of
+        ppo.rollout_batch_size; response i is seeded by (run seed, iteration, i), so chunking
+        does not change what is sampled."""
         k = self.samples_per_prompt
         per_response = [pr for pr in problems for _ in range(k)]
         seeds = [sample_seed(self.cfg.seed, self.iteration, 2, i) for i in range(len(per_response))]
-        ro = self.engine.generate([pr.prompt for pr in per_response], self.sampling, seeds)
-        return Experience.from_rollout(ro, per_response, group_size=k)
+        step = self.cfg.ppo.rollout_batch_size or len(per_response)
+        parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling, seeds[s:s + step])
+                 for s in range(0, len(per_response), step)]
+        exp = Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
+        if self.cfg.ppo.recompute_logprobs:  # the update's own numerics instead of the sampler's
+            exp.behaviour_logprobs = self.actor_logprobs(exp, chunk_rows=self.cfg.ppo.micro_batch_size) * exp.mask
+        return exp
+
+    @torch.no_grad()
+    def actor_logprobs(self, exp: Experience, chunk_rows: int) -> torch.Tensor:
+        """(N, R) log-probs of the sampled tokens under the current actor, `chunk_rows` rows per pass."""
+        P, p = exp.prompt_width, self.cfg.ppo
+        ids, attn = exp.input_ids, exp.attention_mask
+        return torch.cat([passes.response_logprobs(self.actor, ids[s:s + chunk_rows], attn[s:s + chunk_rows], P,
+                                                   exp.response_ids[s:s + chunk_rows], temperature=p.temperature,
+                                                   chunk=p.logits_chunk)[0].to(exp.behaviour_logprobs.dtype)
+                          for s in range(0, exp.n, chunk_rows)])
 
     def update_critic(self, exp: Experience) -> CriticUpdateStats:
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
@@ -221,7 +253,8 @@ class VapoModule(L.LightningModule):
                 for mi in micros:
                     mb = exp.select(mi)
                     logp, ent = passes.response_logprobs(self.actor, mb.input_ids, mb.attention_mask, P,
-                                                         mb.response_ids, temperature=p.temperature, entropy=True)
+                                                         mb.response_ids, temperature=p.temperature, entropy=True,
+                                                         chunk=p.logits_chunk)
                     pg_loss, st = algos.policy_loss(
                         logp, mb.behaviour_logprobs, mb.advantages, mb.mask,
                         eps_low=p.eps, eps_high=eps_high, aggregation=aggregation, denominator=den)
@@ -347,8 +380,9 @@ class VapoModule(L.LightningModule):
         seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, 3)
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
                                   top_p=self.cfg.eval_top_p)
+        batch = self.cfg.ppo.rollout_batch_size or 256
         metrics = {k: float(v) for k, v in evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,
-                                                    sampling=sampling, seed=seed).items()}
+                                                    sampling=sampling, seed=seed, batch_size=batch).items()}
         metrics["perf/eval_seconds"] = time.perf_counter() - t0
         value = metrics.get(f"eval/avg@{self.cfg.eval_k}", float("nan"))
         is_best = value > self.best_eval

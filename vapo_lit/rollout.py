@@ -25,6 +25,8 @@ from vapo_lit.rng import sample_seed, uniforms
 
 @dataclass
 class Rollout:
+    """One response per prompt; every tensor on the sampling model's device."""
+
     prompt_ids: torch.LongTensor
     """(N, P) LEFT-padded with the pad id."""
     prompt_mask: torch.Tensor
@@ -53,6 +55,32 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         """(N, P + R) long mask of real tokens."""
         return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """One Rollout from chunks: prompts re-padded on the left, responses on the right."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    R = max(p.response_ids.shape[1] for p in parts)
+
+    def left(t, width, value):
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+    def right(t, width, value):
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return Rollout(
+        prompt_ids=torch.cat([left(p.prompt_ids, P, pad_id) for p in parts]),
+        prompt_mask=torch.cat([left(p.prompt_mask, P, 0) for p in parts]),
+        response_ids=torch.cat([right(p.response_ids, R, pad_id) for p in parts]),
+        response_mask=torch.cat([right(p.response_mask, R, 0.0) for p in parts]),
+        logprobs=torch.cat([right(p.logprobs, R, 0.0) for p in parts]),
+        lengths=torch.cat([p.lengths for p in parts]),
+        terminated=torch.cat([p.terminated for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        texts=[t for p in parts for t in p.texts],
+    )
 
 
 def pad_id_of(tokenizer) -> int:
@@ -225,16 +253,15 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
 
-        response_ids = torch.stack(tokens, 1).cpu()
-        logprobs = torch.stack(logps, 1).float().cpu()
-        lengths = lengths.cpu()
-        terminated = terminated.cpu()
+        response_ids = torch.stack(tokens, 1)
+        logprobs = torch.stack(logps, 1).float()
         r = response_ids.shape[1]
-        response_mask = (torch.arange(r)[None, :] < lengths[:, None]).float()
+        response_mask = (torch.arange(r, device=device)[None, :] < lengths[:, None]).float()
         logprobs = logprobs * response_mask
-        texts = tokenizer.batch_decode(
-            [response_ids[i, : int(lengths[i])].tolist() for i in range(n)], skip_special_tokens=True)
-        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+        cpu_ids, cpu_len = response_ids.cpu(), lengths.cpu()
+        texts = tokenizer.batch_decode([cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(n)],
+                                       skip_special_tokens=True)
+        return Rollout(prompt_ids=ids, prompt_mask=prompt_mask.to(device), response_ids=response_ids,
                        response_mask=response_mask, logprobs=logprobs, lengths=lengths,
                        terminated=terminated, truncated=~terminated, texts=list(texts))
     finally:

@@ -10,6 +10,7 @@ import torch
 from lightning.pytorch.callbacks import Callback
 
 from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, to_dict
+from vapo_lit.models import resolve_critic_init
 
 
 def run_card(cfg: RunConfig, module) -> dict:
@@ -23,7 +24,7 @@ def run_card(cfg: RunConfig, module) -> dict:
         "optional_components_on": [c for c in OPTIONAL_COMPONENTS if c in cfg.components],
         "switches": to_dict(sw),
         "value_initialisation_and_warmup": {
-            "critic_init": cfg.critic_init,
+            "critic_init": resolve_critic_init(cfg.critic_init, cfg.model),
             "value_pretraining": sw.value_pretraining,
             "warmup_steps_max": sw.value_pretrain_steps if sw.value_pretraining else 0,
             "warmup_stop_min_ev": sw.value_pretrain_min_ev if sw.value_pretraining else None,
@@ -69,8 +70,9 @@ def run_card(cfg: RunConfig, module) -> dict:
         },
         "sampling": {
             "temperature": p.temperature, "top_p": p.top_p,
-            "behaviour_logprobs": "recorded at sampling time: log softmax(logits / temperature) of the sampled "
-                                  f"token, before top-p truncation (rollout engine {cfg.rollout_engine!r})",
+            "behaviour_logprobs": ("recomputed by the training forward pass after sampling" if p.recompute_logprobs else
+                                   "recorded at sampling time: log softmax(logits / temperature) of the sampled "
+                                   f"token, before top-p truncation (rollout engine {cfg.rollout_engine!r})"),
             "eval": {"k": cfg.eval_k, "temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p},
         },
         "verifier": {
@@ -81,6 +83,10 @@ def run_card(cfg: RunConfig, module) -> dict:
         "eps": {"eps_low": p.eps, "eps_high": sw.eps_high if sw.clip_higher else p.eps},
         "advantage_normalisation": "actor advantages whitened over valid tokens" if p.whiten_advantages else "none",
         "software": {"torch": torch.__version__, "lightning": L.__version__},
+        "hardware": {**getattr(module, "hardware", {}), "model_dtype": cfg.model_dtype,
+                     "gradient_checkpointing": cfg.gradient_checkpointing,
+                     "rollout_batch_size": p.rollout_batch_size, "logits_chunk": p.logits_chunk,
+                     "micro_batch_size": p.micro_batch_size},
     }
 
 

@@ -19,9 +19,10 @@ import torch
 import yaml
 
 from vapo_lit.build import build_module
-from vapo_lit.checkpoints import RunCheckpoints
+from vapo_lit.checkpoints import RunCheckpoints, RunExports
 from vapo_lit.components import build_callbacks
 from vapo_lit.config import RunConfig, run_label, to_dict, validate
+from vapo_lit.devices import trainer_kwargs
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.run_card import RunCardWriter, write_json
 
@@ -43,6 +44,7 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         raise FileExistsError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --name/--out_dir"
         )
+    hardware = trainer_kwargs(cfg)  # raises on a device that is not there, before anything is written
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
@@ -66,9 +68,10 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         loggers.append(wb)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
-                 RunCardWriter(run_dir, {"run_dir": str(run_dir)}), *extra_callbacks]
+                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), *extra_callbacks]
+    module.hardware = hardware  # recorded in the run card
     trainer = L.Trainer(
-        accelerator="cpu" if not torch.cuda.is_available() else "auto", devices=1, max_epochs=-1, max_steps=-1,
+        **hardware, max_epochs=-1, max_steps=-1,
         logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(run_dir),
     )

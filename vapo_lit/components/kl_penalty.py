@@ -30,9 +30,12 @@ class KLPenalty(Component):
     def on_experience(self, module, exp) -> dict[str, float]:
         """Reference log-probs of the sampled tokens, once per iteration (every epoch reuses them)."""
         ref = self.reference.to(exp.mask.device)
-        logp, _ = passes.response_logprobs(ref, exp.input_ids, exp.attention_mask, exp.prompt_width,
-                                           exp.response_ids, temperature=module.cfg.ppo.temperature)
-        exp.extras["ref_logprobs"] = logp
+        p, rows = module.cfg.ppo, module.cfg.ppo.micro_batch_size
+        ids, attn = exp.input_ids, exp.attention_mask
+        exp.extras["ref_logprobs"] = torch.cat([
+            passes.response_logprobs(ref, ids[s:s + rows], attn[s:s + rows], exp.prompt_width,
+                                     exp.response_ids[s:s + rows], temperature=p.temperature, chunk=p.logits_chunk)[0]
+            for s in range(0, exp.n, rows)])
         return {}
 
     def loss_term(self, module, mb, logprobs, token_denominator):

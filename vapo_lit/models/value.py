@@ -61,13 +61,14 @@ class ValueModel(torch.nn.Module):
             json.dump({"format": "vapo-lit ValueModel", "version": 1, "head": HEAD_FILE}, f)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "ValueModel":
-        """Load a saved ValueModel dir, or an HF causal-LM dir (backbone + fresh head)."""
+    def from_pretrained(cls, directory: str | Path, dtype=torch.float32) -> "ValueModel":
+        """Load a saved ValueModel dir, or an HF causal-LM dir (backbone + fresh head), in `dtype`
+        ('auto': the checkpoint's)."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 
         directory = Path(directory)
-        backbone = AutoModel.from_pretrained(directory, local_files_only=True)
+        backbone = AutoModel.from_pretrained(directory, local_files_only=True, dtype=dtype)
         model = cls(backbone)
         if (directory / VALUE_MARKER).is_file():
             model.head.load_state_dict(load_file(str(directory / HEAD_FILE)))
