@@ -175,16 +175,19 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-def test_resume_reproduces_metric_history(tmp_path):
-    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=2,
+@pytest.mark.parametrize("crash_at,every", [(5, 2), (1, 1)])
+def test_resume_reproduces_metric_history(tmp_path, crash_at, every):
+    """(1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
+    metrics are logged with the next row (they must survive the restart)."""
+    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=every,
                 vapo={"value_pretrain_steps": 1})
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
     train(full, module_factory=tiny_factory)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
     with pytest.raises(BaseException):
-        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(5)])
+        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(crash_at)])
     partial = read_metrics(tmp_path / "runs" / "broken")
-    assert len(partial) == 6  # step 0 (base eval) and iterations 1..5 (1 = value pretraining); checkpoint at 4
+    assert len(partial) == crash_at + 1  # step 0 (base eval) and iterations 1..crash_at (1 = value pretraining)
     train(broken, resume=True, module_factory=tiny_factory)
     a = _comparable(read_metrics(tmp_path / "runs" / "full"))
     b = _comparable(read_metrics(tmp_path / "runs" / "broken"))

@@ -24,17 +24,19 @@ def build_module(cfg: RunConfig) -> VapoModule:
         options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
     task = get_task(cfg.task, **options)
     critic_free = cfg.advantage_estimator == "grpo"
+    # 64-true: build in float64 already (Lightning casts only after a checkpoint was loaded into the
+    # module, so a float32 module would round a resumed run's float64 weights)
+    dtype = "float64" if cfg.precision == "64-true" else cfg.model_dtype
     if cfg.model == "random":
         actor, tokenizer = random_tiny_policy(task, cfg.seed)
         critic = None if critic_free else ValueModel.from_causal_lm(actor)
-        if cfg.model_dtype != "auto":
-            actor = actor.to(DTYPES[cfg.model_dtype])
-            critic = critic if critic is None else critic.to(DTYPES[cfg.model_dtype])
+        if dtype != "auto":
+            actor = actor.to(DTYPES[dtype])
+            critic = critic if critic is None else critic.to(DTYPES[dtype])
     else:
-        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir,
-                                       dtype=cfg.model_dtype)
+        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype)
         critic = None if critic_free else load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
-                                                      cache_dir=cfg.cache_dir, dtype=cfg.model_dtype)
+                                                      cache_dir=cfg.cache_dir, dtype=dtype)
     low = {p.dtype for p in actor.parameters()} & {torch.bfloat16, torch.float16}
     if low:
         warnings.warn(f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "

@@ -21,7 +21,9 @@ class RunCheckpoints(Callback):
         final = self.dir / name
         tmp = self.dir / f".{name}.tmp"
         trainer.save_checkpoint(str(tmp), weights_only=False)  # full state: optimizers, schedulers, callbacks
-        os.replace(tmp, final)
+        if trainer.is_global_zero:  # the strategy wrote it on rank 0 (and waits for every rank)
+            os.replace(tmp, final)
+        trainer.strategy.barrier("vapo-checkpoint")
         return str(final)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
@@ -59,11 +61,16 @@ class RunExports(Callback):
     def on_train_end(self, trainer, pl_module) -> None:
         self.export_policy(pl_module, "policy-final")
         if pl_module.critic is not None:
-            from vapo_lit.models import export
-
-            export(pl_module.critic, self.dir / "critic-final")
+            self._export(pl_module, pl_module.critic, "critic-final")
 
     def export_policy(self, pl_module, name: str) -> None:
+        self._export(pl_module, pl_module.actor, name, pl_module.tokenizer)
+
+    def _export(self, pl_module, model, name: str, tokenizer=None) -> None:
+        """Rank 0 writes (data-parallel replicas are identical); every rank waits for it."""
         from vapo_lit.models import export
 
-        export(pl_module.actor, self.dir / name, pl_module.tokenizer)
+        trainer = pl_module.trainer
+        if trainer.is_global_zero:
+            export(model, self.dir / name, tokenizer)
+        trainer.strategy.barrier("vapo-export")

@@ -194,6 +194,9 @@ class RunConfig:
     threads: int | None = _f(None, "torch CPU threads (None: torch's default)", lo=1)
     accelerator: str = _f("auto", "Lightning accelerator: auto, cpu, gpu, cuda, mps", choices=("auto", "cpu", "gpu", "cuda", "mps"))
     devices: str = _f("1", "Lightning devices: a count ('2'), a list ('0,1') or 'auto'")
+    num_nodes: int = _f(1, "machines (Lightning num_nodes; each runs `devices` processes)", lo=1)
+    strategy: str = _f("auto", "data parallelism: auto (ddp when more than one device), ddp (one DistributedDataParallel "
+                                "per model), fsdp (actor and critic sharded)", choices=("auto", "ddp", "fsdp"))
     precision: str = _f("auto", "Lightning precision: auto (bf16-mixed on a GPU with bf16, else 32-true), 32-true, 64-true, "
                                 "bf16-mixed (fp32 master weights, bf16 compute), bf16-true",
                         choices=("auto", "32-true", "64-true", "bf16-mixed", "bf16-true"))
@@ -240,8 +243,17 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     walk(cfg, "")
     check_components(cfg.components)
-    parse_devices(cfg.devices)
+    devices = parse_devices(cfg.devices)
     p = cfg.ppo
+    world = (len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1) * cfg.num_nodes
+    if world > 1:
+        k = cfg.vapo.samples_per_prompt if "group_sampling" in cfg.components else 1
+        prompts = p.responses_per_step // k
+        for what, n in (("prompts per step (ppo.responses_per_step / samples per prompt)", prompts),
+                        ("ppo.mini_batch_size", p.mini_batch_size)):
+            if n % world:
+                raise ValueError(f"{what} = {n} must be a multiple of the {world} processes (devices x num_nodes): "
+                                 "each rank takes whole prompt groups and an equal share of every mini-batch")
     if p.mini_batch_size > p.responses_per_step:
         raise ValueError(
             f"ppo.mini_batch_size={p.mini_batch_size} exceeds ppo.responses_per_step={p.responses_per_step}; "

@@ -24,10 +24,27 @@ def resolve_precision(choice: str, accelerator: str) -> str:
 
 
 def trainer_kwargs(cfg: RunConfig) -> dict:
-    """accelerator, devices and precision for `lightning.Trainer` (all resolved, no 'auto' left
-    except a device count of 'auto')."""
+    """accelerator, devices, num_nodes, strategy and precision for `lightning.Trainer` ('auto'
+    resolved, except a device count of 'auto')."""
     accelerator = resolve_accelerator(cfg.accelerator)
     if accelerator == "cuda" and not torch.cuda.is_available():
         raise ValueError("accelerator=cuda but no CUDA device is visible; use --accelerator cpu or auto")
-    return {"accelerator": accelerator, "devices": parse_devices(cfg.devices),
-            "precision": resolve_precision(cfg.precision, accelerator)}
+    devices = parse_devices(cfg.devices)
+    out = {"accelerator": accelerator, "devices": devices, "num_nodes": cfg.num_nodes,
+           "precision": resolve_precision(cfg.precision, accelerator)}
+    many = cfg.num_nodes > 1 or devices == "auto" or (devices if isinstance(devices, int) else len(devices)) > 1
+    strategy = cfg.strategy if cfg.strategy != "auto" else ("ddp" if many else "auto")
+    if strategy == "ddp":
+        from vapo_lit.distributed import VapoDDPStrategy
+
+        out["strategy"] = VapoDDPStrategy(process_group_backend="nccl" if accelerator == "cuda" else "gloo")
+    elif strategy == "fsdp":
+        from vapo_lit.distributed import vapo_fsdp_strategy
+
+        out["strategy"] = vapo_fsdp_strategy(cfg, accelerator)
+    return out
+
+
+def describe(kwargs: dict) -> dict:
+    """The Trainer arguments as the run card records them."""
+    return {k: (getattr(v, "strategy_name", type(v).__name__) if k == "strategy" else v) for k, v in kwargs.items()}

@@ -21,7 +21,7 @@ def as_engine(model_or_engine, tokenizer):
 @torch.no_grad()
 def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
              max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
-             tokenizer=None, return_samples: bool = False) -> dict[str, float]:
+             tokenizer=None, return_samples: bool = False, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
     """Sample `k` responses per problem and score them with ``task.verify``.
 
     `model` is a rollout engine (`vapo_lit.engines`) or a plain HF causal LM (sampled with the
@@ -43,7 +43,12 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     Samples are drawn in chunks of `batch_size` responses; sample j (problem j // k) is seeded
     with ``sample_seed(seed, j)``, so the result is a deterministic function of (model, problems,
     arguments) whatever the chunk size. With ``return_samples=True`` a second value is returned: a list of per-response dicts.
+
+    `shard` = (rank, world): under data parallelism each rank samples and verifies a contiguous
+    1/world of the samples and the per-sample results are gathered, so every rank returns the
+    same metrics as a single process would.
     """
+    from vapo_lit.distributed import gather_objects
     from vapo_lit.engines import SamplingParams
     from vapo_lit.rng import sample_seed
 
@@ -57,22 +62,27 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
         sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
                                   top_p=top_p)
     flat = [p for p in problems for _ in range(k)]
-    rewards, stricts, lengths, truncs, texts, errors = [], [], [], [], [], 0
-    any_strict = False
-    for i in range(0, len(flat), batch_size):
-        chunk = flat[i: i + batch_size]
+    rank, world = shard
+    per_rank = -(-len(flat) // world)
+    lo, hi = min(rank * per_rank, len(flat)), min((rank + 1) * per_rank, len(flat))
+    records = []  # (reward, error?, strict or None, length, truncated, text) of samples lo..hi-1
+    for i in range(lo, hi, batch_size):
+        chunk = flat[i: min(i + batch_size, hi)]
         ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
         chunk_lengths, chunk_truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
         for j, (p, text) in enumerate(zip(chunk, ro.texts)):
             v = task.verify(p, text)
-            if v.error is not None:
-                errors += 1
-            rewards.append(float(v.reward) if v.error is None else 0.0)
-            any_strict |= v.strict is not None
-            stricts.append(1.0 if v.strict else 0.0)
-            lengths.append(int(chunk_lengths[j]))
-            truncs.append(bool(chunk_truncated[j]))
-            texts.append(text)
+            records.append((float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
+                            int(chunk_lengths[j]), bool(chunk_truncated[j]), text))
+    if world > 1:
+        records = [r for part in gather_objects(records) for r in part]
+    rewards = [r[0] for r in records]
+    errors = sum(r[1] for r in records)
+    any_strict = any(r[2] is not None for r in records)
+    stricts = [1.0 if r[2] else 0.0 for r in records]
+    lengths = [r[3] for r in records]
+    truncs = [r[4] for r in records]
+    texts = [r[5] for r in records]
 
     per_problem = defaultdict(list)
     by_bucket: dict[str, list[float]] = defaultdict(list)

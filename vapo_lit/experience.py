@@ -171,6 +171,12 @@ def score(exp: Experience, verdicts: list) -> ScoreStats:
     rewards = torch.zeros(exp.mask.shape, dtype=scores.dtype, device=device)
     rewards[torch.arange(exp.n, device=device), last] = scores * (exp.lengths > 0)
     exp.scores, exp.rewards, exp.verdicts = scores, rewards, list(verdicts)
+    return score_stats(exp)
+
+
+def score_stats(exp: Experience) -> ScoreStats:
+    """The score stage's statistics of a scored Experience."""
+    scores, verdicts = exp.scores, exp.verdicts
     pos = scores > 0
     stricts = [float(bool(v.strict)) for v in verdicts if v.strict is not None]
     mixed = None

@@ -22,6 +22,10 @@ class ResumableCSVLogger(CSVLogger):
 
     @property
     def experiment(self):
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if rank_zero_only.rank != 0:  # only rank 0 writes the log
+            return super().experiment
         if self._experiment is None:
             path = Path(self.log_dir) / "metrics.csv"
             kept, header = [], []

@@ -15,6 +15,7 @@ the module owns (`self.pretrain`, vapo_lit/pretrain.py); its callback decides wh
 """
 from __future__ import annotations
 
+import contextlib
 import math
 import random
 import time
@@ -26,10 +27,12 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
+from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_module, broadcast_object,
+                                  gather_experience, rank_and_world)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
-                                 value_stats)
+                                 score_stats, value_stats)
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
 
@@ -150,16 +153,17 @@ class VapoModule(L.LightningModule):
         pretraining = self.pretrain.active
         t0 = time.perf_counter()
 
-        # 1. rollout
+        # 1. rollout (this rank's share of the prompts; the only step that samples)
         exp = self.rollout(problems)
         t_rollout = time.perf_counter()
 
-        # 2. score
-        score_stats = score(exp, self.task.verify_batch(exp.problems, exp.texts))
-
-        # 3. values   4. advantages
+        # 2. score   3. values (of this rank's responses), then the whole batch on every rank
+        score(exp, self.task.verify_batch(exp.problems, exp.texts))
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
+        exp = gather_experience(exp, pad_id_of(self.tokenizer))
+
+        # 4. advantages
         adv_stats = fill_advantages(exp, self.advantage_settings(pretraining))
         extra = {} if pretraining else {k: v for ext in self.extensions for k, v in ext.on_experience(self, exp).items()}
 
@@ -170,7 +174,7 @@ class VapoModule(L.LightningModule):
 
         # 7. log
         self.iteration += 1
-        metrics = {**rollout_stats(exp), **score_stats.log(), **adv_stats.log(), **extra}
+        metrics = {**rollout_stats(exp), **score_stats(exp).log(), **adv_stats.log(), **extra}
         if not self.critic_free:
             metrics.update(value_stats(exp))
             metrics.update(critic_stats.log())
@@ -187,8 +191,12 @@ class VapoModule(L.LightningModule):
         ppo.rollout_batch_size; response i is seeded by (run seed, iteration, i), so chunking
         does not change what is sampled."""
         k = self.samples_per_prompt
+        rank, world = rank_and_world()
+        share = len(problems) // world  # whole prompt groups per rank; global index = rank offset + local
+        problems = list(problems)[rank * share:(rank + 1) * share]
         per_response = [pr for pr in problems for _ in range(k)]
-        seeds = [sample_seed(self.cfg.seed, self.iteration, 2, i) for i in range(len(per_response))]
+        first = rank * share * k
+        seeds = [sample_seed(self.cfg.seed, self.iteration, 2, first + i) for i in range(len(per_response))]
         step = self.cfg.ppo.rollout_batch_size or len(per_response)
         parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling, seeds[s:s + step])
                  for s in range(0, len(per_response), step)]
@@ -209,98 +217,143 @@ class VapoModule(L.LightningModule):
 
     def update_critic(self, exp: Experience) -> CriticUpdateStats:
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
-        normalised by its own valid-token count, summed over its micro-batches."""
+        normalised by its own valid-token count, summed over its micro-batches (and ranks)."""
         opt, sch = self._opt(1)
-        P = exp.prompt_width
+        P, world = exp.prompt_width, rank_and_world()[1]
         losses, norms = [], []
         for epoch in range(self.cfg.ppo.critic_epochs):
             for idx, micros in self._minibatches(exp.n, salt=10 + epoch):
                 den = exp.mask[idx].sum()
-                total = 0.0
-                for mi in micros:
+                total, finite = 0.0, True
+                for j, mi in enumerate(micros):
                     mb = exp.select(mi)
-                    v = passes.state_values(self.critic, mb.input_ids, mb.attention_mask, P)[:, :-1]
-                    loss = algos.value_loss(v, mb.returns, mb.mask, old_values=mb.values,
-                                            clip_range=self.cfg.ppo.value_clip, denominator=den)
-                    self._check_finite("value/loss", loss)
-                    self.manual_backward(loss)
+                    with self._grad_sync("critic", last=j == len(micros) - 1):
+                        v = passes.state_values(self._trained("critic"), mb.input_ids, mb.attention_mask, P)[:, :-1]
+                        loss = algos.value_loss(v, mb.returns, mb.mask, old_values=mb.values,
+                                                clip_range=self.cfg.ppo.value_clip, denominator=den)
+                        self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     total += loss.item()
+                    finite = finite and math.isfinite(total)
+                self._agree_finite("value/loss", finite, total)
                 norms.append(self._clip(opt, self.critic))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 sch.step()
                 self.critic_steps += 1
                 losses.append(total)
-        return CriticUpdateStats(loss=_mean(losses), grad_norm=_mean(norms))
+        loss_sum = all_reduce(torch.tensor(losses, dtype=torch.float64)) if losses else torch.zeros(0)
+        return CriticUpdateStats(loss=_mean(loss_sum.tolist()), grad_norm=_mean(norms))
 
     def update_actor(self, exp: Experience) -> dict[str, float]:
         """ppo_epochs passes of clipped-policy steps over mini-batches. The token-level and the
-        positive-NLL denominators count the whole mini-batch, so micro-batches add up exactly."""
+        positive-NLL denominators count the whole mini-batch, so micro-batches (and ranks) add up
+        exactly."""
         sw, p = self.switches, self.cfg.ppo
         opt, sch = self._opt(0)
-        P = exp.prompt_width
+        P, world = exp.prompt_width, rank_and_world()[1]
         eps_high = sw.eps_high if sw.clip_higher else p.eps
         aggregation = "token" if sw.token_level_loss else "sample"
-        acc = {k: [] for k in ("loss/policy", "loss/nll", "loss/total", "policy/entropy", "policy/clipfrac_low",
-                               "policy/clipfrac_high", "policy/approx_kl", "policy/ratio_mean", "policy/grad_norm")}
-        ratio_max = 0.0
+        weighted: dict[str, list] = {k: [0.0, 0.0] for k in ("policy/entropy", "policy/clipfrac_low", "policy/clipfrac_high",
+                                                           "policy/approx_kl", "policy/ratio_mean")}
+        loss_sums = {k: 0.0 for k in ("loss/policy", "loss/nll", "loss/total")}
+        norms, ratio_max, n_minibatches = [], 0.0, 0
         for epoch in range(p.ppo_epochs):
             for idx, micros in self._minibatches(exp.n, salt=20 + epoch):
                 m = exp.mask[idx]
                 den = m.sum() if aggregation == "token" else (m.sum(1) > 0).sum()
                 pos_den = (m * exp.positive[idx, None]).sum()
-                sums = {k: 0.0 for k in ("loss/policy", "loss/nll", "loss/total")}
-                for mi in micros:
+                finite = True
+                for j, mi in enumerate(micros):
                     mb = exp.select(mi)
-                    logp, ent = passes.response_logprobs(self.actor, mb.input_ids, mb.attention_mask, P,
-                                                         mb.response_ids, temperature=p.temperature, entropy=True,
-                                                         chunk=p.logits_chunk)
-                    pg_loss, st = algos.policy_loss(
-                        logp, mb.behaviour_logprobs, mb.advantages, mb.mask,
-                        eps_low=p.eps, eps_high=eps_high, aggregation=aggregation, denominator=den)
-                    loss = pg_loss
-                    nll = torch.zeros((), device=logp.device)
-                    if sw.positive_lm_loss:
-                        nll, _, _ = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)
-                        loss = loss + sw.mu * nll
-                    w = mb.mask.sum() / m.sum()  # token share of this micro-batch, for the diagnostics
-                    for ext in self.extensions:
-                        term = ext.loss_term(self, mb, logp, m.sum())
-                        if term is not None:
-                            loss = loss + term[0]
-                            for k, val in term[1].items():
-                                acc.setdefault(k, []).append((float(val) * float(w), float(w)))
-                    self._check_finite("loss/policy", pg_loss)
-                    self._check_finite("loss/nll", nll)
-                    self.manual_backward(loss)
+                    with self._grad_sync("actor", last=j == len(micros) - 1):
+                        logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, P, mb.response_ids,
+                                                           p.temperature, True, p.logits_chunk)
+                        pg_loss, st = algos.policy_loss(
+                            logp, mb.behaviour_logprobs, mb.advantages, mb.mask,
+                            eps_low=p.eps, eps_high=eps_high, aggregation=aggregation, denominator=den)
+                        loss = pg_loss
+                        nll = torch.zeros((), device=logp.device, dtype=logp.dtype)
+                        if sw.positive_lm_loss:
+                            nll, _, _ = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)
+                            loss = loss + sw.mu * nll
+                        w = float(mb.mask.sum() / m.sum())  # token share of this micro-batch, for the diagnostics
+                        for ext in self.extensions:
+                            term = ext.loss_term(self, mb, logp, m.sum())
+                            if term is not None:
+                                loss = loss + term[0]
+                                for k, val in term[1].items():
+                                    acc = weighted.setdefault(k, [0.0, 0.0])
+                                    acc[0] += float(val) * w
+                                    acc[1] += w
+                        self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     for k, val in (("loss/policy", pg_loss), ("loss/nll", nll), ("loss/total", loss)):
-                        sums[k] += float(val.detach())
+                        loss_sums[k] += float(val.detach())
+                    finite = finite and all(math.isfinite(loss_sums[k]) for k in loss_sums)
                     for k, val in (("policy/entropy", algos.masked_mean(ent, mb.mask)),
                                    ("policy/clipfrac_low", st.clipfrac_low), ("policy/clipfrac_high", st.clipfrac_high),
                                    ("policy/approx_kl", st.approx_kl), ("policy/ratio_mean", st.ratio_mean)):
-                        acc[k].append((float(val) * float(w), float(w)))
+                        weighted[k][0] += float(val) * w
+                        weighted[k][1] += w
                     ratio_max = max(ratio_max, float(st.ratio_max))
-                acc["policy/grad_norm"].append((self._clip(opt, self.actor), 1.0))
+                self._agree_finite("loss/policy", finite, loss_sums["loss/policy"])
+                norms.append(self._clip(opt, self.actor))
                 opt.step()
                 opt.zero_grad(set_to_none=True)
                 sch.step()
                 self.actor_steps += 1
-                for k, v in sums.items():
-                    acc[k].append((v, 1.0))
+                n_minibatches += 1
         self.engine.load_weights(self.actor)  # the next rollout samples from the updated policy
-        out = {k: sum(a for a, _ in v) / max(sum(w for _, w in v), 1e-12) for k, v in acc.items() if v}
-        out["policy/ratio_max"] = ratio_max
+        keys = list(weighted)
+        sums = all_reduce(torch.tensor([x for k in keys for x in weighted[k]] + [loss_sums[k] for k in loss_sums],
+                                       dtype=torch.float64))
+        out = {k: float(sums[2 * i] / max(float(sums[2 * i + 1]), 1e-12)) for i, k in enumerate(keys)}
+        out.update({k: float(sums[2 * len(keys) + i]) / max(n_minibatches, 1) for i, k in enumerate(loss_sums)})
+        out["policy/grad_norm"] = _mean(norms)
+        out["policy/ratio_max"] = float(all_reduce(torch.tensor(ratio_max, dtype=torch.float64), "max"))
         return out
+
+    # ------------------------------------------------------------------ data parallel
+    def set_data_parallel(self, wrap) -> None:
+        """Called by a data-parallel strategy: `wrap(module)` returns its DDP/FSDP wrapper. The
+        training forwards then go through the wrappers; the models themselves stay attributes of
+        this module (checkpoints and state dicts are unchanged)."""
+        self._dp = {"actor": wrap(ActorScorer(self.actor))}
+        if not self.critic_free:
+            self._dp["critic"] = wrap(self.critic)
+
+    def _trained(self, name: str):
+        """The model the update's forward runs through: its data-parallel wrapper if any."""
+        dp = getattr(self, "_dp", None)
+        if dp:
+            return dp[name]
+        return ActorScorer(self.actor) if name == "actor" else self.critic
+
+    def _grad_sync(self, name: str, last: bool):
+        """Gradients are synchronised across ranks on the last micro-batch of a mini-batch only."""
+        dp = getattr(self, "_dp", None)
+        if dp and not last and hasattr(dp[name], "no_sync"):
+            return dp[name].no_sync()
+        return contextlib.nullcontext()
+
+    def _agree_finite(self, name: str, finite: bool, value: float) -> None:
+        """Every rank stops together when any rank's loss is not finite (a lone raise would hang the rest)."""
+        bad = all_reduce(torch.tensor(0.0 if finite else 1.0, dtype=torch.float64), "max")
+        if float(bad) > 0:
+            self._check_finite(name, torch.tensor(value if not finite else float("nan")))
 
     # ------------------------------------------------------------------ value pretraining (the phase)
     def on_fit_start(self) -> None:
         if self.switches.value_pretraining and not (self.pretrain.active or self.pretrain.finished):
-            cached = pretrain.load_cached(self.pretrain_key(), self.cfg.cache_dir)
+            # rank 0 looks in the cache (other machines may not share its disk) and tells the rest
+            cached = broadcast_object(pretrain.load_cached(self.pretrain_key(), self.cfg.cache_dir)
+                                      if rank_and_world()[0] == 0 else None)
             if cached is None:
                 self.pretrain.active = True
                 return
             entry, stats = cached
-            self._load_critic_weights(entry)
+            if rank_and_world()[0] == 0:
+                self._load_critic_weights(entry)
+            broadcast_module(self.critic)
             self._reset_critic_optimizer()
             self.pretrain = pretrain.PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"],
                                                    from_cache=str(entry), finished=True)
@@ -312,8 +365,10 @@ class VapoModule(L.LightningModule):
         ph.active, ph.finished = False, True
         self._reset_critic_optimizer()
         self._carry.update({"value_pretrain/steps": ph.steps_done, "value_pretrain/final_ev": ph.last_ev})
-        pretrain.save(self.pretrain_key(), self.cfg.cache_dir, self.critic,
-                      {"steps_done": ph.steps_done, "last_ev": ph.last_ev})
+        if rank_and_world()[0] == 0:
+            pretrain.save(self.pretrain_key(), self.cfg.cache_dir, self.critic,
+                          {"steps_done": ph.steps_done, "last_ev": ph.last_ev})
+        barrier()
 
     def pretrain_key(self) -> dict:
         sw = self.switches
@@ -382,7 +437,8 @@ class VapoModule(L.LightningModule):
                                   top_p=self.cfg.eval_top_p)
         batch = self.cfg.ppo.rollout_batch_size or 256
         metrics = {k: float(v) for k, v in evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,
-                                                    sampling=sampling, seed=seed, batch_size=batch).items()}
+                                                    sampling=sampling, seed=seed, batch_size=batch,
+                                                    shard=rank_and_world()).items()}
         metrics["perf/eval_seconds"] = time.perf_counter() - t0
         value = metrics.get(f"eval/avg@{self.cfg.eval_k}", float("nan"))
         is_best = value > self.best_eval
@@ -410,13 +466,17 @@ class VapoModule(L.LightningModule):
         return opts[i], schs[i]
 
     def _minibatches(self, N: int, salt: int):
-        """Shuffled mini-batches, each split into micro-batches (seeded by the iteration)."""
+        """Shuffled mini-batches (seeded by the iteration, the same on every rank) and this rank's
+        micro-batches of each: its contiguous 1/W slice of the mini-batch, split by micro_batch_size."""
         g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, salt))
         perm = torch.randperm(N, generator=g)
         mb, micro = self.cfg.ppo.mini_batch_size, self.cfg.ppo.micro_batch_size
+        rank, world = rank_and_world()
         for s in range(0, N, mb):
             idx = perm[s:s + mb]
-            yield idx, [idx[k:k + micro] for k in range(0, len(idx), micro)]
+            share = len(idx) // world
+            mine = idx[rank * share:(rank + 1) * share]
+            yield idx, [mine[k:k + micro] for k in range(0, len(mine), micro)]
 
     def _clip(self, opt, model) -> float:
         """The gradient norm before clipping (logged), then Lightning's clipping to ppo.grad_clip."""
@@ -446,7 +506,7 @@ class VapoModule(L.LightningModule):
         checkpoint["vapo"] = {
             "iteration": self.iteration, "ppo_updates": self.ppo_updates, "actor_steps": self.actor_steps,
             "critic_steps": self.critic_steps, "best_eval": self.best_eval, "pretrain": self.pretrain.state_dict(),
-            "switches": to_dict(self.switches), "config": to_dict(self.cfg),
+            "switches": to_dict(self.switches), "config": to_dict(self.cfg), "carry": dict(self._carry),
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
 
@@ -456,6 +516,7 @@ class VapoModule(L.LightningModule):
         self.actor_steps, self.critic_steps = s["actor_steps"], s["critic_steps"]
         self.best_eval = s["best_eval"]
         self.pretrain.load_state_dict(s["pretrain"])
+        self._carry = dict(s.get("carry", {}))  # e.g. value_pretrain/* waiting for the next row
         self._resumed = True
         random.setstate(s["rng"]["python"])
         torch.set_rng_state(s["rng"]["torch"])

@@ -97,6 +97,8 @@ class RunCardWriter(Callback):
         self.run_dir, self.extra = Path(run_dir), extra
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
         card = run_card(pl_module.cfg, pl_module)
         card.update(self.extra)
         for lg in trainer.loggers:

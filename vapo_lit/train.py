@@ -22,7 +22,8 @@ from vapo_lit.build import build_module
 from vapo_lit.checkpoints import RunCheckpoints, RunExports
 from vapo_lit.components import build_callbacks
 from vapo_lit.config import RunConfig, run_label, to_dict, validate
-from vapo_lit.devices import trainer_kwargs
+from vapo_lit.devices import describe, trainer_kwargs
+from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.run_card import RunCardWriter, write_json
 
@@ -49,8 +50,10 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    zero = is_global_zero_env()  # with several processes only rank 0 writes the run folder
+    if zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     keep_until = None
     wandb_id = None
@@ -69,7 +72,7 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         loggers.append(wb)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
                  RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), *extra_callbacks]
-    module.hardware = hardware  # recorded in the run card
+    module.hardware = describe(hardware)  # recorded in the run card
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,
         logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
@@ -96,7 +99,8 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         "best_eval": module.best_eval, "wall_seconds": time.perf_counter() - t0,
         "last_metrics": module.last_metrics,
     }
-    write_json(run_dir / "summary.json", summary)
+    if trainer.is_global_zero:
+        write_json(run_dir / "summary.json", summary)
     if wb is not None:
         wb.experiment.finish()  # flush and close this run's file now (not at interpreter exit)
     return summary
