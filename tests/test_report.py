@@ -354,6 +354,12 @@ def test_missing_cell_unpaired_seed_and_reference_flag(tmp_path):
     assert report([str(out), "--grid", "g", "--reference", "vanilla_ppo", "--no-figures"]) == 0
     t = pd.read_csv(out / "reports" / "g" / "table.csv").set_index("row")
     assert math.isnan(t.loc["vanilla_ppo", "delta_final"]) and t.loc["vapo", "delta_final_pairs"] == 2
+    for seed in (0, 1):                                     # now every vanilla cell failed: named, not tabled
+        (out / "runs" / f"vanilla_ppo-s{seed}" / "metrics.csv").unlink()
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    assert list(pd.read_csv(out / "reports" / "g" / "table.csv")["row"]) == ROWS[:2]
+    md = (out / "reports" / "g" / "table.md").read_text()
+    assert "Rows without any run log, left out of the tables: vanilla PPO (seed(s) 0 1 2; 4 crashed attempt(s))" in md
 
 
 # ============================================================================ bad and truncated logs

@@ -23,7 +23,7 @@ import os
 import pandas as pd
 
 from vapo_lit.report import stats
-from vapo_lit.report.logs import RunLog, attempt_counts
+from vapo_lit.report.logs import RunLog, attempt_counts, label_of  # noqa: F401 (label_of: public here too)
 
 TRACKED = {"entropy": "policy/entropy", "response_length": "rollout/response_length",
            "ev_mc": "value/explained_variance", "ev_target": "value/explained_variance_target"}

@@ -157,6 +157,11 @@ def attempt_counts(a: dict) -> dict:
             "interrupted": a.get("interrupted", 0)}
 
 
+def label_of(cfg: dict) -> str:
+    """A row label from a run's config when no grid manifest names it: `config.run_label`."""
+    return run_label(cfg.get("components") or [], cfg.get("advantage_estimator", "gae"))
+
+
 def load_run(run_dir: Path, row: str | None = None) -> RunLog:
     """One run folder. The row label is the manifest's when given, else run_label() of its config."""
     run_dir = Path(run_dir)
@@ -165,7 +170,7 @@ def load_run(run_dir: Path, row: str | None = None) -> RunLog:
     df, cut = read_metrics(run_dir / "metrics.csv")
     components = list(cfg.get("components") or [])
     estimator = cfg.get("advantage_estimator", "gae")
-    return RunLog(run_dir, row or run_label(components, estimator), int(cfg.get("seed", 0)), int(cfg.get("eval_k", 8)),
+    return RunLog(run_dir, row or label_of(cfg), int(cfg.get("seed", 0)), int(cfg.get("eval_k", 8)),
                   int(cfg.get("steps", 0)), components, estimator, df, card, cut,
                   read_attempts(run_dir / "attempts.jsonl"))
 

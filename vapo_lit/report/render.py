@@ -243,6 +243,18 @@ def pairing_note(table: pd.DataFrame, ctx: Context, missing: dict) -> str:
     return ("Unpaired seeds: " + "; ".join(parts) + ".") if parts else ""
 
 
+def no_log_note(rows: list, missing: dict) -> str:
+    """Rows of the grid without a single run log (every cell failed, or none ran yet)."""
+    if not rows:
+        return ""
+    parts = []
+    for row in rows:
+        cells = sorted(missing.get(row, []), key=lambda x: x[0])
+        crashed = sum(a.get("failed", 0) + a.get("lost", 0) for _, a in cells)
+        parts.append(f"{pretty(row)} (seed(s) {' '.join(str(s) for s, _ in cells)}; {crashed} crashed attempt(s))")
+    return "Rows without any run log, left out of the tables: " + "; ".join(parts) + "."
+
+
 def truncation_note(seeds: pd.DataFrame) -> str:
     bad = seeds[seeds["truncated"].fillna("") != ""]
     if bad.empty:

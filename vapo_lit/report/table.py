@@ -66,7 +66,7 @@ def columns() -> list[str]:
 
 def build_table(seeds: pd.DataFrame, rows: list, reference: str | None, missing: dict | None = None,
                 max_seeds: int = 20) -> pd.DataFrame:
-    """One line per label in `rows` (in that order; a row without runs gets n = 0)."""
+    """One line per label in `rows` (in that order)."""
     missing = missing or {}
     ref = seeds[seeds["row"] == reference] if reference else seeds.iloc[0:0]
     records = []

@@ -157,6 +157,9 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
     folder = Path(to) if to is not None else out / "reports" / name
     folder.mkdir(parents=True, exist_ok=True)
     order = _order(found, logs)
+    with_logs = {log.row for log in logs}
+    no_log_rows = [r for r in order if r not in with_logs]   # every cell failed or not run yet: named, not tabled
+    order = [r for r in order if r in with_logs]
     if reference not in order:
         if reference != REFERENCE:
             raise ValueError(f"--reference {reference!r}: no such row; rows: {', '.join(order)}")
@@ -202,7 +205,8 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
     head, body = render.main_table(table, ctx)
     sections.append(render.markdown(head, body))
     notes = [render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
-             render.pairing_note(table, ctx, missing), render.truncation_note(seeds)]
+             render.pairing_note(table, ctx, missing), render.no_log_note(no_log_rows, missing),
+             render.truncation_note(seeds)]
     sections += [n for n in notes if n]
     if reference and len(order) > 1:
         head, body = render.paired_table(table, ctx)
