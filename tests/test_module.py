@@ -13,11 +13,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from vapo_lit.build import build_module
 from vapo_lit.components import REGISTRY, build_callbacks
 from vapo_lit.config import COMPONENTS, ComponentValues, RunConfig, Switches, merge
 from vapo_lit.module import NonFiniteLossError, VapoModule  # noqa: F401
 from vapo_lit.presets import PRESETS
-from vapo_lit.train import build_module, train
+from vapo_lit.train import train
 
 
 def tiny_factory(cfg: RunConfig) -> VapoModule:
@@ -122,7 +123,8 @@ class WeightWatch(Callback):
         self.snapshots = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.snapshots.append((pl_module.phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
+        phase = "value_pretrain" if pl_module.pretrain.active else "ppo"
+        self.snapshots.append((phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
                                {k: v.clone() for k, v in pl_module.critic.state_dict().items()}))
 
 

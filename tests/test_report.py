@@ -62,8 +62,8 @@ def recompute(out: Path) -> pd.DataFrame:
         for name, col in (("entropy", "policy/entropy"), ("response_length", "rollout/response_length"),
                           ("ev_mc", "value/explained_variance")):
             s = ppo[col].dropna().to_numpy()
-            rec[f"{name}_final"] = s[-1]
-            rec[f"{name}_last"] = np.median(s[-LAST_N:]) if name == "ev_mc" else s[-LAST_N:].mean()
+            last = (np.median(s[-LAST_N:]) if name == "ev_mc" else s[-LAST_N:].mean()) if len(s) else np.nan
+            rec[f"{name}_final"], rec[f"{name}_last"] = (s[-1] if len(s) else np.nan), last
         per.append(rec)
     per = pd.DataFrame(per)
     rows = []

@@ -24,48 +24,67 @@ COMPONENTS = (
     "positive_lm_loss",
     "group_sampling",
 )
-"""The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md)."""
+"""The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md): the default recipe."""
+
+OPTIONAL_COMPONENTS = (
+    "kl_penalty",
+)
+"""Components outside VAPO's recipe: off unless named (`--only ...,kl_penalty`, a grid row's `only`).
+This tuple is the registry of extensions: adding a component is a file
+`vapo_lit/components/<name>.py`, its name here, and its values in `ComponentValues` (README)."""
+
+ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
 
 def check_components(names, where: str = "") -> list[str]:
     """`names` as a list, or ValueError naming the unknown ones and listing the valid names.
     The one place component names are validated (config, CLI flags, grid files, callbacks)."""
     names = list(names)
-    unknown = [n for n in names if n not in COMPONENTS]
+    unknown = [n for n in names if n not in ALL_COMPONENTS]
     if unknown:
         prefix = f"{where}: " if where else ""
         raise ValueError(
-            f"{prefix}unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
+            f"{prefix}unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(ALL_COMPONENTS)}"
         )
     return names
+
+
+def ordered(names) -> list[str]:
+    """The named components in registry order (the seven first, then the optional ones)."""
+    return [c for c in ALL_COMPONENTS if c in names]
 
 
 def run_label(components, advantage_estimator: str = "gae") -> str:
     """The one name of a component set, used for run folders, W&B job types and report rows:
     'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
-    'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator)."""
+    'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator); optional components on
+    are added as '-with-x+y'."""
     on = [c for c in COMPONENTS if c in components]
+    extras = [c for c in OPTIONAL_COMPONENTS if c in components]
     if advantage_estimator == "grpo":
-        return "grpo+" + "+".join(on)
-    if len(on) == len(COMPONENTS):
-        return "vapo"
-    if not on:
-        return "vanilla_ppo"
-    dropped = [c for c in COMPONENTS if c not in on]
-    return "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
+        label = "grpo+" + "+".join(on)
+    elif len(on) == len(COMPONENTS):
+        label = "vapo"
+    elif not on:
+        label = "vanilla_ppo"
+    else:
+        dropped = [c for c in COMPONENTS if c not in on]
+        label = "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
+    return label + ("-with-" + "+".join(extras) if extras else "")
 
 
 def row_order(components, advantage_estimator: str = "gae", label: str = "") -> tuple:
     """Sort key in the paper's order: full VAPO, single drops (COMPONENTS order), joint drops,
-    vanilla PPO, critic-free rows."""
+    vanilla PPO, critic-free rows; a row with optional components right after its base row."""
     dropped = tuple(COMPONENTS.index(c) for c in COMPONENTS if c not in components)
+    extras = tuple(OPTIONAL_COMPONENTS.index(c) for c in OPTIONAL_COMPONENTS if c in components)
     if advantage_estimator == "grpo":
-        return (4, dropped, label)
+        return (4, dropped, extras, label)
     if not dropped:
-        return (0, (), label)
+        return (0, (), extras, label)
     if len(dropped) == len(COMPONENTS):
-        return (3, (), label)
-    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), label)
+        return (3, (), extras, label)
+    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), extras, label)
 
 
 def _f(default, doc: str, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
@@ -87,6 +106,7 @@ class ComponentValues:
     eps_high: float = _f(0.28, "upper clip epsilon with Clip-Higher (DAPO/VAPO: 0.28)", lo=0.0)
     mu: float = _f(0.1, "weight of the positive-example NLL (paper: 0.1)", lo=0.0)
     samples_per_prompt: int = _f(16, "samples per prompt with group sampling (paper: 16)", lo=2)
+    kl_coef: float = _f(0.05, "weight of the KL(policy || initial policy) penalty of the optional kl_penalty component (not in VAPO)", lo=0.0)
 
 
 @dataclass
@@ -138,6 +158,9 @@ class RunConfig:
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
     critic_init: str = _f("reward_model", "critic initialisation: 'reward_model', 'actor' or a local dir")
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
+    truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
+                         choices=("terminal", "bootstrap"))
+    rollout_engine: str = _f("hf", "rollout engine that samples responses (see vapo_lit.engines)", choices=("hf",))
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})
