@@ -110,7 +110,7 @@ def test_outputs_and_text(grid_out):
     lines = [x for x in md.splitlines() if x.startswith("| ")]
     assert [x.split(" | ")[0] for x in lines[1:4]] == ["| VAPO (full)", "| w/o clip_higher", "| vanilla PPO"]
     for needle in ("Δ final (paired, 95% CI)", "Holm p", "Seeds needed", "## Compute-matched comparison",
-                   "## Diagnostics", "## Paired deltas against the full recipe", "EV vs MC", "EV vs targets",
+                   "## Diagnostics", "## Paired deltas against VAPO (full)", "EV vs MC", "EV vs targets",
                    "What these deltas do and do not support", "single-drop deltas are not independent effects",
                    "critic-free GRPO", "W&B", "`mini`", "strict final", "AUC"):
         assert needle in md, needle
@@ -422,3 +422,20 @@ def test_truncated_runs_are_reported_and_flagged(tmp_path):
     assert seeds.loc["../../runs/vanilla_ppo-s0", "final"] == pytest.approx(100 * evals_of("vanilla_ppo", 0)[8])
     assert seeds.loc["../../runs/vapo-no-value_pretraining-s1", "final"] == pytest.approx(
         100 * evals_of("vapo-no-value_pretraining", 1)[6])
+
+
+def test_report_reads_logs_only_and_its_statistics_load_without_pandas():
+    """The report imports nothing of the runner (DESIGN.md); `--seeds auto` imports only the
+    report's statistics, which load without pandas or matplotlib."""
+    import ast
+    import subprocess
+    import sys
+
+    for path in (Path(__file__).resolve().parents[1] / "vapo_lit" / "report").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not [m for m in names if m.startswith("vapo_lit.ablate")], path
+    code = "import sys, vapo_lit.report.stats; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -200,10 +200,10 @@ def latex_all(table: pd.DataFrame, ctx: Context) -> str:
 def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "Δ final") -> str:
     recs = [r for r in table.to_dict("records") if r["row"] != ctx.reference and not _nan(r[f"delta_{m}_p_holm"])]
     if not recs:
-        return f"Multiple comparisons ({what}): no row has two paired seeds with the full recipe, so no p-value."
+        return f"Multiple comparisons ({what}): no row has two paired seeds with {pretty(ctx.reference)}, so no p-value."
     yes = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] <= 0.05]
     no = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] > 0.05]
-    return (f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with the full recipe, "
+    return (f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with {pretty(ctx.reference)}, "
             f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}.")
 
 
@@ -237,7 +237,8 @@ def pairing_note(table: pd.DataFrame, ctx: Context, missing: dict) -> str:
             bits.append("no log for seed(s) " + " ".join(str(s) for s, _ in sorted(lost, key=lambda x: x[0]))
                         + " (missing or failed cells)")
         if r["row"] != ctx.reference and r["unpaired_seeds_final"]:
-            bits.append(f"seed(s) {r['unpaired_seeds_final']} unpaired with the full recipe, left out of the paired Δ")
+            bits.append(f"seed(s) {r['unpaired_seeds_final']} unpaired with {pretty(ctx.reference)}, left out of the "
+                        "paired Δ")
         if bits:
             parts.append(f"{pretty(r['row'])}: " + "; ".join(bits))
     return ("Unpaired seeds: " + "; ".join(parts) + ".") if parts else ""

@@ -151,11 +151,12 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
     name = grid_id or "runs"
     found = find_runs(out, grid_id)
     if not found.runs:
-        where = f"grid {grid_id!r} ({sum(len(v) for v in found.missing.values())} cells in {out / 'grids' / (str(grid_id) + '.json')}, none with a metrics.csv)" if grid_id else "no folder with metrics.csv and config.yaml"
+        cells = sum(len(v) for v in found.missing.values())
+        where = (f"grid {grid_id!r} ({cells} cells in {out / 'grids' / f'{grid_id}.json'}, none with a metrics.csv)"
+                 if grid_id else "no folder with metrics.csv and config.yaml")
         raise LogError(f"{out}: no run logs to report: {where}")
     logs = [load_run(d, row) for row, d in found.runs]
     folder = Path(to) if to is not None else out / "reports" / name
-    folder.mkdir(parents=True, exist_ok=True)
     order = _order(found, logs)
     with_logs = {log.row for log in logs}
     no_log_rows = [r for r in order if r not in with_logs]   # every cell failed or not run yet: named, not tabled
@@ -164,6 +165,7 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
         if reference != REFERENCE:
             raise ValueError(f"--reference {reference!r}: no such row; rows: {', '.join(order)}")
         reference = None
+    folder.mkdir(parents=True, exist_ok=True)   # only now: every input has been read and checked
     position = {r: i for i, r in enumerate(order)}
     seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
     thr = _threshold(seeds, reference, threshold)
@@ -210,8 +212,8 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
     sections += [n for n in notes if n]
     if reference and len(order) > 1:
         head, body = render.paired_table(table, ctx)
-        sections += ["## Paired deltas against the full recipe",
-                     "Per-seed differences to the full recipe (points; updates for 'updates to'), mean and 95% "
+        sections += [f"## Paired deltas against {ref_name}",
+                     f"Per-seed differences to {ref_name} (points; updates for 'updates to'), mean and 95% "
                      "t-interval, Holm-adjusted p per column; the last column is the unpaired comparison of the row "
                      "means (Welch), for contrast: it ignores what a seed shares across rows.",
                      render.markdown(head, body)]
