@@ -29,6 +29,7 @@ from __future__ import annotations
 
 import math
 import time
+from typing import ClassVar
 
 import torch
 
@@ -80,7 +81,7 @@ def _make_sampler_classes():
         """Draws each request's next token from its own counter-based stream and returns scores
         that are -inf everywhere else (the manager then picks it greedily)."""
 
-        supported_kwargs = {_SEED: int, _PROMPT_LEN: int}
+        supported_kwargs: ClassVar[dict[str, type]] = {_SEED: int, _PROMPT_LEN: int}
         ignored_kwargs = ()
 
         def __init__(self, temperature: float, top_p: float):
