@@ -1,7 +1,8 @@
-"""Data-parallel VAPO is the single-process algorithm (issue 11): 2 CPU processes (gloo, float64)
-over the same global batch give the same parameters (1e-10 relative), the same metric history and
-the same run folder as one process; a 2-process run SIGKILLed and resumed equals the uninterrupted
-one. Plus the pieces: mini-batch slicing per rank, validation of the global batch shape."""
+"""Data-parallel VAPO is the single-process algorithm (issue 11): 2 CPU processes (gloo, float64
+models) over the same global batch give the same parameters (1e-10 relative), the same metric
+history and the same run folder as one process, with DDP and with FSDP (actor and critic sharded);
+2-process runs SIGKILLed and resumed equal the uninterrupted one. Plus the pieces: mini-batch
+slicing per rank, validation of the global batch shape."""
 from __future__ import annotations
 
 import csv
@@ -40,7 +41,7 @@ def model_dir(tmp_path_factory):
 
 def flags(model_dir, out, name, cache, *extra):
     return ["--preset", "smoke", "--model", str(model_dir), "--task", "chain", "--task_options", json.dumps(TASK),
-            "--precision", "64-true", "--accelerator", "cpu", "--wandb", "disabled", "--threads", "1", "--steps", "3",
+            "--precision", "32-true", "--model_dtype", "float64", "--accelerator", "cpu", "--wandb", "disabled", "--threads", "1", "--steps", "3",
             "--eval_every", "1", "--checkpoint_every", "1", "--ppo.responses_per_step", "16",
             "--ppo.mini_batch_size", "8", "--ppo.micro_batch_size", "2", "--ppo.ppo_epochs", "2",
             "--vapo.samples_per_prompt", "4", "--vapo.value_pretrain_steps", "1", "--out_dir", str(out),
@@ -111,10 +112,12 @@ def test_two_ddp_processes_equal_one(tmp_path, model_dir, single):
 
 
 @pytest.mark.slow
-def test_two_ddp_processes_killed_and_resumed_equal_uninterrupted(tmp_path, model_dir, single):
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_processes_killed_and_resumed_equal_one_uninterrupted(tmp_path, model_dir, single, strategy):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen([sys.executable, "-m", "vapo_lit.cli.train",
-                             *flags(model_dir, tmp_path, "ddp", tmp_path / "c2", "--devices", "2")],
+                             *flags(model_dir, tmp_path, "ddp", tmp_path / "c2", "--devices", "2",
+                                    "--strategy", strategy)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
     metrics = tmp_path / "ddp" / "metrics.csv"
     deadline = time.time() + 300
@@ -130,6 +133,9 @@ def test_two_ddp_processes_killed_and_resumed_equal_uninterrupted(tmp_path, mode
     assert resumed.returncode == 0, resumed.stderr[-3000:]
     assert_same_history(single, tmp_path / "ddp")
     assert_same_parameters(single, tmp_path / "ddp")
+    assert listing(single) == listing(tmp_path / "ddp")
+    card = json.loads((tmp_path / "ddp" / "run_card.json").read_text())
+    assert card["hardware"]["strategy"] == f"vapo_{strategy}"
 
 
 def test_each_rank_takes_an_equal_contiguous_slice_of_every_minibatch(monkeypatch):

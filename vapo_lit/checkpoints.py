@@ -64,13 +64,18 @@ class RunExports(Callback):
             self._export(pl_module, pl_module.critic, "critic-final")
 
     def export_policy(self, pl_module, name: str) -> None:
-        self._export(pl_module, pl_module.actor, name, pl_module.tokenizer)
+        self._export(pl_module, pl_module.actor, name, pl_module.tokenizer, root=pl_module.policy, prefix="actor.")
 
-    def _export(self, pl_module, model, name: str, tokenizer=None) -> None:
-        """Rank 0 writes (data-parallel replicas are identical); every rank waits for it."""
+    def _export(self, pl_module, model, name: str, tokenizer=None, root=None, prefix: str = "") -> None:
+        """Rank 0 writes (data-parallel replicas are identical); every rank waits for it. The weights
+        are read from the sharding root (`root`, keys under `prefix`) when the model is sharded."""
+        from vapo_lit.distributed import full_state_dict
         from vapo_lit.models import export
 
         trainer = pl_module.trainer
+        state = full_state_dict(root if root is not None else model)  # every rank takes part under FSDP
+        if state is not None and prefix:
+            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
         if trainer.is_global_zero:
-            export(model, self.dir / name, tokenizer)
+            export(model, self.dir / name, tokenizer, state_dict=state)
         trainer.strategy.barrier("vapo-export")

@@ -159,3 +159,119 @@ class VapoDDPStrategy(DDPStrategy):
         kwargs = {("forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"): False,
                   **self._ddp_kwargs}
         self.lightning_module.set_data_parallel(lambda m: DistributedDataParallel(m, device_ids=device_ids, **kwargs))
+
+
+# ----------------------------------------------------------------------------- FSDP (FSDP2 on Lightning)
+def _fsdp2():
+    from torch.distributed.fsdp import FSDPModule, fully_shard
+
+    return FSDPModule, fully_shard
+
+
+def is_sharded(module) -> bool:
+    return isinstance(module, _fsdp2()[0])
+
+
+def _blocks(model: torch.nn.Module) -> list:
+    """The repeated transformer blocks (transformers' `_no_split_modules` names them), each its own
+    FSDP unit, so only one block's parameters are gathered at a time."""
+    names = set()
+    for m in model.modules():
+        names.update(getattr(m, "_no_split_modules", None) or [])
+    return [m for m in model.modules() if type(m).__name__ in names]
+
+
+def shard_model(module: torch.nn.Module) -> torch.nn.Module:
+    """fully_shard every transformer block of `module`, then `module` itself (the root unit holds
+    the embeddings, final norm, output layer or value head)."""
+    fully_shard = _fsdp2()[1]
+    for block in _blocks(module):
+        fully_shard(block)
+    fully_shard(module)
+    return module
+
+
+def vapo_fsdp_strategy(cfg, accelerator: str):
+    """Lightning's ModelParallelStrategy (FSDP2) sharding the actor and the critic separately over
+    all processes (data-parallel size = world size, no tensor parallelism); full checkpoints."""
+    from lightning.pytorch.strategies import ModelParallelStrategy
+
+    class VapoFSDPStrategy(ModelParallelStrategy):
+        strategy_name = "vapo_fsdp"
+
+        def setup_environment(self) -> None:
+            self._data_parallel_size = self.num_nodes * self.num_processes  # every process is one data-parallel rank
+            super().setup_environment()
+
+    return VapoFSDPStrategy(data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=False,
+                            process_group_backend="nccl" if accelerator == "cuda" else "gloo")
+
+
+def is_fsdp_strategy(strategy) -> bool:
+    return getattr(strategy, "strategy_name", None) == "vapo_fsdp"
+
+
+@torch.no_grad()
+def full_state_dict(module: torch.nn.Module) -> dict | None:
+    """The module's full (unsharded) state dict on CPU, on rank 0 only (None elsewhere). A
+    collective when the module is sharded: every rank must call it."""
+    if not any(is_sharded(m) for m in module.modules()):
+        return {k: v.detach().cpu() for k, v in module.state_dict().items()}
+    from torch.distributed.checkpoint.state_dict import StateDictOptions, get_model_state_dict
+
+    sd = get_model_state_dict(module, options=StateDictOptions(full_state_dict=True, cpu_offload=True))
+    if rank_and_world()[0] != 0:
+        return None
+    # tied parameters (an output layer sharing the embedding) come back as separate copies: keep the
+    # first name only, as an unsharded model's state dict sharing one tensor would be saved
+    first: dict[int, str] = {}
+    for name, p in module.named_parameters(remove_duplicate=False):
+        first.setdefault(id(p), name)
+    tied = {name for name, p in module.named_parameters(remove_duplicate=False) if first[id(p)] != name}
+    return {k: v for k, v in sd.items() if k not in tied}
+
+
+@torch.no_grad()
+def load_full_state_dict(module: torch.nn.Module, state: dict | None) -> None:
+    """Load rank 0's full state dict (`state`; None on the other ranks) into `module` on every rank:
+    sharded parameters receive their shards, replicated ones a broadcast."""
+    if not any(is_sharded(m) for m in module.modules()):
+        if state is not None:
+            module.load_state_dict(state)
+        broadcast_module(module)
+        return
+    from torch.distributed.tensor import DTensor, distribute_tensor
+
+    rank = rank_and_world()[0]
+    for name, live in module.state_dict().items():
+        if isinstance(live, DTensor):
+            full = state[name].to(live.device, live.dtype) if rank == 0 else torch.empty(
+                live.shape, dtype=live.dtype, device=live.device)
+            shard = distribute_tensor(full, live.device_mesh, live.placements, src_data_rank=0)
+            live.to_local().copy_(shard.to_local())
+        else:
+            if rank == 0:
+                live.copy_(state[name])
+            dist.broadcast(live, src=0)
+
+
+class gathered_for_sampling:
+    """Context: the sharded actor's parameters gathered for token-by-token sampling (every block
+    keeps its gathered parameters for the whole rollout instead of re-gathering at every token)."""
+
+    def __init__(self, root):
+        self.units = [m for m in root.modules() if is_sharded(m)] if root is not None else []
+
+    def __enter__(self):
+        for i, m in enumerate(self.units):
+            if i:  # (the root unit never reshards after its forward anyway)
+                m.set_reshard_after_forward(False, recurse=False)
+            m.unshard()
+        return self
+
+    def __exit__(self, *exc):
+        for i, m in enumerate(self.units):
+            m.reshard()
+            if i:
+                m.set_reshard_after_forward(True, recurse=False)
+        return False

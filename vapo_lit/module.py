@@ -27,8 +27,9 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
-from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_module, broadcast_object,
-                                  gather_experience, rank_and_world)
+from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_object, full_state_dict,
+                                  gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
+                                  load_full_state_dict, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
@@ -98,7 +99,8 @@ class VapoModule(L.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
-        self.actor, self.critic = actor, critic
+        self.policy = ActorScorer(actor)  # the actor, behind the one call the update (and DDP/FSDP) goes through
+        self.critic = critic
         self.switches = Switches()  # vanilla PPO until component callbacks switch things on
         self.pretrain = pretrain.PretrainPhase()
         self.extensions: list = []  # components that hook the iteration (components/base.py), added in setup
@@ -117,6 +119,12 @@ class VapoModule(L.LightningModule):
         self.engine = make_engine(cfg.rollout_engine, actor, tokenizer)
         self._carry: dict[str, float] = {}  # metrics of events between iterations, logged with the next row
         self._resumed = False
+        self.resuming = False  # set by train() when it continues a run from its checkpoint
+
+    @property
+    def actor(self):
+        """The policy LM (a transformers causal LM)."""
+        return self.policy.actor
 
     # ------------------------------------------------------------------ derived settings
     @property
@@ -201,8 +209,9 @@ class VapoModule(L.LightningModule):
         first = rank * share * k
         seeds = [sample_seed(self.cfg.seed, self.iteration, 2, first + i) for i in range(len(per_response))]
         step = self.cfg.ppo.rollout_batch_size or len(per_response)
-        parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling, seeds[s:s + step])
-                 for s in range(0, len(per_response), step)]
+        with self.sampling_context():
+            parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
+                                          seeds[s:s + step]) for s in range(0, len(per_response), step)]
         exp = Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
         if self.cfg.ppo.recompute_logprobs:  # the update's own numerics instead of the sampler's
             exp.behaviour_logprobs = self.actor_logprobs(exp, chunk_rows=self.cfg.ppo.micro_batch_size) * exp.mask
@@ -213,9 +222,9 @@ class VapoModule(L.LightningModule):
         """(N, R) log-probs of the sampled tokens under the current actor, `chunk_rows` rows per pass."""
         P, p = exp.prompt_width, self.cfg.ppo
         ids, attn = exp.input_ids, exp.attention_mask
-        return torch.cat([passes.response_logprobs(self.actor, ids[s:s + chunk_rows], attn[s:s + chunk_rows], P,
-                                                   exp.response_ids[s:s + chunk_rows], temperature=p.temperature,
-                                                   chunk=p.logits_chunk)[0].to(exp.behaviour_logprobs.dtype)
+        scorer = self._trained("actor")
+        return torch.cat([scorer(ids[s:s + chunk_rows], attn[s:s + chunk_rows], P, exp.response_ids[s:s + chunk_rows],
+                                 p.temperature, False, p.logits_chunk)[0].to(exp.behaviour_logprobs.dtype)
                           for s in range(0, exp.n, chunk_rows)])
 
     def update_critic(self, exp: Experience) -> CriticUpdateStats:
@@ -316,11 +325,38 @@ class VapoModule(L.LightningModule):
         return out
 
     # ------------------------------------------------------------------ data parallel
+    def configure_model(self) -> None:
+        """Under FSDP the policy and the critic are sharded here, before the optimizers exist."""
+        if is_fsdp_strategy(self.trainer.strategy) and not getattr(self, "_dp", None):
+            self.set_data_parallel(shard_model)
+
+    def _fsdp_lazy_init(self) -> None:
+        """FSDP initialises on the first forward through each ROOT unit; sampling calls the actor's
+        blocks directly, so run one tiny forward through each root first."""
+        dp = getattr(self, "_dp", None)
+        if not dp or not is_sharded(dp["actor"]):
+            return
+        device = next(self.actor.parameters()).device
+        ids = torch.full((1, 2), pad_id_of(self.tokenizer), dtype=torch.long, device=device)
+        with torch.no_grad():
+            dp["actor"](ids, torch.ones_like(ids), 1, ids[:, 1:], 1.0)
+            if "critic" in dp:
+                dp["critic"](ids, torch.ones_like(ids))
+        for root in dp.values():  # a root unit keeps its gathered parameters after a forward: shard them again
+            for m in root.modules():
+                if is_sharded(m):
+                    m.reshard()
+
+    def sampling_context(self):
+        """Sampling token by token needs the whole actor: gathered for the rollout under FSDP."""
+        dp = getattr(self, "_dp", None)
+        return gathered_for_sampling(dp["actor"]) if dp and is_sharded(dp["actor"]) else contextlib.nullcontext()
+
     def set_data_parallel(self, wrap) -> None:
         """Called by a data-parallel strategy: `wrap(module)` returns its DDP/FSDP wrapper. The
         training forwards then go through the wrappers; the models themselves stay attributes of
         this module (checkpoints and state dicts are unchanged)."""
-        self._dp = {"actor": wrap(ActorScorer(self.actor))}
+        self._dp = {"actor": wrap(self.policy)}
         if not self.critic_free:
             self._dp["critic"] = wrap(self.critic)
 
@@ -329,12 +365,14 @@ class VapoModule(L.LightningModule):
         dp = getattr(self, "_dp", None)
         if dp:
             return dp[name]
-        return ActorScorer(self.actor) if name == "actor" else self.critic
+        return self.policy if name == "actor" else self.critic
 
     def _grad_sync(self, name: str, last: bool):
         """Gradients are synchronised across ranks on the last micro-batch of a mini-batch only."""
         dp = getattr(self, "_dp", None)
-        if dp and not last and hasattr(dp[name], "no_sync"):
+        if dp and is_sharded(dp[name]):
+            dp[name].set_requires_gradient_sync(last)
+        elif dp and not last:
             return dp[name].no_sync()
         return contextlib.nullcontext()
 
@@ -346,6 +384,11 @@ class VapoModule(L.LightningModule):
 
     # ------------------------------------------------------------------ value pretraining (the phase)
     def on_fit_start(self) -> None:
+        self._fsdp_lazy_init()
+        for i in range(len(self.optimizers()) if isinstance(self.optimizers(), list) else 1):
+            adam_state(self._opt(i)[0])
+        if self.resuming:  # the checkpoint holds the phase (FSDP restores it only after this hook)
+            return
         if self.switches.value_pretraining and not (self.pretrain.active or self.pretrain.finished):
             # rank 0 looks in the cache (other machines may not share its disk) and tells the rest
             cached = broadcast_object(pretrain.load_cached(self.pretrain_key(), self.cfg.cache_dir)
@@ -354,9 +397,7 @@ class VapoModule(L.LightningModule):
                 self.pretrain.active = True
                 return
             entry, stats = cached
-            if rank_and_world()[0] == 0:
-                self._load_critic_weights(entry)
-            broadcast_module(self.critic)
+            load_full_state_dict(self.critic, self._read_critic(entry) if rank_and_world()[0] == 0 else None)
             self._reset_critic_optimizer()
             self.pretrain = pretrain.PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"],
                                                    from_cache=str(entry), finished=True)
@@ -368,9 +409,10 @@ class VapoModule(L.LightningModule):
         ph.active, ph.finished = False, True
         self._reset_critic_optimizer()
         self._carry.update({"value_pretrain/steps": ph.steps_done, "value_pretrain/final_ev": ph.last_ev})
+        state = full_state_dict(self.critic)  # (a collective under FSDP)
         if rank_and_world()[0] == 0:
             pretrain.save(self.pretrain_key(), self.cfg.cache_dir, self.critic,
-                          {"steps_done": ph.steps_done, "last_ev": ph.last_ev})
+                          {"steps_done": ph.steps_done, "last_ev": ph.last_ev}, state_dict=state)
         barrier()
 
     def pretrain_key(self) -> dict:
@@ -379,18 +421,16 @@ class VapoModule(L.LightningModule):
                                   samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
                                   task_version=getattr(self.task, "version", "?"))
 
-    def _load_critic_weights(self, directory) -> None:
+    def _read_critic(self, directory) -> dict:
         from vapo_lit.models.value import ValueModel
 
-        loaded = ValueModel.from_pretrained(directory)
-        with torch.no_grad():
-            self.critic.load_state_dict(loaded.state_dict())
+        return ValueModel.from_pretrained(directory, dtype=next(self.critic.parameters()).dtype).state_dict()
 
     def _reset_critic_optimizer(self) -> None:
         """PPO starts with a fresh critic optimiser and schedule after value pretraining, whether
         the pretrained critic was just trained or loaded from the cache (so both runs match)."""
         opt, sch = self._opt(1)
-        opt.optimizer.state.clear() if hasattr(opt, "optimizer") else opt.state.clear()
+        adam_state(opt, reset=True)
         sch.last_epoch = 0
         for group, base, fn in zip(sch.optimizer.param_groups, sch.base_lrs, sch.lr_lambdas):
             group["lr"] = base * fn(0)
@@ -445,9 +485,10 @@ class VapoModule(L.LightningModule):
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
                                   top_p=self.cfg.eval_top_p)
         batch = self.cfg.ppo.rollout_batch_size or 256
-        metrics = {k: float(v) for k, v in evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,
-                                                    sampling=sampling, seed=seed, batch_size=batch,
-                                                    shard=rank_and_world()).items()}
+        with self.sampling_context():
+            raw = evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,
+                           sampling=sampling, seed=seed, batch_size=batch, shard=rank_and_world())
+        metrics = {k: float(v) for k, v in raw.items()}
         metrics["perf/eval_seconds"] = time.perf_counter() - t0
         value = metrics.get(f"eval/avg@{self.cfg.eval_k}", float("nan"))
         is_best = value > self.best_eval
@@ -491,6 +532,8 @@ class VapoModule(L.LightningModule):
         """The gradient norm before clipping (logged), then Lightning's clipping to ppo.grad_clip."""
         grads = [q.grad for q in model.parameters() if q.grad is not None]
         norm = torch.nn.utils.get_total_norm(grads)
+        if hasattr(norm, "full_tensor"):  # sharded gradients (FSDP): the norm over all shards
+            norm = norm.full_tensor()
         self._check_finite("grad_norm", norm)
         if self.cfg.ppo.grad_clip > 0:
             self.clip_gradients(opt, gradient_clip_val=self.cfg.ppo.grad_clip, gradient_clip_algorithm="norm")
@@ -531,6 +574,25 @@ class VapoModule(L.LightningModule):
         self._resumed = True
         random.setstate(s["rng"]["python"])
         torch.set_rng_state(s["rng"]["torch"])
+
+
+def adam_state(opt, reset: bool = False) -> None:
+    """Create (or, with `reset`, zero) the AdamW state of every parameter: moments 0, step 0, what a
+    fresh AdamW creates lazily at its first step. Created eagerly so that every strategy checkpoints
+    the same thing: torch.distributed.checkpoint (FSDP) would otherwise initialise an empty state
+    with a zero-gradient step, which counts as a step (and shifts Adam's bias correction)."""
+    opt = getattr(opt, "optimizer", opt)
+    for group in opt.param_groups:
+        for p in group["params"]:
+            st = opt.state[p]
+            if st and not reset:
+                continue
+            st["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
+                                      else torch.float32)
+            st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
+            if group.get("amsgrad"):
+                st["max_exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
 
 
 def peak_memory_mb(device) -> float:

@@ -81,10 +81,10 @@ def load_cached(key: dict, cache_dir) -> tuple[Path, dict] | None:
     return entry, json.loads((entry / "pretraining.json").read_text())
 
 
-def save(key: dict, cache_dir, critic, stats: dict) -> Path:
-    """Write the critic and its stats as a verified cache entry (atomic)."""
+def save(key: dict, cache_dir, critic, stats: dict, state_dict: dict | None = None) -> Path:
+    """Write the critic (or `state_dict`, its full weights) and its stats as a verified cache entry (atomic)."""
     def build(tmp: Path) -> None:
-        critic.save_pretrained(tmp)
+        critic.save_pretrained(tmp, state_dict=state_dict)
         (tmp / "pretraining.json").write_text(json.dumps(stats))
 
     return cached_build(CACHE_NAME, key, build, cache_dir=cache_dir)

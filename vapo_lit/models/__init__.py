@@ -151,9 +151,10 @@ def enable_gradient_checkpointing(model) -> None:
     model.train()
 
 
-def export(model, directory, tokenizer=None) -> None:
+def export(model, directory, tokenizer=None, state_dict: dict | None = None) -> None:
     """`model` (a causal LM or a ValueModel) as a loadable HF directory, with the tokenizer,
-    written to a temporary sibling and renamed into place (a reader never sees half of it)."""
+    written to a temporary sibling and renamed into place (a reader never sees half of it).
+    `state_dict`: the model's full weights to write instead of the live ones (a sharded model)."""
     import os
     import shutil
     import tempfile
@@ -165,7 +166,10 @@ def export(model, directory, tokenizer=None) -> None:
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
     try:
-        model.save_pretrained(tmp)
+        if state_dict is None:
+            model.save_pretrained(tmp)
+        else:
+            model.save_pretrained(tmp, state_dict=state_dict)
         if tokenizer is not None:
             tokenizer.save_pretrained(tmp)
         old = None

@@ -48,14 +48,17 @@ class ValueModel(torch.nn.Module):
         return at_least_float32(self.head(h.to(self.head.weight.dtype)).squeeze(-1))
 
     # ----------------------------------------------------------------- persistence
-    def save_pretrained(self, directory: str | Path) -> None:
-        """Backbone as an HF model dir (config.json + model.safetensors) + head + marker JSON."""
+    def save_pretrained(self, directory: str | Path, state_dict: dict | None = None) -> None:
+        """Backbone as an HF model dir (config.json + model.safetensors) + head + marker JSON.
+        `state_dict`: this model's full weights to write instead of the live ones (a sharded model)."""
         from safetensors.torch import save_file
 
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
-        self.backbone.save_pretrained(directory, safe_serialization=True)
-        save_file({k: v.detach().contiguous().cpu() for k, v in self.head.state_dict().items()},
+        sd = state_dict if state_dict is not None else self.state_dict()
+        self.backbone.save_pretrained(directory, safe_serialization=True,
+                                      state_dict={k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")})
+        save_file({k[len("head."):]: v.detach().contiguous().cpu() for k, v in sd.items() if k.startswith("head.")},
                   str(directory / HEAD_FILE))
         with open(directory / VALUE_MARKER, "w") as f:
             json.dump({"format": "vapo-lit ValueModel", "version": 1, "head": HEAD_FILE}, f)
@@ -70,6 +73,8 @@ class ValueModel(torch.nn.Module):
         directory = Path(directory)
         backbone = AutoModel.from_pretrained(directory, local_files_only=True, dtype=dtype)
         model = cls(backbone)
+        if isinstance(dtype, torch.dtype):
+            model.head.to(dtype)  # the backbone was loaded in `dtype`; the head follows it (before loading it)
         if (directory / VALUE_MARKER).is_file():
             model.head.load_state_dict(load_file(str(directory / HEAD_FILE)))
         return model
