@@ -204,7 +204,7 @@ def test_wheel_installs_beside_torch_and_runs_from_an_empty_folder(tmp_path):
     # (--no-compile skips compiling all of torch and transformers up front; no .pyc would make every
     # process recompile what it imports).
     env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE")}
+           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "VAPO_LIT_GAE_BACKEND")}
     env.update(VAPO_LIT_CACHE=str(tmp_path / "cache"), PIP_NO_INPUT="1", PYTHONWARNINGS="ignore::DeprecationWarning")
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
     src = tmp_path / "src"
