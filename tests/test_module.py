@@ -13,11 +13,12 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from vapo_lit.build import build_module
 from vapo_lit.components import REGISTRY, build_callbacks
 from vapo_lit.config import COMPONENTS, ComponentValues, RunConfig, Switches, merge
 from vapo_lit.module import NonFiniteLossError, VapoModule  # noqa: F401
 from vapo_lit.presets import PRESETS
-from vapo_lit.train import build_module, train
+from vapo_lit.train import train
 
 
 def tiny_factory(cfg: RunConfig) -> VapoModule:
@@ -122,7 +123,8 @@ class WeightWatch(Callback):
         self.snapshots = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.snapshots.append((pl_module.phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
+        phase = "value_pretrain" if pl_module.pretrain.active else "ppo"
+        self.snapshots.append((phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
                                {k: v.clone() for k, v in pl_module.critic.state_dict().items()}))
 
 
@@ -173,16 +175,19 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-def test_resume_reproduces_metric_history(tmp_path):
-    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=2,
+@pytest.mark.parametrize("crash_at,every", [(5, 2), (1, 1)])
+def test_resume_reproduces_metric_history(tmp_path, crash_at, every):
+    """(1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
+    metrics are logged with the next row (they must survive the restart)."""
+    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=every,
                 vapo={"value_pretrain_steps": 1})
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
     train(full, module_factory=tiny_factory)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
     with pytest.raises(BaseException):
-        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(5)])
+        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(crash_at)])
     partial = read_metrics(tmp_path / "runs" / "broken")
-    assert len(partial) == 6  # step 0 (base eval) and iterations 1..5 (1 = value pretraining); checkpoint at 4
+    assert len(partial) == crash_at + 1  # step 0 (base eval) and iterations 1..crash_at (1 = value pretraining)
     train(broken, resume=True, module_factory=tiny_factory)
     a = _comparable(read_metrics(tmp_path / "runs" / "full"))
     b = _comparable(read_metrics(tmp_path / "runs" / "broken"))

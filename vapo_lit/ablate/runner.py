@@ -144,9 +144,11 @@ def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log
         name = next(c.cfg.name for c in p.cells if c.cell_id == cid)
         log(f"FAILED {name}: {err.strip().splitlines()[0] if err.strip() else err}")
     if report:
-        from vapo_lit.report import write_report
+        from vapo_lit.report import LogError, write_report
 
-        text = write_report(p.out, grid_id=p.grid.grid_id, last_n=last_n)
-        log(text)
+        try:
+            log(write_report(p.out, grid_id=p.grid.grid_id, last_n=last_n))
+        except LogError as e:  # no log at all (every cell failed) or a malformed one: say so, keep the exit code
+            log(f"[{p.grid.grid_id}] no report: {e}")
     log(f"[{p.grid.grid_id}] finished in {progress.fmt_seconds(time.time() - t0)}")
     return 0 if status.failed == 0 and not crashed else 1

@@ -155,16 +155,13 @@ def prune_callback(trial, k: int):
             self.reported = set()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            m = pl_module.last_metrics
-            step = int(pl_module.ppo_updates)
-            scheduled = not pl_module.phase == "value_pretrain" and step >= 1 and (
-                (pl_module.cfg.eval_every and step % pl_module.cfg.eval_every == 0) or step >= pl_module.cfg.steps)
-            if key not in m or not scheduled or step in self.reported:  # (not the base policy's eval)
-                return
-            self.reported.add(step)
-            trial.report(float(m[key]), step)
+            ev = pl_module.last_eval
+            if ev is None or ev.iteration != pl_module.iteration or ev.ppo_update < 1 or ev.ppo_update in self.reported:
+                return  # no eval in this iteration (the base policy's eval is not reported)
+            self.reported.add(ev.ppo_update)
+            trial.report(ev.score, ev.ppo_update)
             if trial.should_prune():
-                raise optuna.TrialPruned(f"{key}={m[key]:.4f} at PPO update {step}")
+                raise optuna.TrialPruned(f"{key}={ev.score:.4f} at PPO update {ev.ppo_update}")
 
     return PruneOnEval()
 
