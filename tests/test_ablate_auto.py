@@ -18,7 +18,7 @@ from vapo_lit.ablate.grid import grid_from_drop
 from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.presets import PRESETS
-from vapo_lit.report.stats import SeedDecision
+from vapo_lit.statistics import SeedDecision
 
 ROW = "vapo-no-clip_higher"
 D = [-4.0, 0.0, -2.0, -3.0, -1.0, -2.0, -2.0]   # per-seed row - reference (points); first 3: mean -2, sd 2
@@ -50,7 +50,7 @@ def _plans(tmp_path):
 def test_adds_seeds_until_resolved_and_reuses_finished_cells(tmp_path, monkeypatch):
     ran, logs = [], []
     monkeypatch.setattr(runner, "run", _fake_run(ran))
-    code = auto.run_auto(_plans(tmp_path), rows=[ROW], min_seeds=3, max_seeds=10, report=False, log=logs.append)
+    code = auto.run_auto(_plans(tmp_path), rows=[ROW], min_seeds=3, max_seeds=10, log=logs.append)
     assert code == 0
     # round 1: 3 seeds, mean -2 sd 2 -> 7 pairs needed; round 2 runs only the 4 new seeds; resolved at 7
     assert [sorted({s for _, s in r}) for r in ran] == [[0, 1, 2], [3, 4, 5, 6]]
@@ -61,7 +61,7 @@ def test_adds_seeds_until_resolved_and_reuses_finished_cells(tmp_path, monkeypat
 def test_stops_when_unreachable_within_the_cap(tmp_path, monkeypatch):
     ran, logs = [], []
     monkeypatch.setattr(runner, "run", _fake_run(ran))
-    auto.run_auto(_plans(tmp_path), rows=[ROW], min_seeds=3, max_seeds=5, report=False, log=logs.append)
+    auto.run_auto(_plans(tmp_path), rows=[ROW], min_seeds=3, max_seeds=5, log=logs.append)
     assert len(ran) == 1 and f"{ROW}: unreachable" in logs[-1]
 
 

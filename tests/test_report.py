@@ -17,11 +17,11 @@ import pandas as pd
 import pytest
 import yaml
 
-from report_synth import K, write_manifest, write_run
+from report_synth import write_manifest, write_run
 from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.cli.report import main as report
 from vapo_lit.config import COMPONENTS, row_order
-from vapo_lit.report import stats
+from vapo_lit import statistics as stats
 from vapo_lit.report.figures import NAMES as FIGURES
 
 T975 = {1: 12.706204736174694, 2: 4.302652729749462, 3: 3.1824463052837078, 4: 2.7764451051977934}
@@ -436,6 +436,6 @@ def test_report_reads_logs_only_and_its_statistics_load_without_pandas():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not [m for m in names if m.startswith("vapo_lit.ablate")], path
-    code = "import sys, vapo_lit.report.stats; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
+    code = "import sys, vapo_lit.statistics; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"

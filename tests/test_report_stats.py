@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from vapo_lit.report import stats
+from vapo_lit import statistics as stats
 
 # scipy.stats.t.ppf(0.975, df), df = 1..30 (scipy 1.17.1)
 T975 = [12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.7764451051977934, 2.5705818356363146,

@@ -170,7 +170,8 @@ class RunConfig:
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
-    rollout_engine: str = _f("hf", "rollout engine that samples responses (see vapo_lit.engines)", choices=("hf",))
+    rollout_engine: str = _f("hf", "rollout engine: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, README 'Rollout engines')",
+                             choices=("hf", "cb"))
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})

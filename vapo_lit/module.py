@@ -107,6 +107,8 @@ class VapoModule(L.LightningModule):
         self.actor_steps = 0
         self.critic_steps = 0
         self.best_eval = -math.inf
+        self.elapsed_seconds = 0.0  # wall time of the run's iterations and evals so far (across restarts)
+        self.generated_tokens = 0.0  # response tokens sampled by training rollouts so far (all ranks)
         self.last_eval: EvalResult | None = None
         self.last_metrics: dict[str, float] = {}  # the last logged row (for summaries; not read for control)
         self.last_good_checkpoint: str | None = None
@@ -175,8 +177,9 @@ class VapoModule(L.LightningModule):
         # 7. log
         self.iteration += 1
         metrics = {**rollout_stats(exp), **score_stats(exp).log(), **adv_stats.log(), **extra}
-        if not self.critic_free:
-            metrics.update(value_stats(exp))
+        if not self.critic_free:  # the critic against Monte-Carlo returns in every row (SPEC), and its own targets
+            metrics.update(value_stats(exp, reference="mc"))
+            metrics["value/explained_variance_target"] = value_stats(exp, reference="targets")["value/explained_variance"]
             metrics.update(critic_stats.log())
         if pretraining:
             self.pretrain.steps_done += 1
@@ -409,6 +412,10 @@ class VapoModule(L.LightningModule):
         metrics.update(self._carry)
         self._carry = {}
         metrics["perf/total_seconds"] = time.perf_counter() - t0
+        self.elapsed_seconds += metrics["perf/total_seconds"]
+        self.generated_tokens += tokens
+        metrics.update({"perf/cumulative_seconds": self.elapsed_seconds, "perf/cumulative_tokens": self.generated_tokens,
+                        "perf/peak_memory_mb": peak_memory_mb(exp.mask.device)})
         self.last_metrics = metrics
         self._log(metrics, step=self.iteration)
         if done:
@@ -419,6 +426,8 @@ class VapoModule(L.LightningModule):
             # seeded as iteration 0 even when a cached pretrained critic moved the iteration on, so
             # every run of one seed reports the same base eval
             metrics = {**self.evaluate(at=0).metrics, "train/iteration": 0, "train/ppo_update": 0}
+            self.elapsed_seconds += metrics["perf/eval_seconds"]
+            metrics.update({"perf/cumulative_seconds": self.elapsed_seconds, "perf/cumulative_tokens": 0.0})
             self._log(metrics, step=0)
 
     def _log(self, metrics: dict, step: int) -> None:
@@ -507,6 +516,7 @@ class VapoModule(L.LightningModule):
             "iteration": self.iteration, "ppo_updates": self.ppo_updates, "actor_steps": self.actor_steps,
             "critic_steps": self.critic_steps, "best_eval": self.best_eval, "pretrain": self.pretrain.state_dict(),
             "switches": to_dict(self.switches), "config": to_dict(self.cfg), "carry": dict(self._carry),
+            "elapsed_seconds": self.elapsed_seconds, "generated_tokens": self.generated_tokens,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
 
@@ -517,9 +527,19 @@ class VapoModule(L.LightningModule):
         self.best_eval = s["best_eval"]
         self.pretrain.load_state_dict(s["pretrain"])
         self._carry = dict(s.get("carry", {}))  # e.g. value_pretrain/* waiting for the next row
+        self.elapsed_seconds, self.generated_tokens = s.get("elapsed_seconds", 0.0), s.get("generated_tokens", 0.0)
         self._resumed = True
         random.setstate(s["rng"]["python"])
         torch.set_rng_state(s["rng"]["torch"])
+
+
+def peak_memory_mb(device) -> float:
+    """Peak memory so far: allocated GPU memory on CUDA, else the process's peak resident set."""
+    if device.type == "cuda":
+        return torch.cuda.max_memory_allocated(device) / 2**20
+    import resource
+
+    return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
 
 def _mean(xs) -> float:

@@ -19,7 +19,7 @@ import math
 from pathlib import Path
 
 from vapo_lit.config import COMPONENTS, run_label
-from vapo_lit.report.stats import curve_auc, decide_seeds
+from vapo_lit.statistics import curve_auc, decide_seeds
 
 METRICS = ("final", "peak", "auc")
 REFERENCE = run_label(COMPONENTS)
@@ -75,14 +75,14 @@ def paired_diffs(plan, rows: list[str], metric: str, reference: str = REFERENCE)
 
 
 def run_auto(plan_for, *, rows, min_seeds: int, max_seeds: int, metric: str = "final", workers: int = 1,
-             report: bool = True, last_n: int = 10, log=print) -> int:
+             report=None, log=print) -> int:
     """`plan_for(n)` -> the grid's Plan with n seeds per row. Returns run()'s exit code of the last round."""
     from vapo_lit.ablate.runner import run
 
     n = min_seeds
     while True:
         p = plan_for(n)
-        code = run(p, workers=workers, report=False, last_n=last_n, log=log)
+        code = run(p, workers=workers, log=log)
         if code != 0:
             log(f"[{p.grid.grid_id}] --seeds auto: stopping at {n} seeds, some cells failed")
             break
@@ -91,11 +91,6 @@ def run_auto(plan_for, *, rows, min_seeds: int, max_seeds: int, metric: str = "f
         if decision.seeds is None:
             break
         n = decision.seeds
-    if report:
-        from vapo_lit.report import LogError, write_report
-
-        try:
-            log(write_report(p.out, grid_id=p.grid.grid_id, last_n=last_n, max_seeds=max_seeds))
-        except LogError as e:
-            log(f"[{p.grid.grid_id}] no report: {e}")
+    if report is not None:
+        log(report(p))
     return code

@@ -172,8 +172,21 @@ def run_dir_of_trial(out: Path, study: str, trial) -> tuple[Path, str]:
     return Path(out) / "trials", f"{study}-t{trial.number if root is None else root}"
 
 
+def trained_evals(run_dir: Path, k: int) -> list[float]:
+    """eval/avg@k of every eval after training started (the base policy's step-0 row left out)."""
+    import csv
+    import math
+
+    key, out = f"eval/avg@{k}", []
+    with open(Path(run_dir) / "metrics.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            value = row.get(key) or ""
+            if value and row.get("step") not in ("0", "0.0") and not math.isnan(float(value)):
+                out.append(float(value))
+    return out
+
+
 def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
-    from vapo_lit.report.collect import load_run, per_run
     from vapo_lit.train import train
 
     def objective(trial) -> float:
@@ -190,11 +203,10 @@ def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
             (runs / ".partial").mkdir(parents=True, exist_ok=True)
             shutil.move(str(runs / name), str(runs / ".partial" / f"{name}-t{trial.number}"))
         train(cfg, resume=resume, extra_callbacks=[prune_callback(trial, cfg.eval_k)])
-        row = per_run(load_run(runs / name, "trial"), last_n=1)
-        value = row["peak" if spec.objective == "best" else "final"]
-        if value != value:
+        evals = trained_evals(runs / name, cfg.eval_k)
+        if not evals:
             raise RuntimeError("the run logged no eval after training (set eval_every or steps)")
-        return value
+        return max(evals) if spec.objective == "best" else evals[-1]
 
     return objective
 

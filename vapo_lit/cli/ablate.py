@@ -103,6 +103,23 @@ def check_auto(args, plan_for) -> list[str]:
     return rows_of_interest(plan_for(args.max_seeds), rows)  # every cell up to the cap validated
 
 
+def reporter(args):
+    """The report written after the grid (the runner calls it; it does not import the report)."""
+    if args.no_report:
+        return None
+
+    def report(p) -> str:
+        from vapo_lit.report import LogError, write_report
+
+        try:
+            kw = {"max_seeds": args.max_seeds} if args.seeds == "auto" else {}
+            return write_report(p.out, grid_id=p.grid.grid_id, last_n=args.last_n, **kw)
+        except LogError as e:  # no log at all (every cell failed) or a malformed one: say so, keep the exit code
+            return f"[{p.grid.grid_id}] no report: {e}"
+
+    return report
+
+
 def _terminate(signum, frame):
     raise KeyboardInterrupt
 
@@ -126,9 +143,8 @@ def main(argv=None) -> int:
             from vapo_lit.ablate.auto import run_auto
 
             return run_auto(plan_for, rows=rows, min_seeds=args.min_seeds, max_seeds=args.max_seeds,
-                            metric=args.auto_metric, workers=args.workers, report=not args.no_report,
-                            last_n=args.last_n)
-        return run(p, workers=args.workers, report=not args.no_report, last_n=args.last_n)
+                            metric=args.auto_metric, workers=args.workers, report=reporter(args))
+        return run(p, workers=args.workers, report=reporter(args))
     except ValueError as e:
         print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
         return 2

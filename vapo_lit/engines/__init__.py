@@ -13,6 +13,10 @@ Backends:
 
 * ``hf`` -- :class:`HFEngine`, a KV-cached token loop over any transformers causal LM, sharing the
   actor's weights in place (``load_weights`` only checks it is the same module).
+* ``cb`` -- :class:`ContinuousBatchingEngine`, transformers' continuous batching (paged KV cache,
+  finished responses leave the batch) with vapo-lit's per-sample sampler and behaviour log-probs
+  recomputed by one forward pass (see its module docstring; README "Rollout engines" has the
+  measured speed of both).
 
 A remote engine (vLLM, SGLang) plugs in the same way: ``load_weights`` pushes the actor's state
 dict to the server after each update and ``generate`` returns its tokens and log-probs; if the
@@ -68,8 +72,10 @@ def make_engine(name: str, actor, tokenizer) -> RolloutEngine:
     return ENGINES[name](actor, tokenizer)
 
 
-from vapo_lit.engines.hf import HFEngine  # noqa: E402  (registry below needs the classes)
+from vapo_lit.engines.continuous import ContinuousBatchingEngine  # noqa: E402  (registry below needs the classes)
+from vapo_lit.engines.hf import HFEngine  # noqa: E402
 
-ENGINES = {"hf": HFEngine}
+ENGINES = {"hf": HFEngine, "cb": ContinuousBatchingEngine}
 
-__all__ = ["SamplingParams", "RolloutEngine", "HFEngine", "ENGINES", "make_engine", "Rollout"]
+__all__ = ["SamplingParams", "RolloutEngine", "HFEngine", "ContinuousBatchingEngine", "ENGINES", "make_engine",
+           "Rollout"]

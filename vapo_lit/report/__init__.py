@@ -5,9 +5,8 @@
     print(write_report("runs/ablate", grid_id="table1"))
 
 `write.py` builds a report; `logs.py` reads run folders strictly; `collect.py` gives per-run
-numbers; `table.py` aggregates rows; `render.py` formats; `figures.py` plots; `stats.py` holds
-the pure statistics (stdlib only). The names below load lazily, so `vapo_lit.report.stats` can be
-imported (by `vapo-ablate --seeds auto`) without pandas or matplotlib.
+numbers; `table.py` aggregates rows; `render.py` formats; `figures.py` plots; the pure statistics
+(stdlib only) are `vapo_lit/statistics.py`, shared with `vapo-ablate --seeds auto`.
 """
 from __future__ import annotations
 

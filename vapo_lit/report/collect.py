@@ -22,7 +22,7 @@ import os
 
 import pandas as pd
 
-from vapo_lit.report import stats
+from vapo_lit import statistics as stats
 from vapo_lit.report.logs import RunLog, attempt_counts, label_of  # noqa: F401 (label_of: public here too)
 
 TRACKED = {"entropy": "policy/entropy", "response_length": "rollout/response_length",

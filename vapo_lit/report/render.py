@@ -119,7 +119,7 @@ def marked(rec) -> str:
 def main_table(table: pd.DataFrame, ctx: Context):
     k = ctx.k
     head = ["row", "n", f"base avg@{k}", f"final avg@{k}", f"peak avg@{k}", "Δ final (paired, 95% CI)", "Holm p",
-            f"updates to {threshold(ctx)}", f"AUC avg@{k}", f"strict final"]
+            f"updates to {threshold(ctx)}", f"AUC avg@{k}", "strict final"]
     body = [[marked(r), str(r["n"]), num(r["base_mean"]), spread(r, "final"), spread(r, "peak"), delta(r, "final", ctx),
              pval(r["delta_final_p_holm"]), reach(r), spread(r, "auc"), spread(r, "strict_final")]
             for r in table.to_dict("records")]
