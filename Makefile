@@ -1,5 +1,6 @@
 # Two commands on a fresh machine:  `make demo` (the main job) and `make test` (the suite).
-# Both create .venv on first use. torch is pinned to the CPU wheel that pip finds locally.
+# Both create .venv on first use. torch is pinned here (not in pyproject.toml, which takes a range) to
+# the CPU wheel that pip finds locally, first alone, then again beside the package so nothing upgrades it.
 PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
@@ -11,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip<26.2"
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -m pip install --quiet -e ".[dev]" "torch==2.13.0"
 	touch $(STAMP)
 
 demo: $(STAMP)

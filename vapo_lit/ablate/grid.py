@@ -19,6 +19,7 @@ grids that need the same run share it, and its run folder `<label>-s<seed>-<hash
 """
 from __future__ import annotations
 
+import importlib.resources
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -105,10 +106,26 @@ def grid_from_drop(drop: list[str]) -> Grid:
                 f"full VAPO vs VAPO without {' + '.join(dropped)}")
 
 
+def definition_dirs(kind: str) -> list[Path]:
+    """Where named definitions of `kind` ("ablations" or "sweeps") are looked up, first match wins.
+
+    ./<kind> in the current directory (a user's own or edited copies) comes first, then the shipped
+    ones: `vapo_lit/<kind>` inside an installed wheel (pyproject.toml maps the repository's top-level
+    folder there), else the top-level <kind>/ of the checkout the package is imported from (an
+    editable install, or PYTHONPATH on a clone). Folders that do not exist are left out.
+    """
+    package = Path(str(importlib.resources.files("vapo_lit")))
+    shipped = package / kind if (package / kind).is_dir() else package.parent / kind
+    found: list[Path] = []
+    for d in (Path.cwd() / kind, shipped):
+        if d.is_dir() and all(not d.samefile(f) for f in found):
+            found.append(d)
+    return found
+
+
 def grid_dirs() -> list[Path]:
-    """Where `--grid NAME` looks: ./ablations, then the ablations/ folder next to the package."""
-    here = Path(__file__).resolve().parents[2] / "ablations"
-    return [d for d in (Path.cwd() / "ablations", here) if d.is_dir()]
+    """Where `--grid NAME` looks: ./ablations, then the shipped grids (see `definition_dirs`)."""
+    return definition_dirs("ablations")
 
 
 def available_grids() -> list[str]:

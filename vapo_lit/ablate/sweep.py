@@ -50,12 +50,32 @@ class SweepSpec:
 
 
 
+def available_sweeps() -> list[str]:
+    """Names of the sweeps `load_sweep` finds by name: ./sweeps/*.yaml, then the shipped ones."""
+    from vapo_lit.ablate.grid import definition_dirs
 
-def load_sweep(path) -> SweepSpec:
-    """Read and check a sweep file (ValueError naming what is wrong and what is valid)."""
-    path = Path(path)
-    if not path.is_file():
-        raise ValueError(f"{path}: sweep file not found")
+    return sorted({p.stem for d in definition_dirs("sweeps") for p in d.glob("*.yaml")})
+
+
+def sweep_path(name_or_path) -> Path:
+    """An existing file by its path, else a sweep by name (./sweeps/NAME.yaml first, then the shipped
+    `sweeps/NAME.yaml`, see `vapo_lit.ablate.grid.definition_dirs`); ValueError listing the names."""
+    from vapo_lit.ablate.grid import definition_dirs
+
+    path = Path(name_or_path)
+    if path.is_file():
+        return path
+    if len(path.parts) == 1:  # a bare name, not a path that is missing
+        for d in definition_dirs("sweeps"):
+            if (d / f"{path.name}.yaml").is_file():
+                return d / f"{path.name}.yaml"
+    raise ValueError(f"{name_or_path}: no such sweep file or shipped sweep; shipped sweeps: "
+                     f"{', '.join(available_sweeps()) or '(none)'}")
+
+
+def load_sweep(name_or_path) -> SweepSpec:
+    """Read and check a sweep file, given by path or by name (ValueError naming what is wrong and what is valid)."""
+    path = sweep_path(name_or_path)
     try:
         data = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:

@@ -1,6 +1,7 @@
 """vapo-sweep: Optuna hyperparameter search over config paths, pruning on eval score, resumable.
 
-    vapo-sweep sweeps/vapo_alpha.yaml                        # TPE, 30 trials, default preset
+    vapo-sweep vapo_alpha                                    # a shipped sweep by name: TPE, 30 trials
+    vapo-sweep sweeps/vapo_alpha.yaml                        # or a sweep file (your own copy, say)
     vapo-sweep sweeps/vapo_alpha.yaml --n-trials 50          # continue the same study to 50
     vapo-sweep sweeps/vapo_alpha.yaml --storage postgresql://user:pass@db/vapo   # one per machine
     vapo-sweep sweeps/vapo_alpha.yaml --preset smoke --model random --steps 4    # flags override the file
@@ -21,7 +22,8 @@ from vapo_lit.cli.args import add_config_flags
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vapo-sweep", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
-    ap.add_argument("sweep", type=Path, help="sweep file (see sweeps/)")
+    ap.add_argument("sweep", help="a sweep file, or the name of a shipped sweep (./sweeps/NAME.yaml first; "
+                                  "e.g. vapo_alpha)")
     ap.add_argument("--preset", help="base settings (default: the file's preset, else default)")
     ap.add_argument("--n-trials", type=int, help="COMPLETE+PRUNED trials to reach (default: the file's n_trials)")
     ap.add_argument("--storage", help="Optuna RDB URL (default sqlite:///OUT/sweeps.db)")
