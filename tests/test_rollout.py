@@ -212,3 +212,36 @@ def test_counter_based_uniforms():
     # successive draws of one stream are uncorrelated
     v = uniforms(seeds, 8)
     assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.01
+
+
+@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("eos_bias", [0.0, 2.5])
+def test_fast_decode_equals_transformers_forward(task, kind, eos_bias):
+    """The static-cache loop (finished rows dropped) samples the same responses with the same
+    behaviour log-probs as stepping transformers' own forward for every row."""
+    from vapo_lit.engines.fast_decode import decode_supported
+
+    tok = task.tokenizer
+    model = tiny_model(kind, len(tok), tok).double()
+    with torch.no_grad():
+        model.lm_head.weight[tok.eos_token_id] += eos_bias * model.lm_head.weight.std()  # some rows end early
+    assert decode_supported(model)
+    prompts = PROMPTS * 6
+    seeds = [sample_seed(9, i) for i in range(len(prompts))]
+    for temperature, top_p in ((1.0, 1.0), (0.7, 0.8)):
+        fast = generate(model, tok, prompts, max_new_tokens=24, temperature=temperature, top_p=top_p, seeds=seeds)
+        plain = generate(model, tok, prompts, max_new_tokens=24, temperature=temperature, top_p=top_p, seeds=seeds,
+                         fast=False)
+        assert fast.texts == plain.texts and torch.equal(fast.response_ids, plain.response_ids)
+        assert torch.equal(fast.lengths, plain.lengths) and torch.equal(fast.truncated, plain.truncated)
+        torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-6)
+    if eos_bias:
+        assert fast.lengths.min() < fast.lengths.max()  # rows were dropped on the way
+
+
+def test_fast_decode_not_used_where_unsupported(task):
+    from vapo_lit.engines.fast_decode import decode_supported
+
+    tok = task.tokenizer
+    assert not decode_supported(tiny_model("gpt2", len(tok), tok))
+    assert not decode_supported(EosBiased(tiny_model("llama", len(tok), tok), tok.eos_token_id, 1.0))

@@ -199,70 +199,84 @@ def as_seeds(seeds, n: int) -> torch.LongTensor:
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, seeds=0) -> Rollout:
+             top_p: float = 1.0, seeds=0, fast: bool = True) -> Rollout:
     """Sample one response per prompt with a KV cache, one token at a time.
 
     Stops as soon as every sequence has emitted EOS, or after `max_new_tokens`. `seeds`: one
     int per prompt (or one int for all, expanded per row): response i's token t is drawn with
     `vapo_lit.rng.uniforms(seeds, t)[i]`, so it depends on its own seed and the model only, not
     on the rest of the batch.
+
+    `fast`: Llama-family models decode with a preallocated KV cache and drop finished rows
+    (vapo_lit.engines.fast_decode); other models, or fast=False, step transformers' forward with
+    its own cache for every row until the last one ends. Both give the same responses.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
+    from vapo_lit.engines.fast_decode import StaticDecoder, decode_supported
+
     was_training = model.training
     model.eval()
     try:
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
         n = prompt_ids.shape[0]
-        row_seeds = as_seeds(seeds, n)
+        row_seeds = as_seeds(seeds, n).to(device)
         pad = pad_id_of(tokenizer)
         eos = torch.tensor(eos_ids_of(model, tokenizer), device=device)
 
         ids = prompt_ids.to(device)
         mask = prompt_mask.to(device)
         pos = position_ids_from_mask(mask)
-        cache_kw = _cache_kwarg(model)
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
         past = _cache_of(out)
-        logits = out.logits[:, -1, :]
-        next_pos = pos[:, -1:] + 1
+        logits = out.logits[:, -1, :]  # of the rows in `active`
+        next_pos = pos[:, -1] + 1  # (n,)
+        static = StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens) \
+            if fast and decode_supported(model) else None
+        cache_kw = None if static is not None else _cache_kwarg(model)
 
-        tokens, logps = [], []
+        tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
+        logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
         done = torch.zeros(n, dtype=torch.bool, device=device)
         lengths = torch.zeros(n, dtype=torch.long, device=device)
-        terminated = torch.zeros(n, dtype=torch.bool, device=device)
+        active = torch.arange(n, device=device)  # rows whose logits we hold (all rows on the plain path)
+        steps = 0
         for step in range(max_new_tokens):
-            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, u=uniforms(row_seeds, step))
-            tok = torch.where(done, torch.full_like(tok, pad), tok)
-            lp = torch.where(done, torch.zeros_like(lp), lp)
-            tokens.append(tok)
-            logps.append(lp)
-            lengths += (~done).long()
-            is_eos = torch.isin(tok, eos) & ~done
-            terminated |= is_eos
-            done |= is_eos
+            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, u=uniforms(row_seeds[active], step))
+            live = ~done[active]
+            rows = active[live]
+            tokens[rows, step] = tok[live]
+            logps[rows, step] = lp[live].float()
+            lengths[rows] += 1
+            done[rows] |= torch.isin(tok[live], eos)
+            steps = step + 1
             if bool(done.all()) or step == max_new_tokens - 1:
                 break
-            mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-            out = model(input_ids=tok[:, None], attention_mask=mask, position_ids=next_pos,
-                        use_cache=True, **{cache_kw: past})
-            past = _cache_of(out)
-            logits = out.logits[:, -1, :]
+            if static is not None:
+                finished = done[static.rows]
+                if bool(finished.any()) and float(finished.float().mean()) >= 0.25:  # compact now and then
+                    static.keep(~finished)
+                active = static.rows
+                logits = static.step(tokens[active, step], next_pos[active])
+            else:
+                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
+                out = model(input_ids=tokens[:, step:step + 1], attention_mask=mask, position_ids=next_pos[:, None],
+                            use_cache=True, **{cache_kw: past})
+                past = _cache_of(out)
+                logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
 
-        response_ids = torch.stack(tokens, 1)
-        logprobs = torch.stack(logps, 1).float()
-        r = response_ids.shape[1]
-        response_mask = (torch.arange(r, device=device)[None, :] < lengths[:, None]).float()
-        logprobs = logprobs * response_mask
+        response_ids, logprobs = tokens[:, :steps], logps[:, :steps]
+        terminated = done
+        response_mask = (torch.arange(steps, device=device)[None, :] < lengths[:, None]).float()
         cpu_ids, cpu_len = response_ids.cpu(), lengths.cpu()
         texts = tokenizer.batch_decode([cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(n)],
                                        skip_special_tokens=True)
         return Rollout(prompt_ids=ids, prompt_mask=prompt_mask.to(device), response_ids=response_ids,
-                       response_mask=response_mask, logprobs=logprobs, lengths=lengths,
+                       response_mask=response_mask, logprobs=logprobs * response_mask, lengths=lengths,
                        terminated=terminated, truncated=~terminated, texts=list(texts))
     finally:
         model.train(was_training)

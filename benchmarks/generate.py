@@ -1,0 +1,56 @@
+"""Sampling speed: vapo-lit's static-cache loop (finished rows dropped) against stepping
+transformers' own forward for every row, side by side, interleaved, on the same prompts and seeds.
+
+    python benchmarks/generate.py                 # built-in policy, 64 responses of the chain task
+    python benchmarks/generate.py --fixed 96      # every response exactly 96 tokens (EOS suppressed)
+"""
+from __future__ import annotations
+
+import argparse
+import statistics
+import time
+
+import torch
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--responses", type=int, default=64)
+    ap.add_argument("--repeats", type=int, default=5)
+    ap.add_argument("--fixed", type=int, default=0, help="suppress EOS and generate exactly this many tokens")
+    ap.add_argument("--threads", type=int, default=1)
+    args = ap.parse_args()
+    torch.set_num_threads(args.threads)
+
+    from vapo_lit.models import load_policy
+    from vapo_lit.rollout import generate
+    from vapo_lit.tasks import get_task
+
+    task = get_task("chain")
+    model, tok = load_policy("builtin", task)
+    max_new = args.fixed or task.max_new_tokens
+    if args.fixed:  # no token counts as EOS: every response runs to the limit
+        import vapo_lit.rollout as rollout
+
+        rollout.eos_ids_of = lambda model, tokenizer: [-1]
+    prompts = [p.prompt for p in task.train_problems(args.responses, seed=123)]
+    times = {"fast": [], "plain": []}
+    tokens = {}
+    for r in range(args.repeats + 1):  # the first round warms up
+        for name in ("plain", "fast") if r % 2 else ("fast", "plain"):
+            t0 = time.perf_counter()
+            ro = generate(model, tok, prompts, max_new_tokens=max_new, seeds=r, fast=name == "fast")
+            if r:
+                times[name].append(time.perf_counter() - t0)
+                tokens[name] = int(ro.lengths.sum())
+    print(f"built-in policy, {args.responses} responses, max_new_tokens {max_new}, {args.threads} thread(s), "
+          f"{args.repeats} interleaved repetitions")
+    for name in ("plain", "fast"):
+        t = times[name]
+        print(f"  {name:<6} {statistics.median(t):.3f} s [{min(t):.3f}-{max(t):.3f}]  "
+              f"{tokens[name] / statistics.median(t):.0f} tokens/s")
+    print(f"fast vs plain: {statistics.median(times['plain']) / statistics.median(times['fast']):.2f}x")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,108 @@
+"""A fast token loop for Llama-family causal LMs (Llama, Qwen2, Mistral): a preallocated KV cache
+written in place, finished rows dropped from the batch as they end, and the decoder layers run as
+a short sequence of calls on the model's own modules (its projections, norms, MLPs and rotary
+embedding), so the numbers are transformers' own. What it skips is transformers' per-token
+bookkeeping (the cache re-concatenated at every token, masks rebuilt from scratch, generic
+dispatch), which dominates small models' sampling time.
+
+The prompt is encoded by the model's regular forward (prefill); its cache is copied once into the
+static buffers. `decode_supported(model)` says whether a model can use this loop;
+`vapo_lit.rollout.generate` falls back to transformers' forward otherwise. Equality with that
+forward (tokens, behaviour log-probs) is tested in tests/test_rollout.py.
+"""
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+
+SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+
+
+def decode_supported(model) -> bool:
+    """A Llama-family model whose attention is plain causal self-attention (no sliding window,
+    no logit soft-capping), with its layers where this loop expects them."""
+    if type(model).__name__ not in SUPPORTED:
+        return False
+    cfg = model.config
+    if getattr(cfg, "use_sliding_window", False) or getattr(cfg, "sliding_window", None) not in (None, 0):
+        return False
+    if getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "attn_logit_softcapping", None):
+        return False
+    inner = getattr(model, "model", None)
+    return all(hasattr(inner, a) for a in ("embed_tokens", "layers", "norm", "rotary_emb"))
+
+
+class StaticDecoder:
+    """KV cache of `batch` rows x `capacity` positions per layer, filled from a prefill cache, then
+    extended one token at a time for the rows still active."""
+
+    def __init__(self, model, prefill_cache, key_valid: torch.Tensor, capacity: int):
+        self.model, self.inner = model, model.model
+        layers = self.inner.layers
+        n, P = key_valid.shape
+        self.k, self.v = [], []
+        for i, layer in enumerate(layers):
+            pk, pv = _layer_kv(prefill_cache, i)
+            k = pk.new_zeros((n, pk.shape[1], capacity, pk.shape[3]))
+            v = pv.new_zeros((n, pv.shape[1], capacity, pv.shape[3]))
+            k[:, :, :P] = pk
+            v[:, :, :P] = pv
+            self.k.append(k)
+            self.v.append(v)
+        self.key_valid = torch.zeros((n, capacity), dtype=torch.bool, device=key_valid.device)
+        self.key_valid[:, :P] = key_valid.bool()
+        self.length = P  # columns in use
+        self.rows = torch.arange(n, device=key_valid.device)  # original row of each cache row
+
+    def keep(self, keep: torch.Tensor) -> None:
+        """Drop the cache rows where `keep` is False (finished responses)."""
+        self.k = [t[keep] for t in self.k]
+        self.v = [t[keep] for t in self.v]
+        self.key_valid = self.key_valid[keep]
+        self.rows = self.rows[keep]
+
+    @torch.no_grad()
+    def step(self, tokens: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Append one token per cache row (tokens (n,), positions (n,)); return next-token logits (n, V)."""
+        t = self.length
+        self.length += 1
+        self.key_valid[:, t] = True
+        x = self.inner.embed_tokens(tokens[:, None])  # (n, 1, H)
+        cos, sin = self.inner.rotary_emb(x, positions[:, None])
+        mask = self.key_valid[:, None, None, : t + 1]  # (n, 1, 1, t + 1)
+        for i, layer in enumerate(self.inner.layers):
+            attn = layer.self_attn
+            h = layer.input_layernorm(x)
+            shape = (x.shape[0], 1, -1, attn.head_dim)
+            q = attn.q_proj(h).view(shape).transpose(1, 2)
+            k = attn.k_proj(h).view(shape).transpose(1, 2)
+            v = attn.v_proj(h).view(shape).transpose(1, 2)
+            q, k = _rotary(q, k, cos, sin)
+            self.k[i][:, :, t:t + 1] = k
+            self.v[i][:, :, t:t + 1] = v
+            keys, values = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]
+            groups = q.shape[1] // keys.shape[1]
+            if groups > 1:
+                keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+            out = out.transpose(1, 2).reshape(x.shape[0], 1, -1)
+            x = x + attn.o_proj(out)
+            x = x + layer.mlp(layer.post_attention_layernorm(x))
+        return self.model.lm_head(self.inner.norm(x))[:, -1, :]
+
+
+def _rotary(q, k, cos, sin):
+    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
+
+
+def _rotate_half(x):
+    half = x.shape[-1] // 2
+    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+
+
+def _layer_kv(cache, i):
+    layers = getattr(cache, "layers", None)
+    if layers is not None:
+        return layers[i].keys, layers[i].values
+    return cache.key_cache[i], cache.value_cache[i]  # older transformers
