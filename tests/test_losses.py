@@ -258,21 +258,27 @@ def test_bad_eps():
 
 
 def test_group_normalized_advantage_matches_loop():
+    """DAPO's conventions (verl, TRL and DAPO's code): the unbiased group std; a group of equal
+    rewards gets exactly 0, whatever their value (graded verifiers: 0.7, 0.3, 0.1)."""
     from vapo_lit.algos import group_normalized_advantage
 
     g = torch.Generator().manual_seed(3)
-    scores = (torch.rand(12, generator=g) < 0.4).double()
-    scores[:4] = 1.0  # a group with no signal
-    mask = torch.ones(12, 5, dtype=torch.float64)
-    mask[3, 2:] = 0
-    adv = group_normalized_advantage(scores, mask, group_size=4)
-    for b in range(12):
-        grp = scores[(b // 4) * 4:(b // 4) * 4 + 4].tolist()
-        mean = sum(grp) / 4
-        std = math.sqrt(sum((x - mean) ** 2 for x in grp) / 4)
-        expect = (scores[b].item() - mean) / (std + 1e-6)
-        for t in range(5):
-            assert adv[b, t].item() == pytest.approx(expect * mask[b, t].item(), abs=1e-9)
-    assert bool((adv[:4] == 0).all())
-    with pytest.raises(ValueError, match="group_size must divide N = 12"):
-        group_normalized_advantage(scores, mask, group_size=5)
+    for dtype in (torch.float64, torch.float32):
+        scores = (torch.rand(20, generator=g) < 0.4).to(dtype)
+        scores[:4] = 1.0  # a group with no signal
+        scores[4:8] = 0.7  # equal non-dyadic rewards: the float32 mean is not exactly 0.7
+        scores[8:12] = torch.tensor([0.3, 0.1, 0.3, 0.3], dtype=dtype)
+        mask = torch.ones(20, 5, dtype=dtype)
+        mask[13, 2:] = 0
+        adv = group_normalized_advantage(scores, mask, group_size=4)
+        for b in range(20):
+            grp = [float(x) for x in scores[(b // 4) * 4:(b // 4) * 4 + 4].tolist()]
+            mean = sum(grp) / 4
+            std = math.sqrt(sum((x - mean) ** 2 for x in grp) / 3)  # Bessel's correction
+            expect = 0.0 if max(grp) == min(grp) else (float(scores[b]) - mean) / (std + 1e-6)
+            for t in range(5):
+                tol = 1e-9 if dtype == torch.float64 else 1e-5
+                assert adv[b, t].item() == pytest.approx(expect * mask[b, t].item(), abs=tol)
+        assert bool((adv[:8] == 0).all())  # exactly zero, not a rounding residue
+    with pytest.raises(ValueError, match="group_size must be >= 2 and divide N = 20"):
+        group_normalized_advantage(scores, mask, group_size=3)

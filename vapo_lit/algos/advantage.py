@@ -267,16 +267,20 @@ def group_normalized_advantage(scores, mask, group_size: int, eps: float = 1e-6,
     """GRPO/DAPO outcome advantage: (score - group mean) / (group std + eps), on every valid token.
 
     `scores` (N,) with N = prompts x group_size, samples of one prompt adjacent; `mask` (N, T).
-    A group whose scores are all equal gets advantage 0 (no signal), as in GRPO. `scale=False`
-    keeps only the mean baseline (Dr. GRPO). The std is the population std of the group.
+    The std is the unbiased (Bessel-corrected) std of the group, as verl, TRL and DAPO's code
+    compute it. A group whose scores are all equal, whatever their value, gets exactly 0 (no
+    signal; float rounding of the mean must not leave a small advantage of one sign). `scale=False`
+    keeps only the mean baseline (Dr. GRPO).
     """
     scores = torch.as_tensor(scores, dtype=mask.dtype if mask.is_floating_point() else torch.float32)
     if scores.dim() != 1 or scores.shape[0] != mask.shape[0]:
         raise ValueError(f"scores must have shape (N,) = ({mask.shape[0]},); got {tuple(scores.shape)}")
-    if group_size < 1 or scores.shape[0] % group_size:
-        raise ValueError(f"group_size must divide N = {scores.shape[0]}; got {group_size}")
+    if group_size < 2 or scores.shape[0] % group_size:
+        raise ValueError(f"group_size must be >= 2 and divide N = {scores.shape[0]}; got {group_size}")
     g = scores.view(-1, group_size)
     centred = g - g.mean(1, keepdim=True)
     if scale:
-        centred = centred / (g.std(1, unbiased=False, keepdim=True) + eps)
+        centred = centred / (g.std(1, unbiased=True, keepdim=True) + eps)
+    flat = (g.max(1, keepdim=True).values == g.min(1, keepdim=True).values)  # all equal: no signal
+    centred = torch.where(flat, torch.zeros_like(centred), centred)
     return centred.reshape(-1, 1) * mask
