@@ -234,3 +234,27 @@ def test_gpu_smoke_script_cpu_variant():
     out = gpu_smoke.main(["--shape", "tiny"])
     assert out["iterations"] == 3 and out["parameters"] > 0  # 1 value-pretraining + 2 PPO iterations
     assert all(s > 0 for s in out["seconds_per_iteration"]) and all(t > 0 for t in out["generated_tokens_per_second"])
+
+
+def test_trimmed_micro_batches_give_the_same_numbers(task):
+    """Experience.select(trim=True) cuts the columns no selected row uses (leading prompt padding,
+    trailing response padding): the update's log-probs and values on valid tokens are unchanged."""
+    model = tiny_model("llama", len(task.tokenizer), task.tokenizer).double()
+    with torch.no_grad():
+        model.lm_head.weight[task.tokenizer.eos_token_id] += 3 * model.lm_head.weight.std()  # varied lengths
+    critic = ValueModel.from_causal_lm(model).double()
+    ro = generate(model, task.tokenizer, ["7:", "chain 3 from 12: 12: 6 11: 0"] * 4, max_new_tokens=20, seeds=2)
+    exp = Experience.from_rollout(ro, [None] * len(ro.texts))
+    short = torch.argsort(exp.lengths)[:3]
+    assert int(exp.lengths[short].max()) < exp.mask.shape[1]  # there is something to trim
+    full, cut = exp.select(short), exp.select(short, trim=True)
+    assert cut.mask.shape[1] < full.mask.shape[1] or cut.prompt_width < full.prompt_width
+    for mb in (full, cut):
+        mb.lp, _ = passes.response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
+                                            temperature=1.0)
+        mb.v = passes.state_values(critic, mb.input_ids, mb.attention_mask, mb.prompt_width)[:, :-1]
+    R = cut.mask.shape[1]
+    m = cut.mask.bool()
+    torch.testing.assert_close(cut.lp[m], full.lp[:, :R][m], rtol=0, atol=1e-12)
+    torch.testing.assert_close(cut.v[m], full.v[:, :R][m], rtol=0, atol=1e-12)
+    assert torch.equal(full.mask[:, R:], torch.zeros_like(full.mask[:, R:]))  # only padding was cut

@@ -114,18 +114,32 @@ class Experience:
         """(N,) bool: correct responses (the positive-example NLL set)."""
         return self.scores > 0
 
-    def select(self, idx: torch.Tensor) -> "Experience":
-        """The rows `idx` (a mini- or micro-batch) as an Experience of their own."""
+    def select(self, idx: torch.Tensor, trim: bool = False) -> "Experience":
+        """The rows `idx` (a mini- or micro-batch) as an Experience of their own. With `trim`, the
+        columns no selected row uses are cut off (leading prompt padding, trailing response
+        padding), so a micro-batch of short responses costs a short forward pass."""
         rows = idx.tolist()
+        P, R = self.prompt_width, self.mask.shape[1]
+        p_cut, r_keep = 0, R
+        if trim and len(rows):
+            p_cut = P - int(self.prompt_mask[idx].sum(1).max())
+            r_keep = max(1, int(self.lengths[idx].max()))
+
+        def take(t):
+            t = t[idx]
+            return t[:, :r_keep] if t.dim() >= 2 and t.shape[1] == R and r_keep < R else t
+
         out = {}
         for f in dataclasses.fields(self):
             v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor):
-                out[f.name] = v[idx]
+            if f.name in ("prompt_ids", "prompt_mask"):
+                out[f.name] = v[idx][:, p_cut:]
+            elif isinstance(v, torch.Tensor):
+                out[f.name] = take(v)
             elif isinstance(v, list):
                 out[f.name] = [v[i] for i in rows]
             elif f.name == "extras":
-                out[f.name] = {k: t[idx] if isinstance(t, torch.Tensor) else t for k, t in v.items()}
+                out[f.name] = {k: take(t) if isinstance(t, torch.Tensor) else t for k, t in v.items()}
             else:
                 out[f.name] = v
         return Experience(**out)

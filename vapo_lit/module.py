@@ -231,16 +231,17 @@ class VapoModule(L.LightningModule):
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
         normalised by its own valid-token count, summed over its micro-batches (and ranks)."""
         opt, sch = self._opt(1)
-        P, world = exp.prompt_width, rank_and_world()[1]
+        world = rank_and_world()[1]
         losses, norms = [], []
         for epoch in range(self.cfg.ppo.critic_epochs):
-            for idx, micros in self._minibatches(exp.n, salt=10 + epoch):
+            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu()):
                 den = exp.mask[idx].sum()
                 total, finite = 0.0, True
                 for j, mi in enumerate(micros):
-                    mb = exp.select(mi)
+                    mb = exp.select(mi, trim=True)
                     with self._grad_sync("critic", last=j == len(micros) - 1):
-                        v = passes.state_values(self._trained("critic"), mb.input_ids, mb.attention_mask, P)[:, :-1]
+                        v = passes.state_values(self._trained("critic"), mb.input_ids, mb.attention_mask,
+                                                mb.prompt_width)[:, :-1]
                         loss = algos.value_loss(v, mb.returns, mb.mask, old_values=mb.values,
                                                 clip_range=self.cfg.ppo.value_clip, denominator=den)
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
@@ -262,7 +263,7 @@ class VapoModule(L.LightningModule):
         exactly."""
         sw, p = self.switches, self.cfg.ppo
         opt, sch = self._opt(0)
-        P, world = exp.prompt_width, rank_and_world()[1]
+        world = rank_and_world()[1]
         eps_high = sw.eps_high if sw.clip_higher else p.eps
         aggregation = "token" if sw.token_level_loss else "sample"
         weighted: dict[str, list] = {k: [0.0, 0.0] for k in ("policy/entropy", "policy/clipfrac_low", "policy/clipfrac_high",
@@ -270,16 +271,16 @@ class VapoModule(L.LightningModule):
         loss_sums = {k: 0.0 for k in ("loss/policy", "loss/nll", "loss/total")}
         norms, ratio_max, n_minibatches = [], 0.0, 0
         for epoch in range(p.ppo_epochs):
-            for idx, micros in self._minibatches(exp.n, salt=20 + epoch):
+            for idx, micros in self._minibatches(exp.n, salt=20 + epoch, lengths=exp.lengths.cpu()):
                 m = exp.mask[idx]
                 den = m.sum() if aggregation == "token" else (m.sum(1) > 0).sum()
                 pos_den = (m * exp.positive[idx, None]).sum()
                 finite = True
                 for j, mi in enumerate(micros):
-                    mb = exp.select(mi)
+                    mb = exp.select(mi, trim=True)
                     with self._grad_sync("actor", last=j == len(micros) - 1):
-                        logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, P, mb.response_ids,
-                                                           p.temperature, True, p.logits_chunk)
+                        logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, mb.prompt_width,
+                                                           mb.response_ids, p.temperature, True, p.logits_chunk)
                         pg_loss, st = algos.policy_loss(
                             logp, mb.behaviour_logprobs, mb.advantages, mb.mask,
                             eps_low=p.eps, eps_high=eps_high, aggregation=aggregation, denominator=den)
@@ -515,9 +516,10 @@ class VapoModule(L.LightningModule):
         schs = schs if isinstance(schs, list) else [schs]
         return opts[i], schs[i]
 
-    def _minibatches(self, N: int, salt: int):
+    def _minibatches(self, N: int, salt: int, lengths: torch.Tensor | None = None):
         """Shuffled mini-batches (seeded by the iteration, the same on every rank) and this rank's
-        micro-batches of each: its contiguous 1/W slice of the mini-batch, split by micro_batch_size."""
+        micro-batches of each: its contiguous 1/W slice of the mini-batch, ordered by response
+        length (`lengths`, when given) and split by micro_batch_size."""
         g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, salt))
         perm = torch.randperm(N, generator=g)
         mb, micro = self.cfg.ppo.mini_batch_size, self.cfg.ppo.micro_batch_size
@@ -526,6 +528,8 @@ class VapoModule(L.LightningModule):
             idx = perm[s:s + mb]
             share = len(idx) // world
             mine = idx[rank * share:(rank + 1) * share]
+            if lengths is not None and micro < len(mine):  # similar lengths share a micro-batch: less padding
+                mine = mine[torch.sort(lengths[mine], descending=True, stable=True).indices]
             yield idx, [mine[k:k + micro] for k in range(0, len(mine), micro)]
 
     def _clip(self, opt, model) -> float:
