@@ -141,8 +141,9 @@ def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
         assert {c.cfg.wandb_group for c in cells} == {grid.grid_id}
         assert all(c.cfg.wandb_job_type == c.row for c in cells)
     table1 = [r.label for r in load_grid("table1").rows]
-    assert table1[0] == "vapo" and table1[-1] == "vanilla_ppo"
+    assert table1[0] == "vapo" and table1[8] == "vanilla_ppo"
     assert table1[1:8] == [f"vapo-no-{c}" for c in COMPONENTS]
+    assert table1[9] == "grpo+token_level_loss+clip_higher+group_sampling"  # the critic-free row
     grpo = [c for c in cells_of(load_grid("critic_free"), base, [0], tmp_path) if c.cfg.advantage_estimator == "grpo"]
     full = [c for c in cells_of(load_grid("critic_free"), base, [0], tmp_path) if c.row == "vapo"][0]
     assert grpo and all(c.cfg.ppo.responses_per_step == full.cfg.ppo.responses_per_step for c in grpo)  # same budget
