@@ -8,6 +8,8 @@
 
 Settings: preset (file's `preset:` or --preset) < file's `base:` < command-line config flags.
 Trials: runs/sweeps/trials/<study>-t<n>/ (train() run folders). Rerun the command to continue.
+Database password: VAPO_LIT_STORAGE_PASSWORD or --storage-password-file (kept out of `ps`).
+Exit codes: 0 done, 1 runtime failure, 2 bad input (nothing was started), 130 interrupted.
 """
 from __future__ import annotations
 
@@ -15,6 +17,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from vapo_lit.cli import errors
 from vapo_lit.cli.args import add_config_flags
 
 
@@ -25,6 +28,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--preset", help="base settings (default: the file's preset, else default)")
     ap.add_argument("--n-trials", type=int, help="COMPLETE+PRUNED trials to reach (default: the file's n_trials)")
     ap.add_argument("--storage", help="Optuna RDB URL (default sqlite:///OUT/sweeps.db)")
+    ap.add_argument("--storage-password-file", type=Path, metavar="FILE",
+                    help="database password on the first line of FILE (or set VAPO_LIT_STORAGE_PASSWORD)")
     ap.add_argument("--study", help="study name (default: the file's study)")
     ap.add_argument("--out", type=Path, default=Path("runs/sweeps"), help="output folder (default runs/sweeps)")
     ap.add_argument("--retries", type=int, default=2, help="retries of a trial whose worker died (default 2)")
@@ -54,8 +59,13 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from vapo_lit.ablate.store import check_url, mask_text
     from vapo_lit.ablate.sweep import load_sweep, run_sweep
+    from vapo_lit.ablate.urls import scrub_argv, with_password
+    from vapo_lit.config import merge
+    from vapo_lit.preflight import check_writable, preflight
 
+    scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:
+        args.storage = with_password(args.storage, args.storage_password_file)
         spec = load_sweep(args.sweep)
         if args.study:
             spec.study = args.study
@@ -65,14 +75,29 @@ def main(argv=None) -> int:
         if args.n_trials is not None and args.n_trials < 1:
             raise ValueError("--n-trials must be >= 1")
         if base.threads is None:
-            from vapo_lit.config import merge
-
             base = merge(base, {"threads": 1})
-        run_sweep(spec, base, args.out, args.storage, n_trials=args.n_trials, heartbeat_interval=args.heartbeat,
-                  grace_period=args.grace, retries=args.retries)
+        check_writable(args.out, "--out")
+        preflight(merge(base, {"out_dir": str(args.out / "trials")}))  # model dirs, data, critic_init, options
     except ValueError as e:
         print(f"vapo-sweep: error: {mask_text(e, args.storage)}", file=sys.stderr)
-        return 2
+        return errors.BAD_INPUT
+    with errors.catch_signals():
+        try:
+            run_sweep(spec, base, args.out, args.storage, n_trials=args.n_trials, heartbeat_interval=args.heartbeat,
+                      grace_period=args.grace, retries=args.retries)
+        except ValueError as e:
+            print(f"vapo-sweep: error: {mask_text(e, args.storage)}", file=sys.stderr)
+            return errors.BAD_INPUT
+        except (KeyboardInterrupt, SystemExit):
+            print("vapo-sweep: interrupted; rerun the same command to continue (the running trial resumes from its "
+                  "last checkpoint)", file=sys.stderr)
+            return errors.INTERRUPTED
+        except Exception as e:  # noqa: BLE001 - one line and a stable code, never a traceback
+            what = ("disk full" if errors.disk_full(e, args.out) else
+                    "storage error" if errors.is_storage_error(e) else type(e).__name__)
+            print(f"vapo-sweep: error: {what}: {mask_text(errors.first_line(e), args.storage)}; fix it, then rerun "
+                  "the same command to continue", file=sys.stderr)
+            return errors.RUNTIME
     return 0
 
 
