@@ -60,3 +60,9 @@ def storage_url(request, tmp_path):
         yield f"sqlite:///{tmp_path / 'shared.db'}"
     else:
         yield from fresh_pg_database()
+
+
+@pytest.fixture
+def pg_url():
+    """A fresh PostgreSQL database (skipped locally without a server; a failure under CI=true)."""
+    yield from fresh_pg_database()
