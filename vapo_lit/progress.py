@@ -5,7 +5,7 @@
 In a terminal it is ONE line, redrawn in place (carriage return); when stdout is not a terminal
 (a log file, a pipe, CI) it is a plain line every `every` iterations (default: about 20 lines per
 run) and at each evaluation and at the end. Off unless the `vapo-train` command turns it on
-(`enable()`), so grids, sweeps and tests print nothing per iteration; VAPO_LIT_PROGRESS=0/1 overrides.
+(`enabled()`), so grids, sweeps and tests print nothing per iteration; VAPO_LIT_PROGRESS=0/1 overrides.
 """
 from __future__ import annotations
 
@@ -13,6 +13,7 @@ import math
 import os
 import sys
 import time
+from contextlib import contextmanager
 
 from lightning.pytorch.callbacks import Callback
 
@@ -20,9 +21,15 @@ ENV = "VAPO_LIT_PROGRESS"
 _enabled = False
 
 
-def enable(on: bool = True) -> None:
+@contextmanager
+def enabled(on: bool = True):
+    """The status line on (for `vapo-train`) inside the block."""
     global _enabled
-    _enabled = on
+    before, _enabled = _enabled, on
+    try:
+        yield
+    finally:
+        _enabled = before
 
 
 def is_enabled() -> bool:

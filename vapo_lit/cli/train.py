@@ -56,8 +56,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"vapo-train: error: {e}", file=sys.stderr)
         return errors.BAD_INPUT
-    progress.enable()
-    with errors.catch_signals() as sig:
+    with errors.catch_signals() as sig, progress.enabled():
         try:
             summary = train(cfg, resume=args.resume is not None)
         except BaseException as e:  # noqa: BLE001 - every way out gets one line and a stable code
