@@ -171,3 +171,46 @@ def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(tmp_p
     filler.unlink()
     resume(out / "real", capsys)
     assert history(out / "real") == reference
+
+
+def test_a_real_full_disk_under_a_grid_hands_the_cell_back(tmp_path, small_disk):
+    """vapo-ablate with its output (SQLite database included) on a full disk: one line, the claimed
+    cell WAITING again (issue 8: Optuna's StorageInternalError and a cell left RUNNING); after freeing
+    space the rerun resumes it."""
+    from vapo_lit.ablate.store import CellStore
+
+    args = [PY, "-m", "vapo_lit.cli.ablate", "--preset", "smoke", "--model", "random", "--wandb", "disabled",
+            "--threads", "1", "--drop", "clip_higher", "--steps", "6", "--checkpoint_every", "1", "--no-report",
+            "--out", str(small_disk / "out"), "--cache_dir", str(tmp_path / "cache")]
+    filler = small_disk / "filler"
+    with open(filler, "wb") as f:
+        f.write(b"\0" * (shutil.disk_usage(small_disk).free - 700 * 1024))
+    r = run(args)
+    assert r.returncode == 1, r.stderr[-3000:]
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("vapo-ablate: error: disk full") and "Traceback" not in r.stderr, last
+    url = f"sqlite:///{small_disk / 'out' / 'ablate.db'}"
+    assert "RUNNING" not in [t.state.name for t in CellStore(url).trials()]
+    filler.unlink()
+    again = run(args)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert sorted(t.state.name for t in CellStore(url).trials()) == ["COMPLETE", "COMPLETE"]
+
+
+def test_disk_full_is_recognised_in_what_the_libraries_raise():
+    import errno
+    import sqlite3
+
+    from optuna.exceptions import StorageInternalError
+
+    from vapo_lit.faults import is_disk_full, is_storage_error
+
+    try:
+        try:
+            raise sqlite3.OperationalError("database or disk is full")
+        except sqlite3.OperationalError as e:
+            raise StorageInternalError("An exception is raised during the commit.") from e
+    except StorageInternalError as e:
+        assert is_disk_full(e) and is_storage_error(e)
+    assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied")) and not is_storage_error(ValueError("x"))

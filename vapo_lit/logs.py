@@ -173,9 +173,12 @@ def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | N
 
     scrub_argv()  # W&B records sys.argv (its "args"): no database password may be in it
     dropped = [c for c in COMPONENTS if c not in cfg.components]
-    return WandbLogger(
+    logger = WandbLogger(
         name=run_dir.name, project=cfg.wandb_project, group=cfg.wandb_group or run_dir.name,
         job_type=cfg.wandb_job_type or run_label(cfg.components, cfg.advantage_estimator),
         tags=[f"no-{c}" for c in dropped] + [f"seed-{cfg.seed}"], save_dir=str(run_dir), mode=mode,
         id=run_id, resume="allow" if run_id else None, config=card, log_model=False, settings=wandb_settings(),
     )
+    if getattr(logger, "_wandb_init", {}).get("anonymous", 0) is None:
+        del logger._wandb_init["anonymous"]  # Lightning passes anonymous=None; W&B warns that it has no effect
+    return logger

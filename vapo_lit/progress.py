@@ -39,6 +39,24 @@ def is_enabled() -> bool:
     return _enabled or env in ("1", "true", "yes", "on")
 
 
+def quiet_libraries() -> None:
+    """Keep the terminal for the status line: no Lightning banners and tips, no transformers
+    progress bars for saving a few MB, no deprecation notices from inside libraries."""
+    import logging
+    import warnings
+
+    for name in ("lightning.pytorch.utilities.rank_zero", "lightning.fabric.utilities.rank_zero"):
+        logging.getLogger(name).setLevel(logging.WARNING)
+    warnings.filterwarnings("ignore", category=DeprecationWarning, module="lightning")
+    warnings.filterwarnings("ignore", message=".*LeafSpec.*")
+    try:
+        from transformers.utils import logging as hf_logging
+
+        hf_logging.disable_progress_bar()
+    except ImportError:
+        pass
+
+
 def fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"

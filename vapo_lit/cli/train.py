@@ -56,6 +56,7 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"vapo-train: error: {e}", file=sys.stderr)
         return errors.BAD_INPUT
+    progress.quiet_libraries()
     with errors.catch_signals() as sig, progress.enabled():
         try:
             summary = train(cfg, resume=args.resume is not None)
