@@ -371,7 +371,7 @@ def test_worker_killed_mid_enqueue_leaves_the_lock_free_and_no_duplicates(tmp_pa
 def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path, storage_url):
     rows = [{"only": []}, {"only": ["clip_higher", "token_level_loss"]}, {"drop": ["value_pretraining"]}]
     grid = write_grid(tmp_path, "killme", rows)
-    extra = ("--grid", grid, "--steps", "24", "--eval_every", "6", "--checkpoint_every", "2",
+    extra = ("--grid", grid, "--steps", "12", "--eval_every", "6", "--checkpoint_every", "2",
              "--heartbeat", "1", "--grace", "2", "--storage", storage_url)
     out = tmp_path / "killed"
     proc = _worker(tmp_path, "killed", *extra, start_new_session=True)
@@ -458,7 +458,7 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
 @pytest.mark.slow
 def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_url):
     grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])
-    extra = ("--grid", grid, "--steps", "40", "--checkpoint_every", "2", "--grace", "600", "--storage", storage_url)
+    extra = ("--grid", grid, "--steps", "20", "--checkpoint_every", "2", "--grace", "600", "--storage", storage_url)
     out = tmp_path / "out"
     proc = _worker(tmp_path, "out", *extra)
     deadline = time.time() + 180
@@ -476,4 +476,4 @@ def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_
     assert rerun.returncode == 0, log
     assert time.time() - t0 < 120  # no waiting for the (600 s) grace period
     assert [a["mode"] for a in attempts(run) if a["event"] == "start"] == ["fresh", "resume"]
-    assert pd.read_csv(run / "metrics.csv")["step"].tolist() == list(range(0, 41))  # step 0: base eval
+    assert pd.read_csv(run / "metrics.csv")["step"].tolist() == list(range(0, 21))  # step 0: base eval
