@@ -43,7 +43,8 @@ def test_corrupt_checkpoint_on_resume_is_one_line_with_what_to_do(tmp_path, caps
     assert f"checkpoint {ckpt} is unreadable" in line and "start the run over under another --name" in line
 
 
-def test_ctrl_c_exits_130_with_the_resume_command(tmp_path):
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM], ids=["ctrl-c", "sigterm"])
+def test_ctrl_c_or_sigterm_exits_130_with_the_resume_command(tmp_path, sig):
     runs = tmp_path / "runs"
     proc = subprocess.Popen([PY, "-m", "vapo_lit.cli.train", *SMOKE, "--steps", "200", "--checkpoint_every", "1",
                              "--out_dir", str(runs), "--name", "r", "--cache_dir", str(tmp_path / "c")],
@@ -52,10 +53,10 @@ def test_ctrl_c_exits_130_with_the_resume_command(tmp_path):
     deadline = time.time() + 240
     while time.time() < deadline and not (runs / "r" / "checkpoints" / "last.ckpt").is_file():
         time.sleep(0.1)
-    proc.send_signal(signal.SIGINT)
+    proc.send_signal(sig)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert one_line(err) == f"vapo-train: interrupted (SIGINT); continue with: vapo-train --resume {runs / 'r'}"
+    assert one_line(err) == f"vapo-train: interrupted ({sig.name}); continue with: vapo-train --resume {runs / 'r'}"
 
 
 # ----------------------------------------------------------------------------- vapo-ablate

@@ -3,7 +3,7 @@
     vapo-ablate --drop=value_pretraining                  # full recipe vs without value pretraining
     vapo-ablate --drop decoupled_gae,length_adaptive_gae  # a joint drop
     vapo-ablate --grid table1 --seeds 3 --workers 2       # ablations/table1.yaml, two local processes
-    vapo-ablate --grid table1 --storage postgresql://user:pass@db/vapo --out /shared/abl   # on each machine
+    vapo-ablate --grid table1 --storage postgresql://user@db/vapo --out /shared/abl   # on each machine
     vapo-ablate --drop clip_higher --preset smoke --steps 5  # any config flag goes to every cell
 
 Rerunning the same command resumes: finished cells are reused, a killed cell continues from its

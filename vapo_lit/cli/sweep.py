@@ -2,7 +2,7 @@
 
     vapo-sweep sweeps/vapo_alpha.yaml                        # TPE, 30 trials, default preset
     vapo-sweep sweeps/vapo_alpha.yaml --n-trials 50          # continue the same study to 50
-    vapo-sweep sweeps/vapo_alpha.yaml --storage postgresql://user:pass@db/vapo   # one per machine
+    vapo-sweep sweeps/vapo_alpha.yaml --storage postgresql://user@db/vapo   # one per machine
     vapo-sweep sweeps/vapo_alpha.yaml --preset smoke --model random --steps 4    # flags override the file
     optuna-dashboard sqlite:///runs/sweeps/sweeps.db         # browse (pip install optuna-dashboard)
 
