@@ -55,6 +55,29 @@ def base_config(spec, args):
     return validate(merge(cfg, parse_flat(flat)))
 
 
+def check_space(spec, base) -> None:
+    """Each end of every search range (and every categorical choice) must give a valid config:
+    Optuna does not count failed trials, so a range that leaves the valid one would fail forever."""
+    from vapo_lit.config import merge, nest, validate
+
+    for name, dist in spec.space.items():
+        values = dist["choices"] if dist["type"] == "categorical" else [dist["low"], dist["high"]]
+        for value in values:
+            try:
+                validate(merge(base, nest({name: value})))
+            except ValueError as e:
+                raise ValueError(f"{spec.study}: space {name}: the value {value!r} gives an invalid run ({e})") from None
+
+
+class _NoTraceback:
+    """Optuna logs every failed trial with its traceback; the message already names the error."""
+
+    def filter(self, record) -> bool:
+        record.exc_info = None
+        record.exc_text = None
+        return True
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from vapo_lit.ablate.store import check_url, mask_text
@@ -70,6 +93,7 @@ def main(argv=None) -> int:
         if args.study:
             spec.study = args.study
         base = base_config(spec, args)
+        check_space(spec, base)
         if args.storage:
             check_url(args.storage)
         if args.n_trials is not None and args.n_trials < 1:
@@ -81,6 +105,12 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"vapo-sweep: error: {mask_text(e, args.storage)}", file=sys.stderr)
         return errors.BAD_INPUT
+    import logging
+
+    import optuna  # noqa: F401 - sets up Optuna's log handler, which gets the filter
+
+    for handler in logging.getLogger("optuna").handlers:
+        handler.addFilter(_NoTraceback())
     with errors.catch_signals():
         try:
             run_sweep(spec, base, args.out, args.storage, n_trials=args.n_trials, heartbeat_interval=args.heartbeat,
