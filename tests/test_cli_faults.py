@@ -125,3 +125,17 @@ def test_unwritable_out_with_postgresql_storage_creates_no_study(tmp_path, capsy
 def test_ablate_bad_input_is_exit_2(tmp_path, capsys, argv, needle):
     assert ablate_main([*SMOKE, "--out", str(tmp_path / "o"), *argv]) == 2
     assert needle in one_line(capsys.readouterr().err)
+
+
+def test_a_cell_with_an_unreadable_checkpoint_starts_over_instead_of_failing_every_retry(tmp_path, capsys):
+    from vapo_lit.cli.ablate import build_parser, make_plan
+
+    cells = make_plan(build_parser().parse_args(_grid(tmp_path))).cells
+    run = cells[0].run_dir
+    (run / "checkpoints").mkdir(parents=True)
+    (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not a whole zip file")
+    (run / "metrics.csv").write_text("step\n0\n")
+    assert ablate_main(_grid(tmp_path)) == 0
+    starts = [a for a in map(json.loads, (run / "attempts.jsonl").read_text().splitlines()) if a["event"] == "start"]
+    assert [a["mode"] for a in starts] == ["fresh"]
+    assert list((tmp_path / "out" / "runs" / ".partial").iterdir())  # the unreadable attempt kept aside
