@@ -128,9 +128,9 @@ def test_ablate_bad_input_is_exit_2(tmp_path, capsys, argv, needle):
 
 
 def test_a_cell_with_an_unreadable_checkpoint_starts_over_instead_of_failing_every_retry(tmp_path, capsys):
-    from vapo_lit.cli.ablate import build_parser, make_plan
+    from vapo_lit.cli.ablate import build_parser, make_plans
 
-    cells = make_plan(build_parser().parse_args(_grid(tmp_path))).cells
+    cells = make_plans(build_parser().parse_args(_grid(tmp_path)))(1).cells
     run = cells[0].run_dir
     (run / "checkpoints").mkdir(parents=True)
     (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not a whole zip file")

@@ -4,7 +4,6 @@ import math
 import pytest
 import torch
 
-import vapo_lit.evaluation as evaluation
 from vapo_lit.evaluation import evaluate, format_table
 from vapo_lit.rollout import Rollout
 from vapo_lit.tasks import get_task
@@ -17,10 +16,10 @@ def task():
 
 
 def scripted_generate(script):
-    """A stand-in for rollout.generate: response text chosen by script(prompt, call_index)."""
+    """A stand-in rollout engine: response text chosen by script(prompt, call_index)."""
     calls = {"i": 0}
 
-    def fake(model, tokenizer, prompts, *, max_new_tokens, temperature, top_p, generator):
+    def fake(prompts, sampling, seed):
         texts = []
         for p in prompts:
             texts.append(script(p, calls["i"]))
@@ -34,10 +33,16 @@ def scripted_generate(script):
                        response_ids=torch.zeros(n, R, dtype=torch.long), response_mask=mask,
                        logprobs=torch.zeros(n, R), lengths=lengths, terminated=~trunc, truncated=trunc, texts=texts)
 
-    return fake
+    class Scripted:
+        generate = staticmethod(fake)
+
+        def load_weights(self, actor):
+            pass
+
+    return Scripted()
 
 
-def test_metrics_arithmetic(task, monkeypatch):
+def test_metrics_arithmetic(task):
     problems = task.eval_problems()
     by_prompt = {p.prompt: p for p in problems}
     easy, hard = task.bucket_names()
@@ -53,8 +58,8 @@ def test_metrics_arithmetic(task, monkeypatch):
             return " ".join(toks)
         return "TRUNC " + str(j)  # distinct garbage, truncated
 
-    monkeypatch.setattr(evaluation, "generate", scripted_generate(script))
-    m = evaluate(None, task, problems, k=4, batch_size=5)
+    engine = scripted_generate(script)
+    m = evaluate(engine, task, problems, k=4, batch_size=5)
     assert m["eval/avg@4"] == pytest.approx((0.75 + 0.25) / 2)
     assert m[f"eval/avg@4/{easy}"] == pytest.approx(0.75)
     assert m[f"eval/avg@4/{hard}"] == pytest.approx(0.25)
@@ -67,7 +72,7 @@ def test_metrics_arithmetic(task, monkeypatch):
     assert easy in table and hard in table and "overall" in table and "50.00%" in table
 
 
-def test_verifier_errors_counted(task, monkeypatch):
+def test_verifier_errors_counted(task):
     class Flaky(type(task)):
         def verify(self, problem, response):
             if response == "boom":
@@ -76,20 +81,20 @@ def test_verifier_errors_counted(task, monkeypatch):
 
     flaky = Flaky(task.config)
     problems = flaky.eval_problems()[:2]
-    monkeypatch.setattr(evaluation, "generate", scripted_generate(
-        lambda prompt, i: "boom" if i % 2 else flaky.solution(next(p for p in problems if p.prompt == prompt))))
-    m = evaluate(None, flaky, problems, k=2)
+    engine = scripted_generate(
+        lambda prompt, i: "boom" if i % 2 else flaky.solution(next(p for p in problems if p.prompt == prompt)))
+    m = evaluate(engine, flaky, problems, k=2)
     assert m["eval/verifier_errors"] == 2 and m["eval/avg@2"] == pytest.approx(0.5)
 
 
-def test_no_strict_key_without_strict(task, monkeypatch):
+def test_no_strict_key_without_strict(task):
     class NoStrict(type(task)):
         def verify(self, problem, response):
             return Verdict(0.0)
 
     t = NoStrict(task.config)
-    monkeypatch.setattr(evaluation, "generate", scripted_generate(lambda prompt, i: "x"))
-    m = evaluate(None, t, t.eval_problems()[:2], k=2)
+    engine = scripted_generate(lambda prompt, i: "x")
+    m = evaluate(engine, t, t.eval_problems()[:2], k=2)
     assert "eval/strict_avg@2" not in m and m["eval/avg@2"] == 0.0
     assert math.isnan(m["eval/correct_len_max"])
 

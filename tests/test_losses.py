@@ -211,6 +211,10 @@ def test_masked_stats_and_explained_variance():
     assert explained_variance(v, ret, mask).item() == pytest.approx(1 - ve / vr, rel=1e-10)
     assert explained_variance(ret, ret, mask).item() == pytest.approx(1.0)
     assert math.isnan(explained_variance(v, torch.ones_like(v), mask).item())  # Var(R) = 0
+    # returns that are 0 up to rounding of V + A (every outcome 0): no variance to explain
+    noisy = torch.zeros_like(v) + 1e-17 * torch.randn(5, 11, generator=g, dtype=torch.float64)
+    assert math.isnan(explained_variance(v, noisy, mask).item())
+    assert not math.isnan(explained_variance(v, 1e-6 * x, mask).item())  # small but real variance
     assert math.isnan(masked_mean(x, torch.zeros_like(mask)).item())
 
 

@@ -123,7 +123,8 @@ class WeightWatch(Callback):
         self.snapshots = []
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
-        self.snapshots.append((pl_module.phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
+        phase = "value_pretrain" if pl_module.pretrain.active else "ppo"
+        self.snapshots.append((phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
                                {k: v.clone() for k, v in pl_module.critic.state_dict().items()}))
 
 
@@ -174,16 +175,19 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-def test_resume_reproduces_metric_history(tmp_path):
-    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=2,
+@pytest.mark.parametrize("crash_at,every", [(5, 2), (1, 1)])
+def test_resume_reproduces_metric_history(tmp_path, crash_at, every):
+    """(1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
+    metrics are logged with the next row (they must survive the restart)."""
+    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=every,
                 vapo={"value_pretrain_steps": 1})
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
     train(full, module_factory=tiny_factory)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
     with pytest.raises(BaseException):
-        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(5)])
+        train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(crash_at)])
     partial = read_metrics(tmp_path / "runs" / "broken")
-    assert len(partial) == 6  # step 0 (base eval) and iterations 1..5 (1 = value pretraining); checkpoint at 4
+    assert len(partial) == crash_at + 1  # step 0 (base eval) and iterations 1..crash_at (1 = value pretraining)
     train(broken, resume=True, module_factory=tiny_factory)
     a = _comparable(read_metrics(tmp_path / "runs" / "full"))
     b = _comparable(read_metrics(tmp_path / "runs" / "broken"))
@@ -224,9 +228,10 @@ def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
 
     import glob
 
-    from wandb_offline import read_run
+    from wandb_offline import read_run, wait_complete
 
     (path,) = glob.glob(f"{run_dir}/wandb/offline-run-*/run-*.wandb")
+    wait_complete(path)  # wandb 0.31 may still be writing the offline file when finish() returns
     run = read_run(path)
     history, config = run["history"], run["config"]
     assert run["run"].run_group == "grid-x" and run["run"].job_type == "vapo-no-clip_higher"

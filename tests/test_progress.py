@@ -7,7 +7,7 @@ import io
 from types import SimpleNamespace
 
 import pytest
-from wandb_offline import read_run
+from wandb_offline import read_run, wait_complete
 
 from vapo_lit import progress
 from vapo_lit.config import RunConfig, merge
@@ -24,18 +24,18 @@ class Terminal(io.StringIO):
 def drive(stream, every=None, steps=6, pretrain=2):
     """Feed a ProgressLine the states of a run: `pretrain` critic-only iterations, then `steps` PPO ones."""
     cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"steps": steps, "eval_every": 2})
-    m = SimpleNamespace(cfg=cfg, iteration=0, ppo_updates=0, phase="value_pretrain", last_metrics={},
-                        trainer=SimpleNamespace(default_root_dir="/x/runs/vapo-s0"))
-    trainer = SimpleNamespace(should_stop=False)
+    m = SimpleNamespace(cfg=cfg, iteration=0, ppo_updates=0, pretrain=SimpleNamespace(active=True), last_metrics={},
+                        last_eval=None, trainer=SimpleNamespace(default_root_dir="/x/runs/vapo-s0"))
+    trainer = SimpleNamespace(should_stop=False, is_global_zero=True)
     cb = ProgressLine(stream=stream, every=every)
     cb.on_train_start(trainer, m)
     for it in range(1, steps + pretrain + 1):
         m.iteration = it
-        m.phase = "value_pretrain" if it <= pretrain else "ppo"
+        m.pretrain.active = it <= pretrain
         m.ppo_updates = max(0, it - pretrain)
         m.last_metrics = {"objective/score": 0.25, "value/explained_variance": 0.3}
         if m.ppo_updates and m.ppo_updates % 2 == 0:
-            m.last_metrics["eval/avg@2"] = 0.5
+            m.last_eval = SimpleNamespace(iteration=it, ppo_update=m.ppo_updates, score=0.5)
         trainer.should_stop = it == steps + pretrain
         cb.on_train_batch_end(trainer, m, None, None, it)
     cb.on_train_end(trainer, m)
@@ -85,6 +85,7 @@ def test_wandb_summary_only_when_asked_and_metrics_still_recorded(tmp_path, capf
     train(cfg)
     printed = capfd.readouterr()
     assert ("Run history:" in printed.err + printed.out) == loud
-    (run_file,) = (tmp_path / "runs" / "r" / "wandb").rglob("run-*.wandb")
+    (run_file,) = (tmp_path / "runs" / "r" / "wandb").glob("offline-run-*/run-*.wandb")
+    wait_complete(run_file)
     scores = [row["objective/score"] for row in read_run(run_file)["history"] if "objective/score" in row]
     assert len(scores) == 2 + 2  # 2 value-pretraining + 2 PPO iterations, each logged

@@ -1,11 +1,15 @@
-"""vapo-report: the table equals an independent pandas recomputation from the CSV logs; paper row
-order; Markdown/LaTeX/CSV and PNGs written; n=1 has no CI; W&B group and `wandb sync` for offline runs.
+"""vapo-report: the table equals an independent recomputation from the logs (real runs and a
+synthetic grid whose every number is known); paired deltas, Holm, seeds needed, sample efficiency,
+compute-matched scores; row order and labels from the grid manifest; byte-identical regeneration;
+bad logs refused with the file and line; truncated runs flagged; W&B section from the run cards.
 
     .venv/bin/python -m pytest tests/test_report.py
 """
 from __future__ import annotations
 
 import math
+import os
+import shutil
 from pathlib import Path
 
 import numpy as np
@@ -13,14 +17,16 @@ import pandas as pd
 import pytest
 import yaml
 
-from vapo_lit.config import row_order
+from report_synth import write_manifest, write_run
 from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.cli.report import main as report
-from vapo_lit.config import COMPONENTS
-from vapo_lit.report.stats import summarize, t_ppf
+from vapo_lit.config import COMPONENTS, row_order
+from vapo_lit import statistics as stats
+from vapo_lit.report.figures import NAMES as FIGURES
 
-T975 = {1: 12.706204736174707, 2: 4.302652729749464, 3: 3.182446305284263, 10: 2.228138851986274}
+T975 = {1: 12.706204736174694, 2: 4.302652729749462, 3: 3.1824463052837078, 4: 2.7764451051977934}
 LAST_N = 2
+TEXT_FILES = ("table.md", "table.tex", "table.csv", "seeds.csv", "calibration.csv")
 
 
 def _flags(tmp, out, *extra):
@@ -28,6 +34,7 @@ def _flags(tmp, out, *extra):
             "--out", str(tmp / out), "--vapo.value_pretrain_steps", "1", "--last-n", str(LAST_N), *extra]
 
 
+# ============================================================================ real runs
 @pytest.fixture(scope="module")
 def grid_out(tmp_path_factory):
     tmp = tmp_path_factory.mktemp("report")
@@ -50,11 +57,13 @@ def recompute(out: Path) -> pd.DataFrame:
         key = f"eval/avg@{cfg['eval_k']}"
         ev = m[key].dropna().to_numpy()
         ppo = m[m["train/value_pretraining"] == 0]
-        rec = {"row": cfg["wandb_job_type"], "base": 100 * ev[0], "final": 100 * ev[-1], "peak": 100 * ev[1:].max()}
+        rec = {"row": cfg["wandb_job_type"], "seed": cfg["seed"], "base": 100 * ev[0], "final": 100 * ev[-1],
+               "peak": 100 * ev[1:].max()}
         for name, col in (("entropy", "policy/entropy"), ("response_length", "rollout/response_length"),
-                          ("explained_variance", "value/explained_variance")):
+                          ("ev_mc", "value/explained_variance")):
             s = ppo[col].dropna().to_numpy()
-            rec[f"{name}_final"], rec[f"{name}_last"] = s[-1], s[-LAST_N:].mean()
+            last = (np.median(s[-LAST_N:]) if name == "ev_mc" else s[-LAST_N:].mean()) if len(s) else np.nan
+            rec[f"{name}_final"], rec[f"{name}_last"] = (s[-1] if len(s) else np.nan), last
         per.append(rec)
     per = pd.DataFrame(per)
     rows = []
@@ -65,24 +74,33 @@ def recompute(out: Path) -> pd.DataFrame:
             mean, std = g[s].mean(), g[s].std(ddof=1)
             half = T975[n - 1] * std / math.sqrt(n)
             rec.update({f"{s}_mean": mean, f"{s}_std": std, f"{s}_ci_lo": mean - half, f"{s}_ci_hi": mean + half})
-        for name in ("entropy", "response_length", "explained_variance"):
+        for name in ("entropy", "response_length", "ev_mc"):
             for kind in ("final", "last"):
                 rec[f"{name}_{kind}_mean"] = g[f"{name}_{kind}"].mean()
                 rec[f"{name}_{kind}_std"] = g[f"{name}_{kind}"].std(ddof=1)
         rows.append(rec)
     t = pd.DataFrame(rows).set_index("row")
-    for s in ("final", "peak"):
-        t[f"delta_{s}"] = t[f"{s}_mean"] - t.loc["vapo", f"{s}_mean"]
+    ref = per[per["row"] == "vapo"].set_index("seed")
+    for row in t.index:
+        if row == "vapo":
+            continue
+        for s in ("final", "peak"):
+            d = per[per["row"] == row].set_index("seed")[s] - ref[s]
+            t.loc[row, f"delta_{s}"] = d.mean()
     return t
 
 
 def test_table_equals_independent_recomputation(grid_out):
     written = pd.read_csv(grid_out / "reports" / "mini" / "table.csv").set_index("row")
     expected = recompute(grid_out)
-    assert list(written.index) == ["vapo", "vapo-no-clip_higher", "vanilla_ppo"]  # paper order
+    assert list(written.index) == ["vapo", "vapo-no-clip_higher", "vanilla_ppo"]  # the manifest's order
     assert set(expected.columns) <= set(written.columns)
-    pd.testing.assert_frame_equal(written.loc[expected.index, expected.columns].astype(float), expected.astype(float),
+    cols = [c for c in expected.columns if not c.startswith("delta_")]
+    pd.testing.assert_frame_equal(written.loc[expected.index, cols].astype(float), expected[cols].astype(float),
                                   check_exact=False, rtol=1e-9, atol=1e-12)
+    for row in ("vapo-no-clip_higher", "vanilla_ppo"):
+        for s in ("final", "peak"):
+            assert written.loc[row, f"delta_{s}"] == pytest.approx(expected.loc[row, f"delta_{s}"], abs=1e-9)
     assert (written["n"] == 2).all()
 
 
@@ -90,42 +108,62 @@ def test_outputs_and_text(grid_out):
     folder = grid_out / "reports" / "mini"
     md = (folder / "table.md").read_text()
     lines = [x for x in md.splitlines() if x.startswith("| ")]
-    assert [x.split(" | ")[0] for x in lines[1:]] == ["| VAPO (full)", "| w/o clip_higher", "| vanilla PPO"]
-    assert "95% CI" in md and "Δ final" in md and "What these deltas do and do not support" in md
-    assert "single-drop deltas are not independent effects" in md and "critic-free GRPO" in md
-    assert "W&B" in md and "`mini`" in md
+    assert [x.split(" | ")[0] for x in lines[1:4]] == ["| VAPO (full)", "| w/o clip_higher", "| vanilla PPO"]
+    for needle in ("Δ final (paired, 95% CI)", "Holm p", "Seeds needed", "## Compute-matched comparison",
+                   "## Diagnostics", "## Paired deltas against VAPO (full)", "EV vs MC", "EV vs targets",
+                   "What these deltas do and do not support", "single-drop deltas are not independent effects",
+                   "critic-free GRPO", "W&B", "`mini`", "strict final", "AUC"):
+        assert needle in md, needle
+    assert str(grid_out) not in md and str(grid_out) not in (folder / "seeds.csv").read_text()  # no absolute paths
     tex = (folder / "table.tex").read_text()
-    assert "\\toprule" in tex and "w/o clip\\_higher" in tex and "$\\pm$" in tex
-    for name in ("score", "response_length", "entropy", "explained_variance"):
-        assert (folder / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+    assert "\\toprule" in tex and "w/o clip\\_higher" in tex and "$\\pm$" in tex and "% diagnostics" in tex
+    for name in FIGURES:
+        assert (folder / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
     seeds = pd.read_csv(folder / "seeds.csv")
-    assert len(seeds) == 6
+    assert len(seeds) == 6 and all((folder / r / "metrics.csv").is_file() for r in seeds["run"])
 
 
 def test_report_cli_rewrites_from_logs_only(grid_out, capsys):
     before = (grid_out / "reports" / "mini" / "table.csv").read_text()
     (grid_out / "reports" / "mini" / "table.csv").unlink()
-    assert report([str(grid_out), "--grid", "mini", "--last-n", str(LAST_N)]) == 0
+    assert report([str(grid_out), "--grid", "mini", "--last-n", str(LAST_N), "--no-figures"]) == 0
     assert (grid_out / "reports" / "mini" / "table.csv").read_text() == before
     assert "| VAPO (full) | 2 |" in capsys.readouterr().out
-    # a plain folder of run folders (no grid manifest): rows come from the runs' configs
-    assert report([str(grid_out / "runs"), "--last-n", str(LAST_N)]) == 0
+    # a plain folder of run folders (no grid manifest): rows labelled and ordered from the runs' configs
+    assert report([str(grid_out / "runs"), "--last-n", str(LAST_N), "--no-figures"]) == 0
     plain = pd.read_csv(grid_out / "runs" / "reports" / "runs" / "table.csv")
     assert list(plain["row"]) == ["vapo", "vapo-no-clip_higher", "vanilla_ppo"]
     assert report([str(grid_out), "--grid", "nope"]) == 2
     assert report([str(grid_out / "missing")]) == 2
+    assert report([str(grid_out), "--grid", "mini", "--reference", "nope"]) == 2
+    assert "no such row" in capsys.readouterr().err
+
+
+def test_real_grid_regenerates_byte_for_byte_elsewhere(grid_out, tmp_path, monkeypatch):
+    """Issue 12: a copied grid (runs, manifest, attempts; no checkpoints needed) regenerates the
+    same bytes, wherever it lies and whichever folder the command runs from."""
+    first = grid_out / "reports" / "mini"
+    assert report([str(grid_out), "--grid", "mini", "--last-n", str(LAST_N), "--no-figures"]) == 0
+    want = {f: (first / f).read_bytes() for f in TEXT_FILES}
+    copy = tmp_path / "elsewhere" / "copy"
+    shutil.copytree(grid_out, copy, ignore=shutil.ignore_patterns("checkpoints", "reports", "*.db", "wandb"))
+    monkeypatch.chdir(tmp_path)
+    assert report([os.path.relpath(copy, tmp_path), "--grid", "mini", "--last-n", str(LAST_N), "--no-figures"]) == 0
+    for f in TEXT_FILES:
+        assert (copy / "reports" / "mini" / f).read_bytes() == want[f], f
 
 
 def test_offline_wandb_group_sync_command_and_n1(tmp_path, monkeypatch, capsys):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
     assert ablate(_flags(tmp_path, "out", "--drop", "positive_lm_loss", "--wandb", "offline", "--steps", "2")) == 0
-    md = (tmp_path / "out" / "reports" / "drop-positive_lm_loss" / "table.md").read_text()
+    folder = tmp_path / "out" / "reports" / "drop-positive_lm_loss"
+    md = (folder / "table.md").read_text()
     assert "W&B group: `drop-positive_lm_loss`" in md
-    assert "wandb sync " in md and "/wandb/offline-run-" in md
+    assert "wandb sync " in md and "/wandb/offline-run-*" in md
     sync = md.split("wandb sync ", 1)[1].split("\n")[0].split()
-    assert len(sync) == 2 and all(Path(p).is_dir() for p in sync)
-    assert "n=1, no CI" in md and "(n=1)" in md
+    assert len(sync) == 2 and all(len(list(folder.glob(p))) == 1 and next(folder.glob(p)).is_dir() for p in sync)
+    assert "(n=1)" in md and "(1 pair, no CI)" in md and "needs 2 paired seeds" in md
 
 
 def test_row_order_is_the_papers():
@@ -140,11 +178,264 @@ def test_row_order_is_the_papers():
                    "vanilla_ppo", "grpo+token_level_loss+clip_higher+group_sampling"])
 
 
-def test_t_quantiles_and_summary():
-    for df, q in T975.items():
-        assert t_ppf(0.975, df) == pytest.approx(q, abs=1e-8)
-    s = summarize([1.0, 2.0, 4.0])
-    assert s["n"] == 3 and s["mean"] == pytest.approx(7 / 3) and s["std"] == pytest.approx(np.std([1, 2, 4], ddof=1))
-    assert s["ci_hi"] - s["mean"] == pytest.approx(T975[2] * s["std"] / math.sqrt(3))
-    one = summarize([0.5, float("nan")])
-    assert one["n"] == 1 and math.isnan(one["std"]) and math.isnan(one["ci_lo"])
+# ============================================================================ a synthetic grid
+ROWS = ["vapo", "vapo-no-value_pretraining", "vanilla_ppo"]
+RATE = {"vapo": 0.07, "vapo-no-value_pretraining": 0.06, "vanilla_ppo": 0.04}   # score gained per PPO update
+SEED_EFFECT = [0.0, 0.08, -0.06]                                                 # shared by every row of a seed
+OWN = {"vapo": [0, 0, 0], "vapo-no-value_pretraining": [0.0, 0.01, -0.004], "vanilla_ppo": [0.01, -0.02, 0.0]}
+SECONDS = {"vapo": 2.0, "vapo-no-value_pretraining": 1.5, "vanilla_ppo": 1.0}
+PRETRAIN = {"vapo": 2, "vapo-no-value_pretraining": 0, "vanilla_ppo": 0}
+STEPS, EVERY = 10, 2
+EV = [0.2, float("nan"), -23.0, 0.4, 0.5]
+
+
+def evals_of(row, seed) -> dict:
+    return {u: (0.2 if u == 0 else 0.2 + RATE[row] * u + SEED_EFFECT[seed] + OWN[row][seed])
+            for u in range(0, STEPS + 1, EVERY)}
+
+
+def make_synthetic(out: Path, manifest: bool = True) -> Path:
+    cells = []
+    for row in ROWS:
+        for seed in range(3):
+            d = write_run(out / "runs" / f"{row}-s{seed}", row, seed, evals_of(row, seed), steps=STEPS,
+                          pretrain=PRETRAIN[row], seconds_per_iter=SECONDS[row], cumulative=(row, seed) == ("vapo", 0),
+                          ev=EV, ev_target=[0.9], memory=100.0 * (1 + ROWS.index(row)),
+                          bias={"first": 0.4 if row == "vanilla_ppo" else 0.1, "1-7": 0.2, "8-31": 0.1, "32-127": 0.0,
+                                "ge128": -0.1},
+                          attempts=("failed", "done") if (row, seed) == ("vanilla_ppo", 1) else ("done",))
+            cells.append((row, seed, d))
+    if manifest:
+        write_manifest(out, "syn", ROWS, cells)
+    return out
+
+
+@pytest.fixture()
+def syn(tmp_path):
+    out = make_synthetic(tmp_path / "syn")
+    assert report([str(out), "--grid", "syn", "--last-n", "3", "--no-figures"]) == 0
+    folder = out / "reports" / "syn"
+    return out, folder, pd.read_csv(folder / "table.csv").set_index("row"), pd.read_csv(folder / "seeds.csv")
+
+
+def _per_seed(row, metric) -> np.ndarray:
+    """The per-run numbers, from the generating values (points)."""
+    out = []
+    for seed in range(3):
+        ev = evals_of(row, seed)
+        trained = [100 * ev[u] for u in sorted(ev) if u > 0]
+        ups = sorted(ev)
+        if metric == "final":
+            out.append(trained[-1])
+        elif metric == "peak":
+            out.append(max(trained))
+        elif metric == "auc":
+            ys = [100 * ev[u] for u in ups]
+            out.append(sum((b - a) * (ya + yb) / 2 for a, b, ya, yb in zip(ups, ups[1:], ys, ys[1:])) / (ups[-1] - ups[0]))
+    return np.array(out)
+
+
+def test_synthetic_paired_deltas_holm_and_seeds_needed(syn):
+    _, folder, table, _ = syn
+    assert list(table.index) == ROWS
+    ps = []
+    for row in ROWS[1:]:
+        for metric in ("final", "peak", "auc"):
+            d = _per_seed(row, metric) - _per_seed("vapo", metric)
+            mean, sd = d.mean(), d.std(ddof=1)
+            half = T975[2] * sd / math.sqrt(3)
+            assert table.loc[row, f"delta_{metric}"] == pytest.approx(mean, abs=1e-8)
+            assert table.loc[row, f"delta_{metric}_ci_lo"] == pytest.approx(mean - half, abs=1e-7)
+            assert table.loc[row, f"delta_{metric}_ci_hi"] == pytest.approx(mean + half, abs=1e-7)
+            assert table.loc[row, f"delta_{metric}_pairs"] == 3
+            if metric == "final":
+                ps.append(table.loc[row, "delta_final_p"])
+                assert table.loc[row, "delta_final_p"] == pytest.approx(
+                    stats.t_sf2(mean / (sd / math.sqrt(3)), 2), rel=1e-6)
+                need = stats.seeds_needed(mean, sd, cap=20)
+                got = table.loc[row, "seeds_needed_final"]
+                assert (math.isnan(got) and need is None) or got == need
+    assert list(table.loc[ROWS[1:], "delta_final_p_holm"]) == pytest.approx(stats.holm(ps), rel=1e-6)
+    # the shared seed effect (+-5 points) hides a 10-point delta from the unpaired comparison
+    row = "vapo-no-value_pretraining"
+    assert table.loc[row, "delta_final_ci_hi"] < 0
+    assert table.loc[row, "delta_final_unpaired_ci_lo"] < 0 < table.loc[row, "delta_final_unpaired_ci_hi"]
+    md = (folder / "table.md").read_text()
+    assert "Multiple comparisons (Δ final, Holm over the 2 rows" in md and "survive: w/o value_pretraining" in md
+
+
+def test_synthetic_sample_efficiency_strict_and_compute_matched(syn):
+    _, folder, table, seeds = syn
+    peak_ref = _per_seed("vapo", "peak").mean()
+    threshold = math.floor(0.9 * peak_ref)
+    md = (folder / "table.md").read_text()
+    assert f"updates to {threshold:g} |" in md
+    token_budget = STEPS * 80.0                      # vanilla: 10 iterations x 80 tokens, no pretraining
+    time_budget = 0.5 + STEPS * SECONDS["vanilla_ppo"]
+    for r in seeds.to_dict("records"):
+        ev = evals_of(r["row"], r["seed"])
+        hit = [u for u in sorted(ev) if 100 * ev[u] >= threshold]
+        assert (math.isnan(r["updates_to_threshold"]) and not hit) or r["updates_to_threshold"] == hit[0]
+        assert r["strict_final"] == pytest.approx(100 * (ev[STEPS] - 0.05))
+        tok = [u for u in sorted(ev) if (PRETRAIN[r["row"]] + u) * 80.0 <= token_budget]
+        assert r["score_at_tokens"] == pytest.approx(100 * ev[tok[-1]])
+        sec = [u for u in sorted(ev) if 0.5 + (PRETRAIN[r["row"]] + u) * SECONDS[r["row"]] <= time_budget + 1e-9]
+        assert r["score_at_seconds"] == pytest.approx(100 * ev[sec[-1]])
+        assert r["cost_source"] == ("logged" if (r["row"], r["seed"]) == ("vapo", 0) else "reconstructed")
+        assert r["peak_memory_mb"] == 100.0 * (1 + ROWS.index(r["row"])) + PRETRAIN[r["row"]] + STEPS
+    assert table.loc["vapo", "updates_to_threshold_reached"] == 3
+    assert "1 run(s)" in md and "8 run(s) logged before the cumulative columns" in md  # which cost source was used
+    assert "800 tokens" in md and "10.5 s" in md
+
+
+def test_synthetic_diagnostics_nan_robust_crashes_and_calibration(syn):
+    _, folder, table, seeds = syn
+    # EV over the last 3 PPO rows (updates 8, 9, 10 -> EV[2], EV[3], EV[4] = -23, 0.4, 0.5): median 0.4
+    assert (seeds["ev_mc_last"] == 0.4).all() and (seeds["ev_mc_final"] == 0.5).all()
+    assert (seeds["ev_target_final"] == 0.9).all()
+    assert table.loc["vanilla_ppo", "crashes"] == 1 and table.loc["vanilla_ppo", "attempts"] == 4
+    assert table.loc["vapo", "crashes"] == 0
+    cal = pd.read_csv(folder / "calibration.csv")
+    early = cal[(cal["phase"] == "early") & (cal["bucket"] == "first")].set_index("row")["bias_mean"]
+    # bias / update, mean over PPO updates 1..5 = b * mean(1, 1/2, ..., 1/5)
+    h5 = sum(1 / u for u in range(1, 6)) / 5
+    assert early["vanilla_ppo"] == pytest.approx(0.4 * h5) and early["vapo"] == pytest.approx(0.1 * h5)
+    assert set(cal[cal["row"] == "vapo"]["value_pretraining"]) == {1}
+    out, _, _, _ = syn
+    assert report([str(out), "--grid", "syn", "--last-n", "3"]) == 0  # figures from logs with NaN, -23, every column
+    for name in FIGURES:
+        assert (folder / f"{name}.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n", name
+
+
+def test_synthetic_regenerates_byte_for_byte(syn, tmp_path, monkeypatch):
+    out, folder, _, _ = syn
+    want = {f: (folder / f).read_bytes() for f in TEXT_FILES}
+    assert report([str(out), "--grid", "syn", "--last-n", "3", "--no-figures"]) == 0  # in place, again
+    assert {f: (folder / f).read_bytes() for f in TEXT_FILES} == want
+    copy = tmp_path / "a" / "b" / "copy"
+    shutil.copytree(out, copy, ignore=shutil.ignore_patterns("reports"))
+    monkeypatch.chdir(copy / "runs")
+    assert report(["..", "--grid", "syn", "--last-n", "3", "--no-figures"]) == 0
+    for f in TEXT_FILES:
+        assert (copy / "reports" / "syn" / f).read_bytes() == want[f], f
+    # --to: a report folder of one's own; run folders are written relative to it
+    assert report([str(copy), "--grid", "syn", "--last-n", "3", "--to", str(copy / "mine"), "--no-figures"]) == 0
+    assert (copy / "mine" / "table.csv").read_bytes() == want["table.csv"]
+    assert pd.read_csv(copy / "mine" / "seeds.csv")["run"].str.startswith("../runs/").all()
+
+
+def test_manifest_sets_order_and_labels_without_it_configs_do(tmp_path):
+    out = make_synthetic(tmp_path / "o", manifest=False)
+    cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]
+    write_manifest(out, "mine", ["vanilla_ppo", "vapo", "vapo-no-value_pretraining"], cells)
+    assert report([str(out), "--grid", "mine", "--no-figures"]) == 0
+    assert list(pd.read_csv(out / "reports" / "mine" / "table.csv")["row"]) == [
+        "vanilla_ppo", "vapo", "vapo-no-value_pretraining"]
+    shutil.rmtree(out / "grids")
+    assert report([str(out), "--no-figures"]) == 0  # no manifest: config.run_label and config.row_order
+    assert list(pd.read_csv(out / "reports" / "runs" / "table.csv")["row"]) == ROWS
+
+
+def test_missing_cell_unpaired_seed_and_reference_flag(tmp_path):
+    out = make_synthetic(tmp_path / "o", manifest=False)
+    cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]
+    gone = out / "runs" / "vanilla_ppo-s2"
+    (gone / "metrics.csv").unlink()                         # a failed cell: attempts, no log
+    (gone / "attempts.jsonl").write_text("".join(
+        '{"event": "start"}\n{"event": "end", "outcome": "failed"}\n' for _ in range(3)))
+    write_manifest(out, "g", ROWS, cells)
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    t = pd.read_csv(out / "reports" / "g" / "table.csv", dtype={"unpaired_seeds_final": str}).set_index("row")
+    assert t.loc["vanilla_ppo", "n"] == 2 and t.loc["vanilla_ppo", "missing_cells"] == 1
+    assert t.loc["vanilla_ppo", "delta_final_pairs"] == 2 and t.loc["vanilla_ppo", "unpaired_seeds_final"] == "2"
+    assert t.loc["vanilla_ppo", "crashes"] == 4
+    md = (out / "reports" / "g" / "table.md").read_text()
+    assert "vanilla PPO: no log for seed(s) 2 (missing or failed cells); seed(s) 2 unpaired" in md
+    assert report([str(out), "--grid", "g", "--reference", "vanilla_ppo", "--no-figures"]) == 0
+    t = pd.read_csv(out / "reports" / "g" / "table.csv").set_index("row")
+    assert math.isnan(t.loc["vanilla_ppo", "delta_final"]) and t.loc["vapo", "delta_final_pairs"] == 2
+    for seed in (0, 1):                                     # now every vanilla cell failed: named, not tabled
+        (out / "runs" / f"vanilla_ppo-s{seed}" / "metrics.csv").unlink()
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    assert list(pd.read_csv(out / "reports" / "g" / "table.csv")["row"]) == ROWS[:2]
+    md = (out / "reports" / "g" / "table.md").read_text()
+    assert "Rows without any run log, left out of the tables: vanilla PPO (seed(s) 0 1 2; 4 crashed attempt(s))" in md
+
+
+# ============================================================================ bad and truncated logs
+def _one_line_error(capsys, argv) -> str:
+    assert report(argv) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vapo-report: error: ") and "\n" not in err and "Traceback" not in err
+    return err
+
+
+@pytest.mark.parametrize("damage, where", [
+    (lambda p: p.write_text(""), "line 1: empty file"),
+    (lambda p: p.write_text(p.read_text().splitlines(True)[0]), "line 2: no complete data row"),
+    (lambda p: p.write_text("".join(l if i != 3 else "1,2\r\n" for i, l in enumerate(p.read_text().splitlines(True)))),
+     "line 4: 2 fields"),
+    (lambda p: p.write_text(p.read_text().replace("\n3,3,", "\n3,three,", 1)), "line 5: column 'train/iteration'"),
+    (lambda p: p.write_text("a,b\r\n1,2\r\n"), "line 1: header has no 'step'"),
+])
+def test_malformed_metrics_refused_with_file_and_line(tmp_path, capsys, damage, where):
+    out = make_synthetic(tmp_path / "o")
+    path = out / "runs" / "vapo-s1" / "metrics.csv"
+    damage(path)
+    err = _one_line_error(capsys, [str(out), "--grid", "syn"])
+    assert str(path) in err and where in err
+
+
+def test_other_bad_inputs_refused(tmp_path, capsys):
+    out = make_synthetic(tmp_path / "o")
+    (out / "runs" / "vapo-s0" / "config.yaml").write_text("seed: [1,\n  steps: 3\n")
+    assert "config.yaml line" in _one_line_error(capsys, [str(out), "--grid", "syn"])
+    out2 = make_synthetic(tmp_path / "o2")
+    (out2 / "grids" / "syn.json").write_text('{"cells": [\n')
+    assert "syn.json line" in _one_line_error(capsys, [str(out2), "--grid", "syn"])
+    (tmp_path / "empty").mkdir()
+    assert "no run logs" in _one_line_error(capsys, [str(tmp_path / "empty")])
+    out3 = make_synthetic(tmp_path / "o3")
+    for m in (out3 / "runs").glob("*/metrics.csv"):
+        m.unlink()
+    assert "none with a metrics.csv" in _one_line_error(capsys, [str(out3), "--grid", "syn"])
+    with pytest.raises(SystemExit):
+        report([str(out), "--threshold", "150"])
+
+
+def test_truncated_runs_are_reported_and_flagged(tmp_path):
+    out = make_synthetic(tmp_path / "o", manifest=False)
+    write_run(out / "runs" / "vapo-no-value_pretraining-s1", "vapo-no-value_pretraining", 1,
+              evals_of("vapo-no-value_pretraining", 1), steps=STEPS, updates=6)   # killed after 6 of 10 updates
+    cut = out / "runs" / "vanilla_ppo-s0" / "metrics.csv"
+    text = cut.read_text()
+    cut.write_text(text[: len(text) - 25])                                       # the last line cut mid-number
+    cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]
+    write_manifest(out, "g", ROWS, cells)
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    md = (out / "reports" / "g" / "table.md").read_text()
+    assert "| w/o value_pretraining † |" in md and "| vanilla PPO † |" in md and "| VAPO (full) |" in md
+    assert "`../../runs/vapo-no-value_pretraining-s1` (6 of 10 PPO updates)" in md
+    assert "`../../runs/vanilla_ppo-s0` (9 of 10 PPO updates; last line of metrics.csv cut (left out))" in md
+    seeds = pd.read_csv(out / "reports" / "g" / "seeds.csv").set_index("run")
+    # the cut line (update 10, with the last eval) is left out: final is update 8's eval
+    assert seeds.loc["../../runs/vanilla_ppo-s0", "final"] == pytest.approx(100 * evals_of("vanilla_ppo", 0)[8])
+    assert seeds.loc["../../runs/vapo-no-value_pretraining-s1", "final"] == pytest.approx(
+        100 * evals_of("vapo-no-value_pretraining", 1)[6])
+
+
+def test_report_reads_logs_only_and_its_statistics_load_without_pandas():
+    """The report imports nothing of the runner (DESIGN.md); `--seeds auto` imports only the
+    report's statistics, which load without pandas or matplotlib."""
+    import ast
+    import subprocess
+    import sys
+
+    for path in (Path(__file__).resolve().parents[1] / "vapo_lit" / "report").glob("*.py"):
+        tree = ast.parse(path.read_text())
+        names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
+        names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
+        assert not [m for m in names if m.startswith("vapo_lit.ablate")], path
+    code = "import sys, vapo_lit.statistics; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "[]"

@@ -4,6 +4,7 @@ import torch
 
 from vapo_lit.rollout import (Rollout, encode_prompts, generate, sample_next, sequence_logprobs,
                               top_p_filter)
+from vapo_lit.rng import sample_seed, uniforms
 from vapo_lit.tasks import get_task
 
 
@@ -80,8 +81,7 @@ def check_invariants(ro: Rollout, n: int, max_new: int, tok):
 def test_logprobs_match_full_forward(task, kind, temperature, top_p):
     tok = task.tokenizer
     model = tiny_model(kind, len(tok), tok)
-    gen = torch.Generator().manual_seed(1)
-    ro = generate(model, tok, PROMPTS, max_new_tokens=20, temperature=temperature, top_p=top_p, generator=gen)
+    ro = generate(model, tok, PROMPTS, max_new_tokens=20, temperature=temperature, top_p=top_p, seeds=1)
     check_invariants(ro, len(PROMPTS), 20, tok)
     P = ro.prompt_ids.shape[1]
     with torch.no_grad():
@@ -102,9 +102,9 @@ def test_logprobs_match_full_forward(task, kind, temperature, top_p):
 def test_reproducible_with_seeded_generator(task):
     tok = task.tokenizer
     model = tiny_model("llama", len(tok), tok)
-    a = generate(model, tok, PROMPTS * 4, max_new_tokens=16, generator=torch.Generator().manual_seed(7))
-    b = generate(model, tok, PROMPTS * 4, max_new_tokens=16, generator=torch.Generator().manual_seed(7))
-    c = generate(model, tok, PROMPTS * 4, max_new_tokens=16, generator=torch.Generator().manual_seed(8))
+    a = generate(model, tok, PROMPTS * 4, max_new_tokens=16, seeds=7)
+    b = generate(model, tok, PROMPTS * 4, max_new_tokens=16, seeds=7)
+    c = generate(model, tok, PROMPTS * 4, max_new_tokens=16, seeds=8)
     assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
     assert a.texts == b.texts
     assert not torch.equal(a.response_ids, c.response_ids)
@@ -114,16 +114,16 @@ def test_stops_when_all_ended_and_truncation(task):
     tok = task.tokenizer
     base = tiny_model("llama", len(tok), tok)
     eager = EosBiased(base, tok.eos_token_id, 50.0)
-    ro = generate(eager, tok, PROMPTS, max_new_tokens=30, generator=torch.Generator().manual_seed(0))
+    ro = generate(eager, tok, PROMPTS, max_new_tokens=30, seeds=0)
     assert ro.response_ids.shape[1] == 1 and bool(ro.terminated.all())
     assert ro.texts == [""] * len(PROMPTS) and torch.equal(ro.lengths, torch.ones(len(PROMPTS), dtype=torch.long))
     never = EosBiased(base, tok.eos_token_id, -1e4)
-    ro = generate(never, tok, PROMPTS, max_new_tokens=9, generator=torch.Generator().manual_seed(0))
+    ro = generate(never, tok, PROMPTS, max_new_tokens=9, seeds=0)
     assert ro.response_ids.shape[1] == 9 and bool(ro.truncated.all())
     check_invariants(ro, len(PROMPTS), 9, tok)
     # mixed: some end early, the batch still runs to the longest
     mixed = EosBiased(base, tok.eos_token_id, 2.5)
-    ro = generate(mixed, tok, PROMPTS * 8, max_new_tokens=40, generator=torch.Generator().manual_seed(3))
+    ro = generate(mixed, tok, PROMPTS * 8, max_new_tokens=40, seeds=3)
     check_invariants(ro, len(PROMPTS) * 8, 40, tok)
     assert ro.lengths.min() < ro.lengths.max()
     assert ro.response_ids.shape[1] == int(ro.lengths.max())
@@ -133,7 +133,7 @@ def test_greedy(task):
     tok = task.tokenizer
     model = tiny_model("llama", len(tok), tok)
     a = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0.0)
-    b = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0.0, generator=torch.Generator().manual_seed(5))
+    b = generate(model, tok, PROMPTS, max_new_tokens=8, temperature=0.0, seeds=5)
     assert torch.equal(a.response_ids, b.response_ids)
 
 
@@ -152,14 +152,14 @@ def test_top_p_filter_hand_made():
 def test_sample_next_top_p_and_logprobs():
     probs = torch.tensor([0.05, 0.5, 0.15, 0.3])
     logits = probs.log().expand(20000, 4).clone()
-    gen = torch.Generator().manual_seed(0)
-    tok, lp = sample_next(logits, temperature=1.0, top_p=0.7, generator=gen)
+    u = uniforms(torch.arange(20000, dtype=torch.int64), 0)
+    tok, lp = sample_next(logits, temperature=1.0, top_p=0.7, u=u)
     counts = torch.bincount(tok, minlength=4).float() / len(tok)
     assert counts[0] == 0 and counts[2] == 0
     assert abs(counts[1] - 0.625) < 0.02 and abs(counts[3] - 0.375) < 0.02
     # behaviour log-probs are recorded before the truncation
     assert torch.allclose(lp, probs.log()[tok], atol=1e-6)
-    tok, lp = sample_next(logits[:5], temperature=2.0, top_p=1.0, generator=gen)
+    tok, lp = sample_next(logits[:5], temperature=2.0, top_p=1.0, u=u[:5])
     assert torch.allclose(lp, torch.log_softmax(probs.log() / 2.0, -1)[tok], atol=1e-6)
 
 
@@ -179,3 +179,36 @@ def test_bad_arguments(task):
         generate(model, tok, PROMPTS, max_new_tokens=4, top_p=0.0)
     with pytest.raises(ValueError):
         generate(model, tok, [], max_new_tokens=4)
+
+
+def test_a_response_does_not_depend_on_its_batch(task):
+    """Response i is a function of (model, prompt i, seed i) alone: the same (prompt, seed) pairs
+    in another order, another batch size or split in chunks give the same tokens and log-probs."""
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok).double()
+    prompts = PROMPTS * 3
+    seeds = [sample_seed(5, i) for i in range(len(prompts))]
+    whole = generate(model, tok, prompts, max_new_tokens=12, seeds=seeds)
+    order = [7, 2, 11, 0, 5, 9, 1, 4, 10, 3, 8, 6]
+    shuffled = generate(model, tok, [prompts[i] for i in order], max_new_tokens=12, seeds=[seeds[i] for i in order])
+    for j, i in enumerate(order):
+        L = int(whole.lengths[i])
+        assert int(shuffled.lengths[j]) == L and whole.texts[i] == shuffled.texts[j]
+        torch.testing.assert_close(whole.logprobs[i, :L], shuffled.logprobs[j, :L])
+    for i in (0, 6, 11):  # alone
+        one = generate(model, tok, [prompts[i]], max_new_tokens=12, seeds=[seeds[i]])
+        assert one.texts[0] == whole.texts[i]
+
+
+def test_counter_based_uniforms():
+    seeds = torch.tensor([sample_seed(3, i) for i in range(100_000)])
+    u = uniforms(seeds, 7)
+    assert u.dtype == torch.float64 and float(u.min()) >= 0 and float(u.max()) < 1
+    assert abs(float(u.mean()) - 0.5) < 0.005 and abs(float(u.var()) - 1 / 12) < 0.002
+    assert torch.equal(u, uniforms(seeds, 7)) and not torch.equal(u, uniforms(seeds, 8))
+    assert torch.equal(uniforms(seeds[5:9], 7), u[5:9])  # a row's draw ignores the other rows
+    hist = torch.histc(u.float(), bins=10, min=0, max=1) / len(u)
+    assert float((hist - 0.1).abs().max()) < 0.005
+    # successive draws of one stream are uncorrelated
+    v = uniforms(seeds, 8)
+    assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.01

@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import sqlalchemy
 from lightning.pytorch.callbacks import Callback
+from wandb_offline import wait_complete
 
 from vapo_lit.ablate.urls import PASSWORD_ENV, mask_url, with_password
 from vapo_lit.config import RunConfig, merge
@@ -66,7 +67,10 @@ def test_wandb_records_no_password_from_the_command_line(tmp_path, monkeypatch):
     recorded = RecordedArgs()
     train(cfg, extra_callbacks=[recorded])
     assert recorded.args == ["--drop", "clip_higher", "--storage", mask_url(url)]
-    assert list((tmp_path / "runs" / "r" / "wandb").rglob("run-*.wandb")), "W&B wrote no offline run file"
+    run_files = list((tmp_path / "runs" / "r" / "wandb").glob("offline-run-*/run-*.wandb"))
+    assert run_files, "W&B wrote no offline run file"
+    for f in run_files:
+        wait_complete(f)  # W&B may still be writing when train() returns
     assert files_holding(SECRET, tmp_path) == []
 
 
@@ -113,7 +117,8 @@ def test_no_file_or_output_of_a_grid_holds_the_database_password(tmp_path, pg_ur
     r = subprocess.run(typed, cwd=ROOT, env=_env(tmp_path), capture_output=True, text=True, timeout=300)
     assert r.returncode == 0, r.stderr[-3000:]
     assert secret not in r.stdout + r.stderr
-    assert list((tmp_path / "typed").rglob("run-*.wandb")) and list((tmp_path / "typed").rglob("attempts.jsonl"))
+    run_files = list((tmp_path / "typed").glob("runs/*/wandb/offline-run-*/run-*.wandb"))
+    assert len(run_files) == 2 and list((tmp_path / "typed").rglob("attempts.jsonl"))
     assert (tmp_path / "typed" / "grids").is_dir() and (tmp_path / "typed" / "reports").is_dir()
 
     bare = sqlalchemy.engine.URL.create(u.drivername, username=u.username, host=u.host, port=u.port,
@@ -132,4 +137,6 @@ def test_no_file_or_output_of_a_grid_holds_the_database_password(tmp_path, pg_ur
     assert proc.returncode == 0, err[-3000:]
     assert cmdlines and not any(secret.encode() in c for c in cmdlines)
     assert secret not in out + err
+    for f in [*run_files, *(tmp_path / "env").glob("runs/*/wandb/offline-run-*/run-*.wandb")]:
+        wait_complete(f)  # every W&B file complete before it is searched
     assert files_holding(secret, tmp_path) == []

@@ -2,6 +2,8 @@
 (none for the critic-free estimator), wrapped in a `VapoModule`."""
 from __future__ import annotations
 
+import warnings
+
 import torch
 
 from vapo_lit.config import RunConfig
@@ -13,7 +15,7 @@ def build_module(cfg: RunConfig) -> VapoModule:
 
     `model: random` is an untrained tiny Llama on the task's tokenizer with a critic on a copy of
     its backbone: seconds to build, for smoke runs and tests of the machinery (it learns nothing)."""
-    from vapo_lit.models import load_critic, load_policy
+    from vapo_lit.models import DTYPES, enable_gradient_checkpointing, load_critic, load_policy
     from vapo_lit.models.value import ValueModel
     from vapo_lit.tasks import get_task
 
@@ -21,15 +23,29 @@ def build_module(cfg: RunConfig) -> VapoModule:
     if cfg.model not in ("builtin", "random") and "tokenizer" not in options and _accepts(cfg.task, "tokenizer"):
         options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
     task = get_task(cfg.task, **options)
+    critic_free = cfg.advantage_estimator == "grpo"
+    # 64-true: build in float64 already (Lightning casts only after a checkpoint was loaded into the
+    # module, so a float32 module would round a resumed run's float64 weights)
+    dtype = "float64" if cfg.precision == "64-true" else cfg.model_dtype
     if cfg.model == "random":
         actor, tokenizer = random_tiny_policy(task, cfg.seed)
-        critic = ValueModel.from_causal_lm(actor)
+        critic = None if critic_free else ValueModel.from_causal_lm(actor)
+        if dtype != "auto":
+            actor = actor.to(DTYPES[dtype])
+            critic = critic if critic is None else critic.to(DTYPES[dtype])
     else:
-        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir)
-        critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
-                             cache_dir=cfg.cache_dir)
-    if cfg.advantage_estimator == "grpo":
-        critic = None
+        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype)
+        critic = None if critic_free else load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
+                                                      cache_dir=cfg.cache_dir, dtype=dtype)
+    low = {p.dtype for p in actor.parameters()} & {torch.bfloat16, torch.float16}
+    if low:
+        warnings.warn(f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "
+                      "them in that precision and most updates at small learning rates round away; keep float32 master "
+                      "weights (--model_dtype float32) and compute in bf16 with --precision bf16-mixed", stacklevel=2)
+    if cfg.gradient_checkpointing:
+        for model in (actor, critic):
+            if model is not None:
+                enable_gradient_checkpointing(model)
     return VapoModule(cfg, task, actor, tokenizer, critic)
 
 

@@ -43,7 +43,7 @@ class RunCheckpoints(Callback):
         self.every = every
 
     def setup(self, trainer, pl_module, stage: str) -> None:
-        for stale in self.dir.glob(".*.tmp") if self.dir.is_dir() else ():
+        for stale in self.dir.glob(".*.tmp") if self.dir.is_dir() and trainer.is_global_zero else ():
             stale.unlink(missing_ok=True)  # a previous attempt died while writing it
 
     def _save(self, trainer, name: str) -> str:
@@ -52,7 +52,7 @@ class RunCheckpoints(Callback):
         tmp = self.dir / f".{name}.tmp"
         try:
             trainer.save_checkpoint(str(tmp), weights_only=False)  # full state: optimizers, schedulers, callbacks
-            action = faults.due("checkpoint")
+            action = faults.due("checkpoint") if trainer.is_global_zero else None
             if action:  # crash tests: a half-written temporary file, then the fault
                 with open(tmp, "r+b") as f:
                     f.truncate(max(1, tmp.stat().st_size // 2))
@@ -63,12 +63,56 @@ class RunCheckpoints(Callback):
             if full and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
                 raise OSError(errno.ENOSPC, f"No space left on device while writing {final} ({e})") from e
             raise
-        os.replace(tmp, final)
+        if trainer.is_global_zero:  # the strategy wrote it on rank 0 (and waits for every rank)
+            os.replace(tmp, final)
+        trainer.strategy.barrier("vapo-checkpoint")
         return str(final)
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        if pl_module.last_metrics.get("eval/is_best"):
+        ev = pl_module.last_eval
+        if ev is not None and ev.is_best and ev.iteration == pl_module.iteration:  # evaluated in this iteration
             self._save(trainer, "best.ckpt")
         if pl_module.iteration % self.every == 0 or trainer.should_stop:
             pl_module.last_good_checkpoint = self._save(trainer, "last.ckpt")
 
+
+class RunExports(Callback):
+    """The trained models as Hugging Face directories a user can load with `from_pretrained`:
+    `policy-best/` (with the tokenizer) whenever an eval beats every earlier one, and at the end
+    of training `policy-final/` and `critic-final/` (a ValueModel: backbone + value_head)."""
+
+    def __init__(self, run_dir: Path):
+        self.dir = Path(run_dir)
+        self._exported = None  # (iteration, ppo_update) of the eval behind policy-best
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        ev = pl_module.last_eval  # the initial policy's eval (before any update) may stay the best
+        if ev is not None and ev.is_best and ev.ppo_update == 0 and pl_module.ppo_updates == 0:
+            self._export_best(pl_module, ev)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        ev = pl_module.last_eval
+        if ev is not None and ev.is_best and ev.iteration == pl_module.iteration:  # evaluated in this iteration
+            self._export_best(pl_module, ev)
+
+    def _export_best(self, pl_module, ev) -> None:
+        if (ev.iteration, ev.ppo_update) != self._exported:
+            self.export_policy(pl_module, "policy-best")
+            self._exported = (ev.iteration, ev.ppo_update)
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self.export_policy(pl_module, "policy-final")
+        if pl_module.critic is not None:
+            self._export(pl_module, pl_module.critic, "critic-final")
+
+    def export_policy(self, pl_module, name: str) -> None:
+        self._export(pl_module, pl_module.actor, name, pl_module.tokenizer)
+
+    def _export(self, pl_module, model, name: str, tokenizer=None) -> None:
+        """Rank 0 writes (data-parallel replicas are identical); every rank waits for it."""
+        from vapo_lit.models import export
+
+        trainer = pl_module.trainer
+        if trainer.is_global_zero:
+            export(model, self.dir / name, tokenizer)
+        trainer.strategy.barrier("vapo-export")

@@ -24,48 +24,67 @@ COMPONENTS = (
     "positive_lm_loss",
     "group_sampling",
 )
-"""The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md)."""
+"""The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md): the default recipe."""
+
+OPTIONAL_COMPONENTS = (
+    "kl_penalty",
+)
+"""Components outside VAPO's recipe: off unless named (`--only ...,kl_penalty`, a grid row's `only`).
+This tuple is the registry of extensions: adding a component is a file
+`vapo_lit/components/<name>.py`, its name here, and its values in `ComponentValues` (README)."""
+
+ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
 
 def check_components(names, where: str = "") -> list[str]:
     """`names` as a list, or ValueError naming the unknown ones and listing the valid names.
     The one place component names are validated (config, CLI flags, grid files, callbacks)."""
     names = list(names)
-    unknown = [n for n in names if n not in COMPONENTS]
+    unknown = [n for n in names if n not in ALL_COMPONENTS]
     if unknown:
         prefix = f"{where}: " if where else ""
         raise ValueError(
-            f"{prefix}unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(COMPONENTS)}"
+            f"{prefix}unknown component(s) {', '.join(map(repr, unknown))}; valid names: {', '.join(ALL_COMPONENTS)}"
         )
     return names
+
+
+def ordered(names) -> list[str]:
+    """The named components in registry order (the seven first, then the optional ones)."""
+    return [c for c in ALL_COMPONENTS if c in names]
 
 
 def run_label(components, advantage_estimator: str = "gae") -> str:
     """The one name of a component set, used for run folders, W&B job types and report rows:
     'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
-    'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator)."""
+    'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator); optional components on
+    are added as '-with-x+y'."""
     on = [c for c in COMPONENTS if c in components]
+    extras = [c for c in OPTIONAL_COMPONENTS if c in components]
     if advantage_estimator == "grpo":
-        return "grpo+" + "+".join(on)
-    if len(on) == len(COMPONENTS):
-        return "vapo"
-    if not on:
-        return "vanilla_ppo"
-    dropped = [c for c in COMPONENTS if c not in on]
-    return "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
+        label = "grpo+" + "+".join(on)
+    elif len(on) == len(COMPONENTS):
+        label = "vapo"
+    elif not on:
+        label = "vanilla_ppo"
+    else:
+        dropped = [c for c in COMPONENTS if c not in on]
+        label = "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
+    return label + ("-with-" + "+".join(extras) if extras else "")
 
 
 def row_order(components, advantage_estimator: str = "gae", label: str = "") -> tuple:
     """Sort key in the paper's order: full VAPO, single drops (COMPONENTS order), joint drops,
-    vanilla PPO, critic-free rows."""
+    vanilla PPO, critic-free rows; a row with optional components right after its base row."""
     dropped = tuple(COMPONENTS.index(c) for c in COMPONENTS if c not in components)
+    extras = tuple(OPTIONAL_COMPONENTS.index(c) for c in OPTIONAL_COMPONENTS if c in components)
     if advantage_estimator == "grpo":
-        return (4, dropped, label)
+        return (4, dropped, extras, label)
     if not dropped:
-        return (0, (), label)
+        return (0, (), extras, label)
     if len(dropped) == len(COMPONENTS):
-        return (3, (), label)
-    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), label)
+        return (3, (), extras, label)
+    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), extras, label)
 
 
 def _f(default, doc: str, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
@@ -87,6 +106,7 @@ class ComponentValues:
     eps_high: float = _f(0.28, "upper clip epsilon with Clip-Higher (DAPO/VAPO: 0.28)", lo=0.0)
     mu: float = _f(0.1, "weight of the positive-example NLL (paper: 0.1)", lo=0.0)
     samples_per_prompt: int = _f(16, "samples per prompt with group sampling (paper: 16)", lo=2)
+    kl_coef: float = _f(0.05, "weight of the KL(policy || initial policy) penalty of the optional kl_penalty component (not in VAPO)", lo=0.0)
 
 
 @dataclass
@@ -126,6 +146,11 @@ class PPOConfig:
     grad_clip: float = _f(1.0, "max gradient norm, each model (0: off)", lo=0.0)
     max_new_tokens: int | None = _f(None, "response length limit (None: the task's default)", lo=1)
     temperature: float = _f(1.0, "rollout sampling temperature", lo=0.0, lo_open=True)
+    rollout_batch_size: int | None = _f(None, "responses per generate call, rollouts and evals (None: all at once); bounds sampling memory", lo=1)
+    logits_chunk: int | None = _f(None, "response positions per output-layer chunk in the update's log-prob pass (None: all); "
+                                        "bounds logits memory to micro_batch x chunk x vocab", lo=1)
+    recompute_logprobs: bool = _f(False, "recompute the behaviour log-probs with the training forward pass (one extra actor "
+                                         "pass) instead of taking the sampler's; for bf16 sampling or a remote engine")
     top_p: float = _f(1.0, "rollout nucleus sampling (1.0: off)", lo=0.0, hi=1.0, lo_open=True)
 
 
@@ -136,8 +161,17 @@ class RunConfig:
     task: str = _f("chain", "task name (see vapo_lit.tasks)")
     task_options: dict = _f({}, "keyword options for the task (e.g. data file paths for 'math')")
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
-    critic_init: str = _f("reward_model", "critic initialisation: 'reward_model', 'actor' or a local dir")
+    critic_init: str = _f("auto", "critic initialisation: 'auto' (the built-in reward model for the built-in policy, "
+                                  "else 'actor'), 'reward_model', 'actor' (the policy's backbone + a fresh value head) or a local dir")
+    model_dtype: str = _f("float32", "dtype the models are loaded in: float32 master weights (AdamW at small learning rates "
+                                     "needs them), bfloat16, float16, float64, or auto (the checkpoint's)",
+                          choices=("float32", "bfloat16", "float16", "float64", "auto"))
+    gradient_checkpointing: bool = _f(False, "recompute activations in the backward pass (transformers' gradient checkpointing, actor and critic)")
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
+    truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
+                         choices=("terminal", "bootstrap"))
+    rollout_engine: str = _f("hf", "rollout engine: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, README 'Rollout engines')",
+                             choices=("hf", "cb"))
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})
@@ -159,6 +193,14 @@ class RunConfig:
     wandb_group: str | None = _f(None, "W&B group (a grid shares one)")
     wandb_job_type: str | None = _f(None, "W&B job_type (a grid's table row)")
     threads: int | None = _f(None, "torch CPU threads (None: torch's default)", lo=1)
+    accelerator: str = _f("auto", "Lightning accelerator: auto, cpu, gpu, cuda, mps", choices=("auto", "cpu", "gpu", "cuda", "mps"))
+    devices: str = _f("1", "Lightning devices: a count ('2'), a list ('0,1') or 'auto'")
+    num_nodes: int = _f(1, "machines (Lightning num_nodes; each runs `devices` processes)", lo=1)
+    strategy: str = _f("auto", "data parallelism: auto (ddp when more than one device), ddp (one DistributedDataParallel "
+                                "per model), fsdp (actor and critic sharded)", choices=("auto", "ddp", "fsdp"))
+    precision: str = _f("auto", "Lightning precision: auto (bf16-mixed on a GPU with bf16, else 32-true), 32-true, 64-true, "
+                                "bf16-mixed (fp32 master weights, bf16 compute), bf16-true",
+                        choices=("auto", "32-true", "64-true", "bf16-mixed", "bf16-true"))
     cache_dir: str | None = _f(None, "cache of built models and pretrained critics (default ~/.cache/vapo-lit)")
 
 
@@ -202,7 +244,17 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     walk(cfg, "")
     check_components(cfg.components)
+    devices = parse_devices(cfg.devices)
     p = cfg.ppo
+    world = (len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1) * cfg.num_nodes
+    if world > 1:
+        k = cfg.vapo.samples_per_prompt if "group_sampling" in cfg.components else 1
+        prompts = p.responses_per_step // k
+        for what, n in (("prompts per step (ppo.responses_per_step / samples per prompt)", prompts),
+                        ("ppo.mini_batch_size", p.mini_batch_size)):
+            if n % world:
+                raise ValueError(f"{what} = {n} must be a multiple of the {world} processes (devices x num_nodes): "
+                                 "each rank takes whole prompt groups and an equal share of every mini-batch")
     if p.mini_batch_size > p.responses_per_step:
         raise ValueError(
             f"ppo.mini_batch_size={p.mini_batch_size} exceeds ppo.responses_per_step={p.responses_per_step}; "
@@ -231,6 +283,23 @@ def validate(cfg: RunConfig) -> RunConfig:
         if "group_sampling" not in cfg.components:
             raise ValueError("advantage_estimator=grpo needs group_sampling (the baseline is the group's mean score)")
     return cfg
+
+
+def parse_devices(text):
+    """'auto' | '2' | '0,1' as Lightning's devices argument (ValueError otherwise)."""
+    t = str(text).strip()
+    if t == "auto":
+        return t
+    try:
+        if "," in t:
+            ids = [int(x) for x in t.split(",") if x.strip()]
+            if ids and all(i >= 0 for i in ids):
+                return ids
+        elif int(t) >= 1:
+            return int(t)
+    except ValueError:
+        pass
+    raise ValueError(f"devices={text!r} is not valid; give a count (2), a list of device ids (0,1) or auto")
 
 
 # ----------------------------------------------------------------------------- dict round trip

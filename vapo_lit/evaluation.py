@@ -8,16 +8,25 @@ from collections import defaultdict
 
 import torch
 
-from vapo_lit.rollout import generate
+
+def as_engine(model_or_engine, tokenizer):
+    """An engine as it is; a plain causal LM wrapped in the KV-cached `HFEngine`."""
+    from vapo_lit.engines import HFEngine, RolloutEngine
+
+    if isinstance(model_or_engine, RolloutEngine):
+        return model_or_engine
+    return HFEngine(model_or_engine, tokenizer)
 
 
 @torch.no_grad()
-def evaluate(model, task, problems, *, k: int = 8, temperature: float = 1.0, top_p: float = 0.7,
+def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
              max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
-             tokenizer=None, return_samples: bool = False) -> dict[str, float]:
+             tokenizer=None, return_samples: bool = False, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
     """Sample `k` responses per problem and score them with ``task.verify``.
 
-    Returns (all floats):
+    `model` is a rollout engine (`vapo_lit.engines`) or a plain HF causal LM (sampled with the
+    KV-cached engine). `sampling` (a `SamplingParams`) overrides temperature / top_p /
+    max_new_tokens. Returns (all floats):
 
     * ``eval/avg@k``: mean over problems of the mean reward over its k samples;
     * ``eval/avg@k/<bucket>``: the same within each of ``task.bucket_names()`` (buckets without
@@ -31,35 +40,49 @@ def evaluate(model, task, problems, *, k: int = 8, temperature: float = 1.0, top
     * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
       in tokens (NaN when none).
 
-    Samples are drawn in batches of `batch_size` responses from one generator seeded with `seed`,
-    so the result is a deterministic function of (model, problems, arguments). With
-    ``return_samples=True`` a second value is returned: a list of per-response dicts.
+    Samples are drawn in chunks of `batch_size` responses; sample j (problem j // k) is seeded
+    with ``sample_seed(seed, j)``, so the result is a deterministic function of (model, problems,
+    arguments) whatever the chunk size. With ``return_samples=True`` a second value is returned: a list of per-response dicts.
+
+    `shard` = (rank, world): under data parallelism each rank samples and verifies a contiguous
+    1/world of the samples and the per-sample results are gathered, so every rank returns the
+    same metrics as a single process would.
     """
+    from vapo_lit.distributed import gather_objects
+    from vapo_lit.engines import SamplingParams
+    from vapo_lit.rng import sample_seed
+
     problems = list(problems)
     if not problems:
         raise ValueError("no problems to evaluate")
     if k < 1:
         raise ValueError("k must be >= 1")
-    tok = tokenizer if tokenizer is not None else task.tokenizer
-    max_new = max_new_tokens or task.max_new_tokens
-    gen = torch.Generator().manual_seed(seed)
+    engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer)
+    if sampling is None:
+        sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
+                                  top_p=top_p)
     flat = [p for p in problems for _ in range(k)]
-    rewards, stricts, lengths, truncs, texts, errors = [], [], [], [], [], 0
-    any_strict = False
-    for i in range(0, len(flat), batch_size):
-        chunk = flat[i: i + batch_size]
-        ro = generate(model, tok, [p.prompt for p in chunk], max_new_tokens=max_new,
-                      temperature=temperature, top_p=top_p, generator=gen)
+    rank, world = shard
+    per_rank = -(-len(flat) // world)
+    lo, hi = min(rank * per_rank, len(flat)), min((rank + 1) * per_rank, len(flat))
+    records = []  # (reward, error?, strict or None, length, truncated, text) of samples lo..hi-1
+    for i in range(lo, hi, batch_size):
+        chunk = flat[i: min(i + batch_size, hi)]
+        ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
+        chunk_lengths, chunk_truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
         for j, (p, text) in enumerate(zip(chunk, ro.texts)):
             v = task.verify(p, text)
-            if v.error is not None:
-                errors += 1
-            rewards.append(float(v.reward) if v.error is None else 0.0)
-            any_strict |= v.strict is not None
-            stricts.append(1.0 if v.strict else 0.0)
-            lengths.append(int(ro.lengths[j]))
-            truncs.append(bool(ro.truncated[j]))
-            texts.append(text)
+            records.append((float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
+                            int(chunk_lengths[j]), bool(chunk_truncated[j]), text))
+    if world > 1:
+        records = [r for part in gather_objects(records) for r in part]
+    rewards = [r[0] for r in records]
+    errors = sum(r[1] for r in records)
+    any_strict = any(r[2] is not None for r in records)
+    stricts = [1.0 if r[2] else 0.0 for r in records]
+    lengths = [r[3] for r in records]
+    truncs = [r[4] for r in records]
+    texts = [r[5] for r in records]
 
     per_problem = defaultdict(list)
     by_bucket: dict[str, list[float]] = defaultdict(list)
@@ -114,3 +137,23 @@ def format_table(metrics: dict[str, float], task=None, *, k: int | None = None) 
         if key in metrics:
             lines.append(f"{key} = {metrics[key]:.4g}")
     return "\n".join(lines)
+
+
+def eval_subset(task, n: int | None) -> list:
+    """The first n eval problems of each bucket in turn (round robin), so a subset still covers
+    every length bucket evenly; all of them when n is None."""
+    problems = task.eval_problems()
+    if not n or n >= len(problems):
+        return problems
+    by_bucket: dict[str, list] = {}
+    for pr in problems:
+        by_bucket.setdefault(task.bucket(pr), []).append(pr)
+    queues = [by_bucket[b] for b in task.bucket_names() if b in by_bucket]
+    out, i = [], 0
+    while len(out) < n:
+        q = queues[i % len(queues)]
+        j = i // len(queues)
+        if j < len(q):
+            out.append(q[j])
+        i += 1
+    return out

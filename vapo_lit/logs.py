@@ -127,6 +127,10 @@ class ResumableCSVLogger(CSVLogger):
 
     @property
     def experiment(self):
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if rank_zero_only.rank != 0:  # only rank 0 writes the log
+            return super().experiment
         if self._experiment is None:
             self._fs.makedirs(self.root_dir, exist_ok=True)
             self._experiment = CrashSafeWriter(self.log_dir, self._keep_until)

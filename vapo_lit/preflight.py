@@ -24,7 +24,7 @@ from vapo_lit.config import RunConfig, validate
 
 WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
                 "pytorch_model.bin.index.json")
-CRITIC_CHOICES = ("--critic_init actor (the policy's backbone with a fresh value head) or --critic_init PATH "
+CRITIC_CHOICES = ("--critic_init actor or auto (the policy's backbone with a fresh value head) or --critic_init PATH "
                   "(a local value/reward model or HF causal-LM folder)")
 
 
@@ -45,7 +45,7 @@ def preflight(cfg: RunConfig) -> RunConfig:
         if cfg.critic_init == "reward_model" and local_policy:
             raise ValueError(f"critic_init='reward_model' is built only for --model builtin, not for the local model "
                              f"{cfg.model!r}; use {CRITIC_CHOICES}")
-        if cfg.critic_init not in ("reward_model", "actor"):
+        if cfg.critic_init not in ("auto", "reward_model", "actor"):
             check_model_dir(cfg.critic_init, "critic_init")
     check_task(cfg)
     return cfg

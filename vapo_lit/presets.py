@@ -26,7 +26,10 @@ PRESETS: dict[str, dict] = {
     },
     "paper": {
         "ppo": {"actor_lr": 1e-6, "critic_lr": 2e-6, "responses_per_step": 8192, "mini_batch_size": 512,
-                "micro_batch_size": 8, "lam": 0.95, "gamma": 1.0, "eps": 0.2},
+                "micro_batch_size": 8, "lam": 0.95, "gamma": 1.0, "eps": 0.2,
+                # memory-bounded passes (not in the paper; they do not change the result)
+                "rollout_batch_size": 512, "logits_chunk": 512},
+        "gradient_checkpointing": True,
         "vapo": {"alpha": 0.05, "value_pretrain_steps": 50, "lambda_critic": 1.0, "eps_high": 0.28, "mu": 0.1,
                  "samples_per_prompt": 16},
         "eval_k": 32, "eval_top_p": 0.7, "eval_temperature": 1.0, "steps": 5000, "eval_every": 50,

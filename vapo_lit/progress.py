@@ -57,6 +57,12 @@ def quiet_libraries() -> None:
         pass
 
 
+def _pretraining(pl_module) -> bool:
+    """In the critic-only value-pretraining phase (the module's `pretrain.active`)."""
+    phase = getattr(pl_module, "pretrain", None)
+    return bool(getattr(phase, "active", False))
+
+
 def fmt_eta(seconds: float) -> str:
     if not math.isfinite(seconds):
         return "?"
@@ -88,7 +94,7 @@ class ProgressLine(Callback):
         return self.stream or sys.stdout
 
     def on_train_start(self, trainer, pl_module) -> None:
-        self.on = is_enabled()
+        self.on = is_enabled() and trainer.is_global_zero  # one line per run, not one per rank
         self.t0, self.it0 = time.perf_counter(), pl_module.iteration
         self.tty = bool(getattr(self.out, "isatty", lambda: False)())
         if self.every is None:
@@ -101,32 +107,33 @@ class ProgressLine(Callback):
 
     def line(self, pl_module) -> str:
         cfg, m = pl_module.cfg, pl_module.last_metrics or {}
-        key = f"eval/avg@{cfg.eval_k}"
-        if key in m:
-            self.last_eval = (m[key], pl_module.ppo_updates)
+        ev = getattr(pl_module, "last_eval", None)  # EvalResult: score, ppo_update (the base policy's at 0)
+        if ev is not None:
+            self.last_eval = (ev.score, ev.ppo_update)
         done = pl_module.iteration - self.it0
         per_it = (time.perf_counter() - self.t0) / done if done > 0 else float("nan")
-        pretraining = pl_module.phase == "value_pretrain"
+        pretraining = _pretraining(pl_module)
         pre_left = max(0, cfg.vapo.value_pretrain_steps - pl_module.iteration) if pretraining else 0
         left = cfg.steps - pl_module.ppo_updates + pre_left
-        ev = "-" if self.last_eval is None else f"{_num(self.last_eval[0])} @{self.last_eval[1]}"
+        shown = "-" if self.last_eval is None else f"{_num(self.last_eval[0])} @{self.last_eval[1]}"
         name = os.path.basename(str(getattr(pl_module.trainer, "default_root_dir", "")) or "run")
         return (f"{name}  it {pl_module.iteration}/{self._total(pl_module)}  ppo {pl_module.ppo_updates}/{cfg.steps}  "
                 f"phase {'value-pretrain' if pretraining else 'ppo'}  score {_num(m.get('objective/score'))}  "
-                f"eval avg@{cfg.eval_k} {ev}  EV {_num(m.get('value/explained_variance'))}  "
+                f"eval avg@{cfg.eval_k} {shown}  EV {_num(m.get('value/explained_variance'))}  "
                 f"{_num(per_it, '.1f')} s/it  ETA {fmt_eta(per_it * left)}")
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.on:
             return
         text = self.line(pl_module)
+        ev = getattr(pl_module, "last_eval", None)
+        evaluated = ev is not None and ev.iteration == pl_module.iteration
         if self.tty:
             pad = max(0, self.width - len(text))
             self.width = len(text)
             self.out.write("\r" + text + " " * pad)
             self.out.flush()
-        elif (pl_module.iteration % self.every == 0 or trainer.should_stop
-              or f"eval/avg@{pl_module.cfg.eval_k}" in (pl_module.last_metrics or {})):
+        elif pl_module.iteration % self.every == 0 or trainer.should_stop or evaluated:
             print(text, file=self.out, flush=True)
 
     def _end_line(self) -> None:

@@ -19,9 +19,14 @@ from dataclasses import dataclass
 
 import torch
 
+from vapo_lit.algos.losses import at_least_float32
+from vapo_lit.rng import sample_seed, uniforms
+
 
 @dataclass
 class Rollout:
+    """One response per prompt; every tensor on the sampling model's device."""
+
     prompt_ids: torch.LongTensor
     """(N, P) LEFT-padded with the pad id."""
     prompt_mask: torch.Tensor
@@ -50,6 +55,32 @@ class Rollout:
     def attention_mask(self) -> torch.Tensor:
         """(N, P + R) long mask of real tokens."""
         return torch.cat([self.prompt_mask.long(), self.response_mask.long()], dim=1)
+
+
+def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
+    """One Rollout from chunks: prompts re-padded on the left, responses on the right."""
+    if len(parts) == 1:
+        return parts[0]
+    P = max(p.prompt_ids.shape[1] for p in parts)
+    R = max(p.response_ids.shape[1] for p in parts)
+
+    def left(t, width, value):
+        return torch.nn.functional.pad(t, (width - t.shape[1], 0), value=value)
+
+    def right(t, width, value):
+        return torch.nn.functional.pad(t, (0, width - t.shape[1]), value=value)
+
+    return Rollout(
+        prompt_ids=torch.cat([left(p.prompt_ids, P, pad_id) for p in parts]),
+        prompt_mask=torch.cat([left(p.prompt_mask, P, 0) for p in parts]),
+        response_ids=torch.cat([right(p.response_ids, R, pad_id) for p in parts]),
+        response_mask=torch.cat([right(p.response_mask, R, 0.0) for p in parts]),
+        logprobs=torch.cat([right(p.logprobs, R, 0.0) for p in parts]),
+        lengths=torch.cat([p.lengths for p in parts]),
+        terminated=torch.cat([p.terminated for p in parts]),
+        truncated=torch.cat([p.truncated for p in parts]),
+        texts=[t for p in parts for t in p.texts],
+    )
 
 
 def pad_id_of(tokenizer) -> int:
@@ -140,8 +171,9 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 
 
 def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
-                generator: torch.Generator | None) -> tuple[torch.LongTensor, torch.Tensor]:
-    """Sample one token per row of `logits` (N, V); return (tokens, behaviour log-probs)."""
+                u: torch.Tensor | None) -> tuple[torch.LongTensor, torch.Tensor]:
+    """One token per row of `logits` (N, V) by inverse-CDF sampling with the uniforms `u` (N,)
+    (see vapo_lit.rng); returns (tokens, behaviour log-probs). Greedy when temperature is 0."""
     logits = logits.float()
     if temperature <= 0:
         logp = torch.log_softmax(logits, -1)
@@ -149,17 +181,31 @@ def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
     else:
         logp = torch.log_softmax(logits / temperature, -1)
         probs = top_p_filter(logp.exp(), top_p)
-        tok = torch.multinomial(probs, 1, generator=generator).squeeze(-1)
+        cdf = probs.double().cumsum(-1)
+        target = (u.to(cdf.device, torch.float64) * cdf[:, -1]).unsqueeze(-1)
+        tok = torch.searchsorted(cdf, target, right=True).squeeze(-1).clamp(max=logits.shape[-1] - 1)
     return tok, logp.gather(-1, tok[:, None]).squeeze(-1)
+
+
+def as_seeds(seeds, n: int) -> torch.LongTensor:
+    """(n,) int64 seeds, one per response; an int is expanded to `sample_seed(seed, i)`."""
+    if isinstance(seeds, int):
+        seeds = [sample_seed(seeds, i) for i in range(n)]
+    t = torch.as_tensor(seeds, dtype=torch.int64)
+    if t.shape != (n,):
+        raise ValueError(f"need one seed per prompt: {n} prompts, seeds of shape {tuple(t.shape)}")
+    return t
 
 
 @torch.no_grad()
 def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, generator: torch.Generator | None = None) -> Rollout:
+             top_p: float = 1.0, seeds=0) -> Rollout:
     """Sample one response per prompt with a KV cache, one token at a time.
 
-    Stops as soon as every sequence has emitted EOS, or after `max_new_tokens`. `generator`
-    (a CPU `torch.Generator`) makes sampling reproducible for the same model and prompts.
+    Stops as soon as every sequence has emitted EOS, or after `max_new_tokens`. `seeds`: one
+    int per prompt (or one int for all, expanded per row): response i's token t is drawn with
+    `vapo_lit.rng.uniforms(seeds, t)[i]`, so it depends on its own seed and the model only, not
+    on the rest of the batch.
     """
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
@@ -171,6 +217,7 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
         device = next(model.parameters()).device
         prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
         n = prompt_ids.shape[0]
+        row_seeds = as_seeds(seeds, n)
         pad = pad_id_of(tokenizer)
         eos = torch.tensor(eos_ids_of(model, tokenizer), device=device)
 
@@ -188,7 +235,7 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
         lengths = torch.zeros(n, dtype=torch.long, device=device)
         terminated = torch.zeros(n, dtype=torch.bool, device=device)
         for step in range(max_new_tokens):
-            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, generator=generator)
+            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, u=uniforms(row_seeds, step))
             tok = torch.where(done, torch.full_like(tok, pad), tok)
             lp = torch.where(done, torch.zeros_like(lp), lp)
             tokens.append(tok)
@@ -206,16 +253,15 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
             logits = out.logits[:, -1, :]
             next_pos = next_pos + 1
 
-        response_ids = torch.stack(tokens, 1).cpu()
-        logprobs = torch.stack(logps, 1).float().cpu()
-        lengths = lengths.cpu()
-        terminated = terminated.cpu()
+        response_ids = torch.stack(tokens, 1)
+        logprobs = torch.stack(logps, 1).float()
         r = response_ids.shape[1]
-        response_mask = (torch.arange(r)[None, :] < lengths[:, None]).float()
+        response_mask = (torch.arange(r, device=device)[None, :] < lengths[:, None]).float()
         logprobs = logprobs * response_mask
-        texts = tokenizer.batch_decode(
-            [response_ids[i, : int(lengths[i])].tolist() for i in range(n)], skip_special_tokens=True)
-        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+        cpu_ids, cpu_len = response_ids.cpu(), lengths.cpu()
+        texts = tokenizer.batch_decode([cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(n)],
+                                       skip_special_tokens=True)
+        return Rollout(prompt_ids=ids, prompt_mask=prompt_mask.to(device), response_ids=response_ids,
                        response_mask=response_mask, logprobs=logprobs, lengths=lengths,
                        terminated=terminated, truncated=~terminated, texts=list(texts))
     finally:
@@ -224,12 +270,12 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
 
 def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
                       temperature: float = 1.0) -> torch.Tensor:
-    """(N, L-1, V) float logits / T predicting token t+1 from tokens <= t, with the same positions
+    """(N, L-1, V) logits / T (at least float32) predicting token t+1 from tokens <= t, with the same positions
     as :func:`generate` (``cumsum(mask) - 1``). Gradients flow (no no_grad). The PPO update reads
     its log-probs and entropy from these, so the ratio compares like with like."""
     pos = position_ids_from_mask(attention_mask)
     logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
-    logits = logits[:, :-1].float()
+    logits = at_least_float32(logits[:, :-1])
     return logits / temperature if temperature > 0 else logits
 
 

@@ -9,7 +9,8 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
-from vapo_lit.config import COMPONENTS, RunConfig, to_dict
+from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, to_dict
+from vapo_lit.models import resolve_critic_init
 
 
 def run_card(cfg: RunConfig, module) -> dict:
@@ -20,9 +21,10 @@ def run_card(cfg: RunConfig, module) -> dict:
         "config": to_dict(cfg),
         "components_on": [c for c in COMPONENTS if c in cfg.components],
         "components_off": [c for c in COMPONENTS if c not in cfg.components],
+        "optional_components_on": [c for c in OPTIONAL_COMPONENTS if c in cfg.components],
         "switches": to_dict(sw),
         "value_initialisation_and_warmup": {
-            "critic_init": cfg.critic_init,
+            "critic_init": resolve_critic_init(cfg.critic_init, cfg.model),
             "value_pretraining": sw.value_pretraining,
             "warmup_steps_max": sw.value_pretrain_steps if sw.value_pretraining else 0,
             "warmup_stop_min_ev": sw.value_pretrain_min_ev if sw.value_pretraining else None,
@@ -42,7 +44,10 @@ def run_card(cfg: RunConfig, module) -> dict:
         },
         "masks": {
             "terminal": "response ended with EOS: no value after the last token (bootstrap 0)",
-            "truncated": "response hit max_new_tokens: bootstrapped from V(state after the last token)",
+            "truncated": ("response hit max_new_tokens: bootstrapped from V(state after the last token)"
+                          if cfg.truncation == "bootstrap" else
+                          "response hit max_new_tokens: scored by the verifier and treated as terminal (bootstrap 0)"),
+            "truncation": cfg.truncation,
             "padding": "no TD residual; interior zeros are skipped as if cut out",
         },
         "token_denominator": (
@@ -65,8 +70,9 @@ def run_card(cfg: RunConfig, module) -> dict:
         },
         "sampling": {
             "temperature": p.temperature, "top_p": p.top_p,
-            "behaviour_logprobs": "recorded at sampling time: log softmax(logits / temperature) of the sampled "
-                                  "token, before top-p truncation (KV-cached generation)",
+            "behaviour_logprobs": ("recomputed by the training forward pass after sampling" if p.recompute_logprobs else
+                                   "recorded at sampling time: log softmax(logits / temperature) of the sampled "
+                                   f"token, before top-p truncation (rollout engine {cfg.rollout_engine!r})"),
             "eval": {"k": cfg.eval_k, "temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p},
         },
         "verifier": {
@@ -77,6 +83,10 @@ def run_card(cfg: RunConfig, module) -> dict:
         "eps": {"eps_low": p.eps, "eps_high": sw.eps_high if sw.clip_higher else p.eps},
         "advantage_normalisation": "actor advantages whitened over valid tokens" if p.whiten_advantages else "none",
         "software": {"torch": torch.__version__, "lightning": L.__version__},
+        "hardware": {**getattr(module, "hardware", {}), "model_dtype": cfg.model_dtype,
+                     "gradient_checkpointing": cfg.gradient_checkpointing,
+                     "rollout_batch_size": p.rollout_batch_size, "logits_chunk": p.logits_chunk,
+                     "micro_batch_size": p.micro_batch_size},
     }
 
 
@@ -87,6 +97,8 @@ class RunCardWriter(Callback):
         self.run_dir, self.extra = Path(run_dir), extra
 
     def on_fit_start(self, trainer, pl_module) -> None:
+        if not trainer.is_global_zero:
+            return
         card = run_card(pl_module.cfg, pl_module)
         card.update(self.extra)
         for lg in trainer.loggers:

@@ -19,9 +19,11 @@ import torch
 import yaml
 
 from vapo_lit.build import build_module
-from vapo_lit.checkpoints import RunCheckpoints
+from vapo_lit.checkpoints import RunCheckpoints, RunExports
 from vapo_lit.components import build_callbacks
 from vapo_lit.config import RunConfig, run_label, to_dict
+from vapo_lit.devices import describe, trainer_kwargs
+from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.preflight import preflight
 from vapo_lit.progress import ProgressLine
@@ -45,12 +47,15 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         raise FileExistsError(
             f"{run_dir} already holds a run; pass --resume to continue it or choose another --name/--out_dir"
         )
+    hardware = trainer_kwargs(cfg)  # raises on a device that is not there, before anything is written
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    run_dir.mkdir(parents=True, exist_ok=True)
-    (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
+    zero = is_global_zero_env()  # with several processes only rank 0 writes the run folder
+    if zero:
+        run_dir.mkdir(parents=True, exist_ok=True)
+        (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
     keep_until = None
     wandb_id = None
@@ -68,9 +73,10 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         loggers.append(wb)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
-                 RunCardWriter(run_dir, {"run_dir": str(run_dir)}), ProgressLine(), *extra_callbacks]
+                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), ProgressLine(), *extra_callbacks]
+    module.hardware = describe(hardware)  # recorded in the run card
     trainer = L.Trainer(
-        accelerator="cpu" if not torch.cuda.is_available() else "auto", devices=1, max_epochs=-1, max_steps=-1,
+        **hardware, max_epochs=-1, max_steps=-1,
         logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(run_dir),
     )
@@ -95,7 +101,8 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         "best_eval": module.best_eval, "wall_seconds": time.perf_counter() - t0,
         "last_metrics": module.last_metrics,
     }
-    write_json(run_dir / "summary.json", summary)
+    if trainer.is_global_zero:
+        write_json(run_dir / "summary.json", summary)
     if wb is not None:
         wb.experiment.finish()  # flush and close this run's file now (not at interpreter exit)
     return summary

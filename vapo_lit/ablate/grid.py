@@ -26,7 +26,7 @@ from pathlib import Path
 import yaml
 
 from vapo_lit.cache import config_key
-from vapo_lit.config import COMPONENTS, RunConfig, check_components, merge, run_label, to_dict, validate
+from vapo_lit.config import COMPONENTS, RunConfig, check_components, merge, ordered, run_label, to_dict, validate
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
                "cache_dir", "checkpoint_every")
@@ -42,7 +42,7 @@ class Row:
     delta: dict = field(default_factory=dict)
 
     def config(self, base: RunConfig) -> RunConfig:
-        return merge(base, {**self.delta, "components": [c for c in COMPONENTS if c in self.components]})
+        return merge(base, {**self.delta, "components": ordered(self.components)})
 
 
 @dataclass
@@ -77,7 +77,7 @@ def _row_from_spec(spec: dict, where: str) -> Row:
     for key in ("drop", "only"):
         check_components(spec.get(key) or [], where)
     if "only" in spec:
-        comps = [c for c in COMPONENTS if c in (spec["only"] or [])]
+        comps = ordered(spec["only"] or [])
     else:
         comps = [c for c in COMPONENTS if c not in (spec.get("drop") or [])]
     delta = dict(spec.get("set") or {})

@@ -114,8 +114,9 @@ def prepare_models(cells, log=print) -> None:
         log(f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)")
 
 
-def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log=print) -> int:
-    """Enqueue the grid, work on it with `workers` local processes, write the report.
+def run(p: Plan, *, workers: int = 1, report=None, log=print) -> int:
+    """Enqueue the grid, work on it with `workers` local processes, then `report(plan)` (a callable
+    returning the report's text, given by the CLI: the runner does not import the report).
     Returns 0 when every cell finished, 1 when some failed (after their retries)."""
     t0 = time.time()
     store = open_store(p)
@@ -146,10 +147,7 @@ def run(p: Plan, *, workers: int = 1, report: bool = True, last_n: int = 10, log
     for cid, err in (status.errors or {}).items():
         name = next(c.cfg.name for c in p.cells if c.cell_id == cid)
         log(f"FAILED {name}: {err.strip().splitlines()[0] if err.strip() else err}")
-    if report:
-        from vapo_lit.report import write_report
-
-        text = write_report(p.out, grid_id=p.grid.grid_id, last_n=last_n)
-        log(text)
+    if report is not None:
+        log(report(p))
     log(f"[{p.grid.grid_id}] finished in {progress.fmt_seconds(time.time() - t0)}")
     return 0 if status.failed == 0 and not crashed else 1

@@ -135,16 +135,13 @@ def prune_callback(trial, k: int):
             self.reported = set()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
-            m = pl_module.last_metrics
-            step = int(pl_module.ppo_updates)
-            scheduled = not pl_module.phase == "value_pretrain" and step >= 1 and (
-                (pl_module.cfg.eval_every and step % pl_module.cfg.eval_every == 0) or step >= pl_module.cfg.steps)
-            if key not in m or not scheduled or step in self.reported:  # (not the base policy's eval)
-                return
-            self.reported.add(step)
-            trial.report(float(m[key]), step)
+            ev = pl_module.last_eval
+            if ev is None or ev.iteration != pl_module.iteration or ev.ppo_update < 1 or ev.ppo_update in self.reported:
+                return  # no eval in this iteration (the base policy's eval is not reported)
+            self.reported.add(ev.ppo_update)
+            trial.report(ev.score, ev.ppo_update)
             if trial.should_prune():
-                raise optuna.TrialPruned(f"{key}={m[key]:.4f} at PPO update {step}")
+                raise optuna.TrialPruned(f"{key}={ev.score:.4f} at PPO update {ev.ppo_update}")
 
     return PruneOnEval()
 
@@ -155,8 +152,21 @@ def run_dir_of_trial(out: Path, study: str, trial) -> tuple[Path, str]:
     return Path(out) / "trials", f"{study}-t{trial.number if root is None else root}"
 
 
+def trained_evals(run_dir: Path, k: int) -> list[float]:
+    """eval/avg@k of every eval after training started (the base policy's step-0 row left out)."""
+    import csv
+    import math
+
+    key, out = f"eval/avg@{k}", []
+    with open(Path(run_dir) / "metrics.csv", newline="") as f:
+        for row in csv.DictReader(f):
+            value = row.get(key) or ""
+            if value and row.get("step") not in ("0", "0.0") and not math.isnan(float(value)):
+                out.append(float(value))
+    return out
+
+
 def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
-    from vapo_lit.report.collect import load_run, per_run
     from vapo_lit.train import train
 
     def objective(trial) -> float:
@@ -173,11 +183,10 @@ def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
             (runs / ".partial").mkdir(parents=True, exist_ok=True)
             shutil.move(str(runs / name), str(runs / ".partial" / f"{name}-t{trial.number}"))
         train(cfg, resume=resume, extra_callbacks=[prune_callback(trial, cfg.eval_k)])
-        row = per_run(load_run(runs / name, "trial"), last_n=1)
-        value = row["peak" if spec.objective == "best" else "final"]
-        if value != value:
+        evals = trained_evals(runs / name, cfg.eval_k)
+        if not evals:
             raise RuntimeError("the run logged no eval after training (set eval_every or steps)")
-        return value
+        return max(evals) if spec.objective == "best" else evals[-1]
 
     return objective
 

@@ -13,6 +13,7 @@ from vapo_lit.algos.losses import (
     AGGREGATIONS,
     PolicyLossStats,
     aggregate,
+    at_least_float32,
     clip_fractions,
     clipped_surrogate,
     entropy_from_logits,
@@ -35,7 +36,7 @@ from vapo_lit.algos.stats import (
 
 __all__ = [
     "gae", "decoupled_gae", "length_adaptive_lambda", "lambda_clamped", "group_normalized_advantage",
-    "AGGREGATIONS", "PolicyLossStats", "aggregate", "clip_fractions", "clipped_surrogate",
+    "AGGREGATIONS", "PolicyLossStats", "aggregate", "at_least_float32", "clip_fractions", "clipped_surrogate",
     "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
     "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",
     "masked_whiten", "valid_positions", "value_bias",

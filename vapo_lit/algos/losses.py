@@ -26,6 +26,7 @@ __all__ = [
     "value_loss",
     "entropy_from_logits",
     "token_logprobs",
+    "at_least_float32",
 ]
 
 AGGREGATIONS = ("token", "sample")
@@ -142,15 +143,21 @@ def value_loss(values, returns, mask, *, old_values=None, clip_range=None, aggre
     return 0.5 * aggregate(err, mask, aggregation, denominator)
 
 
+def at_least_float32(x: torch.Tensor) -> torch.Tensor:
+    """x in float32 if it is in a lower precision, else unchanged (float64 stays float64)."""
+    return x.float() if x.dtype in (torch.float16, torch.bfloat16) else x
+
+
 def entropy_from_logits(logits: torch.Tensor) -> torch.Tensor:
-    """Entropy of softmax(logits) over the last dim: logsumexp(z) - sum(p * z)."""
-    logits = logits.float()
+    """Entropy of softmax(logits) over the last dim: logsumexp(z) - sum(p * z) (half precision is
+    upcast to float32; float32/float64 are kept)."""
+    logits = at_least_float32(logits)
     p = torch.softmax(logits, dim=-1)
     return torch.logsumexp(logits, dim=-1) - (p * logits).sum(-1)
 
 
 def token_logprobs(logits: torch.Tensor, tokens: torch.Tensor) -> torch.Tensor:
     """log softmax(logits)[tokens] without materialising the full log-softmax twice."""
-    logits = logits.float()
+    logits = at_least_float32(logits)
     picked = logits.gather(-1, tokens.unsqueeze(-1)).squeeze(-1)
     return picked - torch.logsumexp(logits, dim=-1)

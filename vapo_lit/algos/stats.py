@@ -57,14 +57,19 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 - Var(R - V) / Var(R) over valid tokens (SPEC.md). nan when Var(R) == 0 or no tokens.
+    """1 - Var(R - V) / Var(R) over valid tokens (SPEC.md). nan when there are no tokens or Var(R)
+    is zero, counting a variance at rounding level of the values' scale as zero (returns computed
+    as V + A carry rounding noise where every outcome is 0; dividing by it gives nonsense).
 
     1 = perfect value prediction, 0 = no better than a constant, < 0 = worse than a constant.
     """
     _check_same_shape(values, returns, "values/returns")
     var_r = masked_var(returns, mask, unbiased=False)
     var_err = masked_var(returns - values, mask, unbiased=False)
-    if not bool(var_r > 0):
+    m = mask.bool()
+    scale = torch.cat([returns[m].abs(), values[m].abs(), returns.new_zeros(1)]).max()
+    noise = 16 * torch.finfo(returns.dtype).eps * scale
+    if not bool(var_r > noise * noise):
         return torch.full_like(var_r, float("nan"))
     return 1 - var_err / var_r
 

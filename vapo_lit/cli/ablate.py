@@ -5,6 +5,7 @@
     vapo-ablate --grid table1 --seeds 3 --workers 2       # ablations/table1.yaml, two local processes
     vapo-ablate --grid table1 --storage postgresql://user@db/vapo --out /shared/abl   # on each machine
     vapo-ablate --drop clip_higher --preset smoke --steps 5  # any config flag goes to every cell
+    vapo-ablate --grid table1 --seeds auto --max-seeds 10 --rows vanilla_ppo  # seeds until resolved
 
 Rerunning the same command resumes: finished cells are reused, a killed cell continues from its
 last checkpoint (after --grace seconds without heartbeat), failed cells get a fresh set of retries.
@@ -28,7 +29,15 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_selection_flags(ap)
     ap.add_argument("--grid", help="a grid in ablations/ (table1, pairwise, critic_free) or a YAML path")
-    ap.add_argument("--seeds", type=int, default=1, help="seeds per row: --seed, --seed+1, ... (default 1)")
+    ap.add_argument("--seeds", type=_seeds, default=1,
+                    help="seeds per row: --seed, --seed+1, ... (default 1); 'auto': add seeds until the rows of "
+                         "interest are resolved against the full recipe (see --max-seeds)")
+    ap.add_argument("--max-seeds", type=int, default=10, help="--seeds auto: at most this many seeds per row (default 10)")
+    ap.add_argument("--min-seeds", type=int, default=3, help="--seeds auto: seeds of the first round (default 3)")
+    ap.add_argument("--rows", help="--seeds auto: the rows of interest, comma-separated labels (default: every row "
+                                   "but the full recipe)")
+    ap.add_argument("--auto-metric", choices=("final", "peak", "auc"), default="final",
+                    help="--seeds auto: the score whose paired delta must be resolved (default final)")
     ap.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     ap.add_argument("--storage", help="Optuna RDB URL shared by all workers (default: sqlite:///OUT/ablate.db)")
     ap.add_argument("--storage-password-file", type=Path, metavar="FILE",
@@ -44,8 +53,22 @@ def build_parser() -> argparse.ArgumentParser:
     return ap
 
 
+def _seeds(text: str):
+    if text == "auto":
+        return text
+    try:
+        return int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give a number of seeds or 'auto'") from None
+
+
 def make_plan(args):
     """Validate the command line into a Plan (ValueError on anything wrong; nothing is written)."""
+    return make_plans(args)(args.seeds)
+
+
+def make_plans(args):
+    """Validate the command line; returns n_seeds -> Plan (ValueError on anything wrong; nothing is written)."""
     from vapo_lit.ablate.grid import grid_from_drop, load_grid
     from vapo_lit.ablate.runner import plan
 
@@ -63,8 +86,43 @@ def make_plan(args):
     grid = grid_from_drop(drop) if drop else load_grid(args.grid)
     args.drop = ""
     base = config_from_args(args)
-    return plan(grid, base, range(base.seed, base.seed + args.seeds), args.out, args.storage, workers=args.workers,
-                retries=args.retries, heartbeat_interval=args.heartbeat, grace_period=args.grace, study=args.study)
+
+    def plan_for(n_seeds: int):
+        return plan(grid, base, range(base.seed, base.seed + n_seeds), args.out, args.storage, workers=args.workers,
+                    retries=args.retries, heartbeat_interval=args.heartbeat, grace_period=args.grace, study=args.study)
+
+    return plan_for
+
+
+def check_auto(args, plan_for) -> list[str]:
+    """--seeds auto's flags, checked before any compute; returns the rows of interest."""
+    from vapo_lit.ablate.auto import rows_of_interest
+
+    if args.seeds != "auto":
+        if args.rows is not None:
+            raise ValueError("--rows is a --seeds auto flag")
+        return []
+    if not 2 <= args.min_seeds <= args.max_seeds:
+        raise ValueError(f"--seeds auto needs 2 <= --min-seeds ({args.min_seeds}) <= --max-seeds ({args.max_seeds})")
+    rows = [r.strip() for r in (args.rows or "").split(",") if r.strip()]
+    return rows_of_interest(plan_for(args.max_seeds), rows)  # every cell up to the cap validated
+
+
+def reporter(args):
+    """The report written after the grid (the runner calls it; it does not import the report)."""
+    if args.no_report:
+        return None
+
+    def report(p) -> str:
+        from vapo_lit.report import LogError, write_report
+
+        try:
+            kw = {"max_seeds": args.max_seeds} if args.seeds == "auto" else {}
+            return write_report(p.out, grid_id=p.grid.grid_id, last_n=args.last_n, **kw)
+        except LogError as e:  # no log at all (every cell failed) or a malformed one: say so, keep the exit code
+            return f"[{p.grid.grid_id}] no report: {e}"
+
+    return report
 
 
 def main(argv=None) -> int:
@@ -74,7 +132,9 @@ def main(argv=None) -> int:
     scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:
         args.storage = with_password(args.storage, args.storage_password_file)
-        p = make_plan(args)
+        plan_for = make_plans(args)
+        rows = check_auto(args, plan_for)
+        p = plan_for(args.min_seeds if args.seeds == "auto" else args.seeds)
     except ValueError as e:
         print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
         return errors.BAD_INPUT
@@ -83,7 +143,12 @@ def main(argv=None) -> int:
     # SIGTERM like Ctrl-C: running cells are handed back, not left to time out
     with errors.catch_signals():
         try:
-            return run(p, workers=args.workers, report=not args.no_report, last_n=args.last_n)
+            if args.seeds == "auto":
+                from vapo_lit.ablate.auto import run_auto
+
+                return run_auto(plan_for, rows=rows, min_seeds=args.min_seeds, max_seeds=args.max_seeds,
+                                metric=args.auto_metric, workers=args.workers, report=reporter(args))
+            return run(p, workers=args.workers, report=reporter(args))
         except ValueError as e:
             print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
             return errors.BAD_INPUT

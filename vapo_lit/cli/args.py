@@ -1,6 +1,6 @@
 """Command-line flags generated from the config dataclasses, YAML files, presets, --drop/--only.
 
-Precedence: defaults < --preset < --config FILE (YAML deltas) < individual flags < --drop/--only.
+Precedence: defaults < --preset < --config FILE (YAML deltas) < individual flags < --only, then --add and --drop.
 Every value is validated (type and range) before anything is built.
 """
 from __future__ import annotations
@@ -11,8 +11,8 @@ from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import (COMPONENTS, RunConfig, check_components, from_dict, merge, nest, parse_value, to_dict,
-                             validate, walk_fields)
+from vapo_lit.config import (COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, check_components, from_dict, merge, nest,
+                             ordered, parse_value, to_dict, validate, walk_fields)
 from vapo_lit.presets import PRESETS
 
 
@@ -30,7 +30,10 @@ def add_selection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file of settings (deltas from the preset)")
     parser.add_argument("--preset", default="default", help=f"base settings: {', '.join(PRESETS)} (default: default)")
     parser.add_argument("--drop", default="", help=f"components to switch off, comma-separated; valid: {', '.join(COMPONENTS)}")
-    parser.add_argument("--only", default=None, help="switch on only these components (comma-separated; 'none' for vanilla PPO)")
+    parser.add_argument("--only", default=None, help="switch on only these components (comma-separated; 'none' for vanilla PPO); "
+                        f"optional ones, off unless named: {', '.join(OPTIONAL_COMPONENTS)}")
+    parser.add_argument("--add", default="", help="switch these components on in addition (e.g. an optional one: "
+                        f"{', '.join(OPTIONAL_COMPONENTS)})")
 
 
 def parse_components(text: str | None, flag: str) -> list[str] | None:
@@ -68,7 +71,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if only is not None and drop:
         raise ValueError("use either --only or --drop, not both")
     components = list(cfg.components) if only is None else only
-    components = [c for c in COMPONENTS if c in components and c not in drop]
+    add = parse_components(getattr(args, "add", "") or None, "--add") or []
+    components = [c for c in ordered([*components, *add]) if c not in drop]
     cfg = merge(cfg, {"components": components})
     return validate(cfg)
 

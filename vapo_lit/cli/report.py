@@ -1,10 +1,13 @@
-"""vapo-report: Table-1-style tables and Figure-2-style plots from run folders' CSV logs (no network).
+"""vapo-report: Table-1-style tables and Figure-2-style plots from run folders' logs (no network).
 
     vapo-report runs/ablate                 # every grid of a vapo-ablate output folder
     vapo-report runs/ablate --grid table1   # one grid
     vapo-report runs/                       # any folder of run folders (rows from their configs)
+    vapo-report runs/ablate --grid table1 --threshold 80 --to reports/table1   # fixed threshold, own folder
 
-Writes OUT_DIR/reports/<grid>/table.{md,tex,csv}, seeds.csv and four PNGs; prints the Markdown.
+Writes OUT_DIR/reports/<grid>/table.{md,tex,csv}, seeds.csv, calibration.csv and the figures;
+prints the Markdown. Exit 2 (one line on stderr) for a bad argument, a malformed or empty log
+(the file and line named) or a folder without any run log.
 """
 from __future__ import annotations
 
@@ -13,30 +16,66 @@ import sys
 from pathlib import Path
 
 
+def _threshold(text: str):
+    if text == "auto":
+        return text
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r}: give points in [0, 100] or 'auto'") from None
+    if not 0.0 <= value <= 100.0:
+        raise argparse.ArgumentTypeError(f"{text!r}: give points in [0, 100] or 'auto'")
+    return value
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vapo-report", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("out_dir", type=Path, help="a vapo-ablate output folder or a folder of run folders")
     ap.add_argument("--grid", help="only this grid (a name in OUT_DIR/grids/)")
     ap.add_argument("--last-n", type=int, default=10, help="average the last N PPO iterations (default 10)")
+    ap.add_argument("--threshold", type=_threshold, default="auto",
+                    help="sample efficiency: PPO updates until the eval reaches this score, in points; "
+                         "auto (default) = 90%% of the full recipe's mean peak, rounded down")
+    ap.add_argument("--reference", default=None,
+                    help="the row the deltas are taken against (default: the full recipe, 'vapo')")
+    ap.add_argument("--max-seeds", type=int, default=20,
+                    help="seeds-needed estimates above this are reported as not reachable (default 20)")
+    ap.add_argument("--no-figures", action="store_true", help="tables only (the PNGs take most of the time)")
+    ap.add_argument("--to", type=Path, help="write the report into this folder (one grid only; default "
+                                            "OUT_DIR/reports/<grid>)")
     return ap
 
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
+    err = None
     if not args.out_dir.is_dir():
-        print(f"vapo-report: error: {args.out_dir} is not a folder", file=sys.stderr)
+        err = f"{args.out_dir} is not a folder"
+    elif args.last_n < 1:
+        err = "--last-n must be >= 1"
+    elif args.max_seeds < 2:
+        err = "--max-seeds must be >= 2"
+    if err:
+        print(f"vapo-report: error: {err}", file=sys.stderr)
         return 2
-    if args.last_n < 1:
-        print("vapo-report: error: --last-n must be >= 1", file=sys.stderr)
-        return 2
-    from vapo_lit.report import grids_in, write_report
+    from vapo_lit.report import REFERENCE, grids_in, write_report
 
-    if args.grid and args.grid not in grids_in(args.out_dir):
+    grids = grids_in(args.out_dir)
+    if args.grid and args.grid not in grids:
         print(f"vapo-report: error: no grid {args.grid!r} in {args.out_dir}/grids; available: "
-              f"{', '.join(grids_in(args.out_dir)) or '(none)'}", file=sys.stderr)
+              f"{', '.join(grids) or '(none)'}", file=sys.stderr)
         return 2
-    print(write_report(args.out_dir, grid_id=args.grid, last_n=args.last_n))
+    if args.to is not None and not args.grid and len(grids) > 1:
+        print(f"vapo-report: error: --to takes one grid; add --grid (one of {', '.join(grids)})", file=sys.stderr)
+        return 2
+    try:
+        print(write_report(args.out_dir, grid_id=args.grid, last_n=args.last_n, to=args.to,
+                           reference=args.reference or REFERENCE, threshold=args.threshold, max_seeds=args.max_seeds,
+                           figures=not args.no_figures))
+    except ValueError as e:  # LogError included: a malformed or empty log, named by file and line
+        print(f"vapo-report: error: {e}", file=sys.stderr)
+        return 2
     return 0
 
 

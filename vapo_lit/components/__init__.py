@@ -1,27 +1,28 @@
-"""The seven VAPO components as Lightning callbacks, registered under their SPEC.md names.
+"""The VAPO components as Lightning callbacks, one file each, registered under their names.
 
     callbacks = build_callbacks(["clip_higher", "token_level_loss"], ComponentValues())
 
-No callback at all is vanilla PPO.
+No callback at all is vanilla PPO. The registry is `config.ALL_COMPONENTS`: the component called
+NAME lives in `vapo_lit/components/NAME.py` as the `Component` subclass whose `name` is NAME.
 """
 from __future__ import annotations
 
-from vapo_lit.components.base import Component
-from vapo_lit.components.clip_higher import ClipHigher
-from vapo_lit.components.decoupled_gae import DecoupledGAE
-from vapo_lit.components.group_sampling import GroupSampling
-from vapo_lit.components.length_adaptive_gae import LengthAdaptiveGAE
-from vapo_lit.components.positive_lm_loss import PositiveLMLoss
-from vapo_lit.components.token_level_loss import TokenLevelLoss
-from vapo_lit.components.value_pretraining import ValuePretraining
-from vapo_lit.config import COMPONENTS, ComponentValues, check_components
+import importlib
 
-REGISTRY: dict[str, type[Component]] = {
-    cls.name: cls
-    for cls in (ValuePretraining, DecoupledGAE, LengthAdaptiveGAE, TokenLevelLoss, ClipHigher,
-                PositiveLMLoss, GroupSampling)
-}
-assert tuple(REGISTRY) == COMPONENTS
+from vapo_lit.components.base import Component
+from vapo_lit.config import ALL_COMPONENTS, ComponentValues, check_components
+
+
+def _load(name: str) -> type[Component]:
+    module = importlib.import_module(f"vapo_lit.components.{name}")
+    found = [c for c in vars(module).values()
+             if isinstance(c, type) and issubclass(c, Component) and getattr(c, "name", None) == name]
+    if len(found) != 1:
+        raise ImportError(f"vapo_lit/components/{name}.py must define one Component subclass with name = {name!r}")
+    return found[0]
+
+
+REGISTRY: dict[str, type[Component]] = {name: _load(name) for name in ALL_COMPONENTS}
 
 
 def build_callbacks(names, values: ComponentValues | None = None) -> list[Component]:

@@ -1,5 +1,17 @@
-"""The shape every VAPO component shares: a Lightning callback that, in `setup`, validates its
-values and sets only the `Switches` fields it declares. No math lives here (see `vapo_lit.algos`)."""
+"""The shape every component shares: a Lightning callback that, in `setup`, validates its values
+and sets only the `Switches` fields it declares. No math lives here (see `vapo_lit.algos`).
+
+The seven VAPO components only set switches, which the module reads. A component outside the
+recipe (e.g. `kl_penalty`) may instead add to the iteration through two hooks the module calls
+for every component that overrides them:
+
+* `on_experience(module, exp)`: after the advantages of a PPO iteration (not during value
+  pretraining), read or extend the `Experience` (put extra tensors in `exp.extras`); returns
+  metrics to log.
+* `loss_term(module, mb, logprobs, token_denominator)`: an extra term of the actor loss for one
+  micro-batch `mb`, normalised by the mini-batch's valid tokens (so micro-batches add up);
+  returns (loss tensor, metrics of this micro-batch).
+"""
 from __future__ import annotations
 
 import dataclasses
@@ -13,7 +25,8 @@ from vapo_lit.config import Switches, check_range
 class Component(Callback):
     name: ClassVar[str]
     declares: ClassVar[tuple[str, ...]]
-    """The `Switches` fields this component may set; `apply` touches nothing else."""
+    """The `Switches` fields this component may set (its own name: the on/off switch of one of the
+    seven); `apply` touches nothing else."""
 
     def __init__(self, **values):
         fields = {f.name: f for f in dataclasses.fields(Switches)}
@@ -26,7 +39,8 @@ class Component(Callback):
 
     def apply(self, switches: Switches) -> None:
         """Switch this component on in `switches` with its values."""
-        setattr(switches, self.name, True)
+        if self.name in self.declares:
+            setattr(switches, self.name, True)
         for key, value in self.values.items():
             setattr(switches, key, value)
 
@@ -36,6 +50,20 @@ class Component(Callback):
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.check(pl_module)
         self.apply(pl_module.switches)
+        if self.hooks_iteration and self not in pl_module.extensions:
+            pl_module.extensions.append(self)
+
+    # ------------------------------------------------------------------ optional iteration hooks
+    def on_experience(self, module, exp) -> dict[str, float]:
+        return {}
+
+    def loss_term(self, module, mb, logprobs, token_denominator):
+        return None
+
+    @property
+    def hooks_iteration(self) -> bool:
+        cls = type(self)
+        return cls.on_experience is not Component.on_experience or cls.loss_term is not Component.loss_term
 
     @property
     def state_key(self) -> str:

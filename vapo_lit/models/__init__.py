@@ -39,7 +39,18 @@ def _check_model_dir(path: str | Path, what: str) -> Path:
     return p
 
 
-def load_policy(spec: str, task, *, seed: int = 0, cache_dir=None, **builtin_options):
+DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
+          "auto": "auto"}
+
+
+def resolve_critic_init(init: str, policy_spec: str) -> str:
+    """'auto': the built-in reward model for the built-in policy, else the actor's backbone."""
+    if init != "auto":
+        return init
+    return "reward_model" if policy_spec == BUILTIN else "actor"
+
+
+def load_policy(spec: str, task, *, seed: int = 0, cache_dir=None, dtype: str = "float32", **builtin_options):
     """Return ``(model, tokenizer)`` in eval mode.
 
     ``spec == "builtin"``: the tiny base policy of the chain task, built on first use (SFT on
@@ -55,12 +66,13 @@ def load_policy(spec: str, task, *, seed: int = 0, cache_dir=None, **builtin_opt
 
         opts = _builtin_kwargs(task, builtin_options)
         opts.pop("rm_config", None)
-        return _load_policy_dir(builtin_policy_dir(task, seed=seed, cache_dir=cache_dir, **opts))
+        model, tok = _load_policy_dir(builtin_policy_dir(task, seed=seed, cache_dir=cache_dir, **opts))
+        return _cast(model, dtype), tok
     if builtin_options:
         raise TypeError(f"{sorted(builtin_options)} only apply to the built-in policy")
     path = _check_model_dir(spec, "policy")
     try:
-        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True)
+        model = AutoModelForCausalLM.from_pretrained(path, local_files_only=True, dtype=DTYPES[dtype])
         tok = AutoTokenizer.from_pretrained(path, local_files_only=True)
     except (OSError, ValueError, KeyError) as e:
         raise ValueError(f"cannot load a causal LM + tokenizer from {str(path)!r}: {e}") from e
@@ -70,7 +82,7 @@ def load_policy(spec: str, task, *, seed: int = 0, cache_dir=None, **builtin_opt
     return model, tok
 
 
-def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, cache_dir=None,
+def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, cache_dir=None, dtype: str = "float32",
                 **builtin_options) -> ValueModel:
     """Return a fresh :class:`ValueModel` (eval mode) for ``critic_init`` = `init`.
 
@@ -81,6 +93,7 @@ def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, c
     * a local path: a saved ValueModel directory, or an HF causal-LM directory (its backbone +
       a fresh head).
     """
+    init = resolve_critic_init(init, policy_spec)
     if init == "reward_model":
         if policy_spec != BUILTIN:
             raise ValueError("critic_init='reward_model' is only built for the built-in policy; "
@@ -90,7 +103,7 @@ def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, c
         opts = _builtin_kwargs(task, builtin_options)
         critic = ValueModel.from_pretrained(builtin_reward_model_dir(task, seed=seed, cache_dir=cache_dir, **opts))
     elif init == "actor":
-        policy, _ = load_policy(policy_spec, task, seed=seed, cache_dir=cache_dir, **(
+        policy, _ = load_policy(policy_spec, task, seed=seed, cache_dir=cache_dir, dtype=dtype, **(
             {k: v for k, v in builtin_options.items() if k != "rm_config"} if policy_spec == BUILTIN else builtin_options))
         with torch.random.fork_rng():
             torch.manual_seed(seed)
@@ -102,11 +115,70 @@ def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, c
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             try:
-                critic = ValueModel.from_pretrained(path)
+                critic = ValueModel.from_pretrained(path, dtype=DTYPES[dtype])
             except (OSError, ValueError, KeyError) as e:
                 raise ValueError(f"cannot load a value model from {str(path)!r}: {e}") from e
     critic.eval()
-    return critic
+    return _cast(critic, dtype)
 
 
-__all__ = ["ValueModel", "load_policy", "load_critic", "BUILTIN"]
+def _cast(model, dtype: str):
+    """`model` in `dtype` ('auto': as loaded)."""
+    return model if dtype == "auto" else model.to(DTYPES[dtype])
+
+
+def enable_gradient_checkpointing(model) -> None:
+    """transformers' gradient checkpointing on `model` (a causal LM or a ValueModel's backbone).
+
+    transformers checkpoints only in training mode, while vapo-lit keeps its models in eval mode
+    (no dropout: the PPO ratio compares the policy with itself). So the model is put in training
+    mode with every dropout probability set to 0; sampling switches to eval mode by itself
+    (the KV cache needs it)."""
+    target = model.backbone if isinstance(model, ValueModel) else model
+    if hasattr(target, "activation_checkpointing_enable"):  # transformers >= 5.2x
+        target.activation_checkpointing_enable(activation_checkpointing_kwargs={"use_reentrant": False})
+    else:
+        target.gradient_checkpointing_enable(gradient_checkpointing_kwargs={"use_reentrant": False})
+    for m in model.modules():
+        if isinstance(m, torch.nn.Dropout):
+            m.p = 0.0
+        if isinstance(getattr(m, "attention_dropout", None), float):
+            m.attention_dropout = 0.0
+    if getattr(target, "config", None) is not None:
+        for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+            if isinstance(getattr(target.config, key, None), float):
+                setattr(target.config, key, 0.0)
+    model.train()
+
+
+def export(model, directory, tokenizer=None) -> None:
+    """`model` (a causal LM or a ValueModel) as a loadable HF directory, with the tokenizer,
+    written to a temporary sibling and renamed into place (a reader never sees half of it)."""
+    import os
+    import shutil
+    import tempfile
+
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per export otherwise
+    directory = Path(directory)
+    directory.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))
+    try:
+        model.save_pretrained(tmp)
+        if tokenizer is not None:
+            tokenizer.save_pretrained(tmp)
+        old = None
+        if directory.exists():
+            old = Path(tempfile.mkdtemp(prefix=f".{directory.name}.old-", dir=directory.parent))
+            os.replace(directory, old / "x")
+        os.replace(tmp, directory)
+        if old is not None:
+            shutil.rmtree(old, ignore_errors=True)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
+
+
+__all__ = ["ValueModel", "load_policy", "load_critic", "resolve_critic_init", "enable_gradient_checkpointing", "export",
+           "BUILTIN", "DTYPES"]

@@ -15,7 +15,7 @@ import torch
 
 from vapo_lit.tasks.chain import ChainTask, DemoConfig
 
-CODE_VERSION = "builtin-v1"
+CODE_VERSION = "builtin-v2"  # v2: per-sample counter-based sampling streams (vapo_lit.rng)
 """Bump when the build code changes in a way that changes the artefacts."""
 
 
@@ -179,15 +179,16 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
 def sample_scored(model, task: ChainTask, n: int, seed: int, *, batch_size: int = 256,
                   temperature: float = 1.0, top_p: float = 1.0):
     """`n` base-policy rollouts on train prompts with their verifier rewards (list of (Rollout, rewards))."""
-    from vapo_lit.rollout import generate
+    from vapo_lit.engines import HFEngine, SamplingParams
+    from vapo_lit.rng import sample_seed
 
-    gen = torch.Generator().manual_seed(seed)
+    engine = HFEngine(model, task.tokenizer)
+    sampling = SamplingParams(max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p)
     probs = task.train_problems(n, seed=seed)
     out = []
     for i in range(0, n, batch_size):
         chunk = probs[i: i + batch_size]
-        ro = generate(model, task.tokenizer, [p.prompt for p in chunk], max_new_tokens=task.max_new_tokens,
-                      temperature=temperature, top_p=top_p, generator=gen)
+        ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
         rewards = torch.tensor([task.verify(p, t).reward for p, t in zip(chunk, ro.texts)])
         out.append((ro, rewards))
     return out

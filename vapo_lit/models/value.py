@@ -6,6 +6,7 @@ from pathlib import Path
 
 import torch
 
+from vapo_lit.algos import at_least_float32
 from vapo_lit.rollout import position_ids_from_mask
 
 VALUE_MARKER = "value_model.json"
@@ -22,7 +23,7 @@ class ValueModel(torch.nn.Module):
     the terminal state's, which PPO treats as 0 and never reads from here.
 
     Positions are ``cumsum(attention_mask) - 1`` (as in :mod:`vapo_lit.rollout`), so left-padded
-    prompts are handled. The output is float32 and unbounded (no sigmoid).
+    prompts are handled. The output is unbounded (no sigmoid), in float32 or float64 (the head's dtype).
     """
 
     def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear | None = None):
@@ -44,7 +45,7 @@ class ValueModel(torch.nn.Module):
             attention_mask = torch.ones_like(input_ids)
         pos = position_ids_from_mask(attention_mask)
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
-        return self.head(h.to(self.head.weight.dtype)).squeeze(-1).float()
+        return at_least_float32(self.head(h.to(self.head.weight.dtype)).squeeze(-1))
 
     # ----------------------------------------------------------------- persistence
     def save_pretrained(self, directory: str | Path) -> None:
@@ -60,13 +61,14 @@ class ValueModel(torch.nn.Module):
             json.dump({"format": "vapo-lit ValueModel", "version": 1, "head": HEAD_FILE}, f)
 
     @classmethod
-    def from_pretrained(cls, directory: str | Path) -> "ValueModel":
-        """Load a saved ValueModel dir, or an HF causal-LM dir (backbone + fresh head)."""
+    def from_pretrained(cls, directory: str | Path, dtype=torch.float32) -> "ValueModel":
+        """Load a saved ValueModel dir, or an HF causal-LM dir (backbone + fresh head), in `dtype`
+        ('auto': the checkpoint's)."""
         from safetensors.torch import load_file
         from transformers import AutoModel
 
         directory = Path(directory)
-        backbone = AutoModel.from_pretrained(directory, local_files_only=True)
+        backbone = AutoModel.from_pretrained(directory, local_files_only=True, dtype=dtype)
         model = cls(backbone)
         if (directory / VALUE_MARKER).is_file():
             model.head.load_state_dict(load_file(str(directory / HEAD_FILE)))

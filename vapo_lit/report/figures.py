@@ -1,41 +1,80 @@
-"""Figure-2-style PNGs (matplotlib Agg): score, response length, entropy and explained variance
-against PPO update; one line per row (mean over seeds), a min-max band over seeds."""
+"""Figures (matplotlib Agg, PNG) from the runs' logs; one line per row unless said otherwise.
+
+- score.png, strict_score.png: eval avg@k / strict avg@k (points) vs PPO update; mean over seeds,
+  min-max band.
+- response_length.png, entropy.png: mean over seeds of the PPO rows, min-max band.
+- explained_variance.png (vs Monte-Carlo returns), explained_variance_target.png (vs the critic's
+  targets): robust to single bad batches: a centred rolling median over ROLLING PPO iterations per run, the
+  median over seeds, a min-max band, on a symlog axis (linear in [-1, 1]), so a batch with EV -23
+  neither hides the curve nor drags a mean.
+- value_calibration.png: V - return by response position (first token, 1-7, 8-31, 32-127, 128+),
+  mean over the first and over the last CALIBRATION_UPDATES PPO iterations of each run, mean over
+  seeds; solid lines for rows with value pretraining, dashed without. The early panel is where
+  value pretraining's mechanism shows (a critic biased on early positions before it has caught up).
+- score_vs_tokens.png, score_vs_seconds.png: eval score vs cumulative generated tokens / wall
+  time, one thin line per run (colour = row), the compute-matched budget as a dashed line.
+"""
 from __future__ import annotations
 
 from pathlib import Path
 
 import pandas as pd
 
+from vapo_lit.report.collect import BIAS_BUCKETS, CALIBRATION_UPDATES, cost_curves, eval_curve, ppo_rows
 from vapo_lit.report.table import pretty
 
-PLOTS = {
-    "score": ("eval avg@k (points)", None),
-    "response_length": ("response length (tokens)", "rollout/response_length"),
-    "entropy": ("policy entropy", "policy/entropy"),
-    "explained_variance": ("critic explained variance", "value/explained_variance"),
-}
+ROLLING = 5
+TRAIN = {"response_length": ("response length (tokens)", "rollout/response_length", False),
+         "entropy": ("policy entropy", "policy/entropy", False),
+         "explained_variance": ("critic EV vs Monte-Carlo returns", "value/explained_variance", True),
+         "explained_variance_target": ("critic EV vs its own targets", "value/explained_variance_target", True)}
+NAMES = ("score", "strict_score", *TRAIN, "value_calibration", "score_vs_tokens", "score_vs_seconds")
 
 
-def _series(log, what: str) -> pd.Series:
-    """y indexed by PPO update for one run (score: eval rows, base policy at update 0)."""
-    df = log.metrics
-    x = df["train/ppo_update"] if "train/ppo_update" in df else df["step"]
-    if what == "score":
-        key = log.score_key
-        if key not in df:
-            return pd.Series(dtype=float)
-        mask = df[key].notna()  # the step-0 row (ppo_update 0) is the base policy's eval
-        xs = x[mask].astype(float).tolist()
-        return pd.Series((100 * df.loc[mask, key]).tolist(), index=xs).groupby(level=0).last()
-    col = PLOTS[what][1]
-    if col not in df:
+def _train_series(log, col: str, robust: bool) -> pd.Series:
+    ppo = ppo_rows(log.metrics)
+    if col not in ppo:
         return pd.Series(dtype=float)
-    ppo = df["train/value_pretraining"] == 0 if "train/value_pretraining" in df else df[col].notna()
-    mask = ppo & df[col].notna()
-    return pd.Series(df.loc[mask, col].tolist(), index=x[mask].astype(float).tolist()).groupby(level=0).last()
+    s = pd.Series(ppo[col].to_numpy(), index=ppo["train/ppo_update"].to_numpy() if "train/ppo_update" in ppo
+                  else ppo["step"].to_numpy()).dropna()
+    s = s.groupby(level=0).last()
+    return s.rolling(ROLLING, min_periods=1, center=True).median() if robust else s
 
 
-def plot_all(logs, order: list[str], folder: Path, k: int) -> list[Path]:
+def _score_series(log, strict: bool) -> pd.Series:
+    ups, scores = eval_curve(log, strict=strict)
+    return pd.Series(scores, index=ups, dtype=float).groupby(level=0).last()
+
+
+def _lines(ax, logs, order, get, robust=False, marker=None) -> bool:
+    drawn = False
+    for row in order:
+        runs = [s for s in (get(log) for log in logs if log.row == row) if len(s)]
+        if not runs:
+            continue
+        frame = pd.concat(runs, axis=1).sort_index()
+        centre = frame.median(axis=1) if robust else frame.mean(axis=1)
+        (line,) = ax.plot(centre.index, centre.values, marker=marker, ms=3, label=f"{pretty(row)} (n={len(runs)})")
+        if len(runs) > 1:
+            ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=line.get_color(), alpha=0.2)
+        drawn = True
+    return drawn
+
+
+def _finish(fig, ax, drawn: bool, path: Path) -> Path:
+    if drawn:
+        ax.legend(fontsize=7)
+    else:
+        ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
+    ax.grid(alpha=0.3)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    return path
+
+
+def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration: dict) -> list[Path]:
+    """Write every figure in NAMES into `folder`. `budgets`: {'tokens': float, 'seconds': float};
+    `calibration`: {row: {(phase, bucket): mean bias}} and {row: has value pretraining} under 'vp'."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -43,31 +82,77 @@ def plot_all(logs, order: list[str], folder: Path, k: int) -> list[Path]:
 
     folder.mkdir(parents=True, exist_ok=True)
     written = []
-    for what, (ylabel, _) in PLOTS.items():
+
+    def new(xlabel, ylabel):
         fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-        drawn = False
-        for row in order:
-            runs = [_series(log, what) for log in logs if log.row == row]
-            runs = [s for s in runs if len(s)]
-            if not runs:
-                continue
-            frame = pd.concat(runs, axis=1).sort_index()
-            mean = frame.mean(axis=1)
-            (line,) = ax.plot(mean.index, mean.values, marker="o" if what == "score" else None, ms=3,
-                              label=f"{pretty(row)} (n={len(runs)})")
-            if len(runs) > 1:
-                ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=line.get_color(), alpha=0.2)
-            drawn = True
-        ax.set_xlabel("PPO update")
-        ax.set_ylabel(ylabel.replace("avg@k", f"avg@{k}"))
-        ax.grid(alpha=0.3)
-        if drawn:
-            ax.legend(fontsize=7)
-        else:
-            ax.text(0.5, 0.5, "not logged", ha="center", va="center", transform=ax.transAxes)
-        fig.tight_layout()
-        path = folder / f"{what}.png"
-        fig.savefig(path)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel(ylabel)
+        return fig, ax
+
+    for name, strict in (("score", False), ("strict_score", True)):
+        fig, ax = new("PPO update", f"eval {'strict ' if strict else ''}avg@{k} (points)")
+        drawn = _lines(ax, logs, order, lambda log, s=strict: _score_series(log, s), marker="o")
+        written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
         plt.close(fig)
-        written.append(path)
+    for name, (ylabel, col, robust) in TRAIN.items():
+        fig, ax = new("PPO update", ylabel)
+        drawn = _lines(ax, logs, order, lambda log, c=col, r=robust: _train_series(log, c, r), robust=robust)
+        if robust:
+            ax.set_yscale("symlog", linthresh=1.0)
+            ax.axhline(0.0, color="grey", lw=0.8)
+            ax.set_title(f"centred rolling median over {ROLLING} PPO iterations, median over seeds; symlog axis",
+                         fontsize=8)
+        written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
+        plt.close(fig)
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
+    drawn = False
+    for ax, phase in zip(axes, ("early", "late")):
+        for row in order:
+            vals = calibration["bias"].get(row)
+            if not vals:
+                continue
+            ys = [vals.get((phase, b), float("nan")) for b in BIAS_BUCKETS]
+            if all(y != y for y in ys):
+                continue
+            style = "-" if calibration["vp"].get(row) else "--"
+            ax.plot(range(len(BIAS_BUCKETS)), ys, style, marker="o", ms=3,
+                    label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)")
+            drawn = True
+        ax.axhline(0.0, color="grey", lw=0.8)
+        ax.set_xticks(range(len(BIAS_BUCKETS)), ["first", "1-7", "8-31", "32-127", "128+"])
+        ax.set_xlabel("response position (tokens)")
+        ax.set_title(f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("V - return (mean)")
+    if drawn:
+        axes[1].legend(fontsize=6)
+    else:
+        axes[0].text(0.5, 0.5, "not logged", ha="center", va="center", transform=axes[0].transAxes)
+    fig.tight_layout()
+    fig.savefig(folder / "value_calibration.png", metadata={"Software": None})
+    plt.close(fig)
+    written.append(folder / "value_calibration.png")
+
+    for name, what, xlabel, scale in (("score_vs_tokens", "tokens", "generated tokens (training rollouts)", 1.0),
+                                      ("score_vs_seconds", "seconds", "wall time (min)", 60.0)):
+        fig, ax = new(xlabel, f"eval avg@{k} (points)")
+        drawn = False
+        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
+        for i, row in enumerate(order):
+            first = True
+            for log in (x for x in logs if x.row == row):
+                df = log.metrics
+                if log.score_key not in df:
+                    continue
+                mask = df[log.score_key].notna()
+                xs = cost_curves(log)[what][mask] / scale
+                ax.step(xs, 100 * df.loc[mask, log.score_key], where="post", lw=1, color=colours[i % len(colours)],
+                        label=pretty(row) if first else None)
+                first, drawn = False, True
+        budget = budgets.get(what)
+        if drawn and budget == budget and budget is not None:
+            ax.axvline(budget / scale, color="grey", ls="--", lw=0.8)
+        written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
+        plt.close(fig)
     return written

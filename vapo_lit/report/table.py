@@ -1,8 +1,16 @@
-"""The Table-1-style table: one row per grid row (paper order), statistics over seeds.
+"""Aggregate the per-run frame (seeds.csv) into one line per row (table.csv).
 
-Scores are eval avg@k in points (x100). Columns of `table.csv`:
-  row, n, base_mean, {final,peak}_{mean,std,ci_lo,ci_hi}, delta_final, delta_peak (points vs the
-  full recipe's mean), {entropy,response_length,explained_variance}_{final,last}_{mean,std}.
+Per row and metric m: m_{mean,std,ci_lo,ci_hi} over the row's runs (unpaired, per-row
+t-interval). Against the reference row (the full recipe), for each metric in DELTAS:
+  delta_m                       mean of the per-seed differences row - reference (paired seeds)
+  delta_m_ci_lo, delta_m_ci_hi  its 95% t-interval; delta_m_pairs: how many seeds are paired
+  delta_m_p, delta_m_p_holm     paired t-test p-value, Holm-adjusted over the table's rows
+  delta_m_unpaired(_ci_lo/_hi)  difference of the row means with Welch's interval (seeds ignored)
+  seeds_needed_m                plug-in seeds at which the paired interval would exclude zero
+                                (empty: not within --max-seeds)
+  unpaired_seeds_m              seeds with a value in only one of the two rows (space-separated)
+Scores are in points; updates_to_threshold in PPO updates (mean over the runs that reached it,
+`updates_to_threshold_reached` of n did; its deltas pair only seeds where both rows reached it).
 """
 from __future__ import annotations
 
@@ -10,11 +18,14 @@ import math
 
 import pandas as pd
 
-from vapo_lit.config import row_order
+from vapo_lit import statistics as stats
 from vapo_lit.report.collect import TRACKED
-from vapo_lit.report.stats import summarize
+from vapo_lit.report.logs import attempt_counts
 
-SCORES = ("final", "peak")
+SUMMARIES = ("base", "final", "peak", "strict_final", "strict_peak", "auc", "updates_to_threshold",
+             "score_at_tokens", "score_at_seconds")
+DELTAS = ("final", "peak", "auc", "updates_to_threshold", "score_at_tokens", "score_at_seconds")
+NAN = float("nan")
 
 
 def pretty(label: str) -> str:
@@ -29,90 +40,79 @@ def pretty(label: str) -> str:
     return label
 
 
-def build_table(per_run: pd.DataFrame, orders: dict) -> pd.DataFrame:
-    """Aggregate the per-run frame (one row per run, from collect.per_run) over seeds."""
-    rows = []
-    for label, group in per_run.groupby("row", sort=False):
-        rec = {"row": label, "n": int(len(group))}
-        rec["base_mean"] = summarize(100 * group["base"])["mean"]
-        for s in SCORES:
-            st = summarize(100 * group[s])
-            for key in ("mean", "std", "ci_lo", "ci_hi"):
-                rec[f"{s}_{key}"] = st[key]
+def by_seed(group: pd.DataFrame, col: str) -> dict:
+    """{seed: value}, the first run (in run-folder order) of a seed when a row has several."""
+    out = {}
+    for seed, value in zip(group["seed"], group[col]):
+        out.setdefault(int(seed), float(value))
+    return out
+
+
+def columns() -> list[str]:
+    cols = ["row", "label", "n", "missing_cells", "truncated_runs"]
+    for m in SUMMARIES:
+        cols += [f"{m}_{k}" for k in ("mean", "std", "ci_lo", "ci_hi")]
+    cols += ["updates_to_threshold_reached", "final_min", "final_max"]
+    for m in DELTAS:
+        cols += [f"delta_{m}", f"delta_{m}_ci_lo", f"delta_{m}_ci_hi", f"delta_{m}_pairs", f"delta_{m}_p",
+                 f"delta_{m}_p_holm", f"delta_{m}_unpaired", f"delta_{m}_unpaired_ci_lo", f"delta_{m}_unpaired_ci_hi",
+                 f"seeds_needed_{m}", f"unpaired_seeds_{m}"]
+    for name in TRACKED:
+        cols += [f"{name}_{kind}_{k}" for kind in ("final", "last") for k in ("mean", "std")]
+    cols += ["cumulative_seconds_mean", "cumulative_tokens_mean", "tokens_per_second_mean", "peak_memory_mb_max",
+             "attempts", "crashes", "interrupted"]
+    return cols
+
+
+def build_table(seeds: pd.DataFrame, rows: list, reference: str | None, missing: dict | None = None,
+                max_seeds: int = 20) -> pd.DataFrame:
+    """One line per label in `rows` (in that order)."""
+    missing = missing or {}
+    ref = seeds[seeds["row"] == reference] if reference else seeds.iloc[0:0]
+    records = []
+    for label in rows:
+        g = seeds[seeds["row"] == label]
+        lost = missing.get(label, [])
+        rec = dict.fromkeys(columns(), NAN)
+        rec.update(row=label, label=pretty(label), n=len(g), missing_cells=len(lost),
+                   truncated_runs=int((g["truncated"].fillna("") != "").sum()))
+        for m in SUMMARIES:
+            st = stats.summarize(g[m])
+            for k in ("mean", "std", "ci_lo", "ci_hi"):
+                rec[f"{m}_{k}"] = st[k]
+        rec["updates_to_threshold_reached"] = int(g["updates_to_threshold"].notna().sum())
+        rec["final_min"], rec["final_max"] = (float(g["final"].min()), float(g["final"].max())) if len(g) else (NAN, NAN)
+        if reference and label != reference and len(ref):
+            for m in DELTAS:
+                pd_ = stats.paired_delta(by_seed(g, m), by_seed(ref, m))
+                wd = stats.welch_delta(g[m], ref[m])
+                rec.update({f"delta_{m}": pd_["mean"], f"delta_{m}_ci_lo": pd_["ci_lo"], f"delta_{m}_ci_hi": pd_["ci_hi"],
+                            f"delta_{m}_pairs": pd_["pairs"], f"delta_{m}_p": pd_["p"],
+                            f"delta_{m}_unpaired": wd["mean"], f"delta_{m}_unpaired_ci_lo": wd["ci_lo"],
+                            f"delta_{m}_unpaired_ci_hi": wd["ci_hi"],
+                            f"unpaired_seeds_{m}": " ".join(str(s) for s in pd_["unpaired"])})
+                need = stats.seeds_needed(pd_["mean"], pd_["std"], cap=max_seeds) if pd_["pairs"] >= 2 else None
+                rec[f"seeds_needed_{m}"] = float(need) if need is not None else NAN
         for name in TRACKED:
             for kind in ("final", "last"):
-                st = summarize(group[f"{name}_{kind}"])
+                st = stats.summarize(g[f"{name}_{kind}"])
                 rec[f"{name}_{kind}_mean"], rec[f"{name}_{kind}_std"] = st["mean"], st["std"]
-        rows.append(rec)
-    table = pd.DataFrame(rows)
-    if table.empty:
-        return table
-    table["_order"] = [orders.get(r, (9, (), r)) for r in table["row"]]
-    table = table.sort_values("_order", kind="stable").drop(columns="_order").reset_index(drop=True)
-    full = table[table["row"] == "vapo"]
-    for s in SCORES:
-        ref = float(full[f"{s}_mean"].iloc[0]) if len(full) else float("nan")
-        table[f"delta_{s}"] = table[f"{s}_mean"] - ref
+        rec["cumulative_seconds_mean"] = stats.summarize(g["cumulative_seconds"])["mean"]
+        rec["cumulative_tokens_mean"] = stats.summarize(g["cumulative_tokens"])["mean"]
+        rec["tokens_per_second_mean"] = stats.summarize(g["tokens_per_second"])["mean"]
+        mem = g["peak_memory_mb"].dropna()
+        rec["peak_memory_mb_max"] = float(mem.max()) if len(mem) else NAN
+        for k in ("attempts", "crashes", "interrupted"):  # cells without a log count too
+            rec[k] = int(g[k].sum()) + sum(attempt_counts(a)[k] for _, a in lost)
+        records.append(rec)
+    table = pd.DataFrame(records, columns=columns())
+    for m in DELTAS:
+        table[f"delta_{m}_p_holm"] = stats.holm(list(table[f"delta_{m}_p"]))
+    for m in DELTAS:
+        table[f"unpaired_seeds_{m}"] = table[f"unpaired_seeds_{m}"].map(lambda v: "" if isinstance(v, float) else v)
     return table
 
 
-def orders_of(logs) -> dict:
-    return {log.row: row_order(log.components, log.estimator, log.row) for log in logs}
-
-
-# ----------------------------------------------------------------------------- formatting
-def _num(x, digits=1, signed=False) -> str:
-    if x is None or (isinstance(x, float) and math.isnan(x)):
-        return "–"
-    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
-
-
-def _score(rec, s) -> str:
-    if rec["n"] == 1:
-        return f"{_num(rec[f'{s}_mean'])} (n=1)"
-    return f"{_num(rec[f'{s}_mean'])} ± {_num(rec[f'{s}_std'])}"
-
-
-def _ci(rec, s) -> str:
-    if rec["n"] < 2:
-        return "n=1, no CI"
-    return f"[{_num(rec[f'{s}_ci_lo'])}, {_num(rec[f'{s}_ci_hi'])}]"
-
-
-def _pair(rec, name, digits) -> str:
-    return f"{_num(rec[f'{name}_final_mean'], digits)} / {_num(rec[f'{name}_last_mean'], digits)}"
-
-
-def cells(table: pd.DataFrame, k: int, last_n: int) -> tuple[list, list]:
-    head = ["row", "n", f"base avg@{k}", f"final avg@{k} (mean ± std)", "95% CI", "Δ final",
-            f"peak avg@{k} (mean ± std)", "95% CI", "Δ peak", f"entropy (final / last {last_n})",
-            f"response length (final / last {last_n})", f"explained var. (final / last {last_n})"]
-    body = []
-    for rec in table.to_dict("records"):
-        body.append([pretty(rec["row"]), str(rec["n"]), _num(rec["base_mean"]), _score(rec, "final"), _ci(rec, "final"),
-                     "—" if rec["row"] == "vapo" else _num(rec["delta_final"], signed=True), _score(rec, "peak"),
-                     _ci(rec, "peak"), "—" if rec["row"] == "vapo" else _num(rec["delta_peak"], signed=True),
-                     _pair(rec, "entropy", 3), _pair(rec, "response_length", 1), _pair(rec, "explained_variance", 3)])
-    return head, body
-
-
-def markdown(table, k, last_n) -> str:
-    head, body = cells(table, k, last_n)
-    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
-    lines += ["| " + " | ".join(r) + " |" for r in body]
-    return "\n".join(lines)
-
-
-def latex(table, k, last_n) -> str:
-    head, body = cells(table, k, last_n)
-
-    def esc(s: str) -> str:
-        return (s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
-                .replace("#", "\\#").replace("±", "$\\pm$").replace("Δ", "$\\Delta$").replace("–", "--")
-                .replace("—", "---"))
-
-    out = ["\\begin{tabular}{l" + "r" * (len(head) - 1) + "}", "\\toprule", " & ".join(map(esc, head)) + " \\\\",
-           "\\midrule"]
-    out += [" & ".join(map(esc, r)) + " \\\\" for r in body]
-    out += ["\\bottomrule", "\\end{tabular}"]
-    return "\n".join(out)
+def resolved(rec: dict, m: str = "final") -> bool:
+    lo, hi = rec.get(f"delta_{m}_ci_lo", NAN), rec.get(f"delta_{m}_ci_hi", NAN)
+    return not (math.isnan(lo) or math.isnan(hi)) and (lo > 0 or hi < 0)

@@ -1,0 +1,81 @@
+"""Rollout engines: the seam between the trainer and whatever samples responses.
+
+    engine = make_engine("hf", actor, tokenizer)
+    engine.load_weights(actor)                       # after every actor update
+    ro = engine.generate(prompts, SamplingParams(temperature=1.0, top_p=1.0, max_new_tokens=256), seeds)
+
+Training, evaluation and the built-in model builder all sample through this protocol. An engine
+returns a :class:`~vapo_lit.rollout.Rollout` (left-padded prompts, right-padded responses, EOS vs
+truncation flags, behaviour log-probs of the sampled tokens recorded at sampling time), seeds each
+response by its own seed (vapo_lit.rng), and must pass the contract tests in `tests/test_engines.py`.
+
+Backends:
+
+* ``hf`` -- :class:`HFEngine`, a KV-cached token loop over any transformers causal LM, sharing the
+  actor's weights in place (``load_weights`` only checks it is the same module).
+* ``cb`` -- :class:`ContinuousBatchingEngine`, transformers' continuous batching (paged KV cache,
+  finished responses leave the batch) with vapo-lit's per-sample sampler and behaviour log-probs
+  recomputed by one forward pass (see its module docstring; README "Rollout engines" has the
+  measured speed of both).
+
+A remote engine (vLLM, SGLang) plugs in the same way: ``load_weights`` pushes the actor's state
+dict to the server after each update and ``generate`` returns its tokens and log-probs; if the
+server cannot give log-probs under the trainer's exact numerics, the trainer recomputes them
+(see README "Rollout engines").
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol, runtime_checkable
+
+from vapo_lit.rollout import Rollout
+
+
+@dataclass(frozen=True)
+class SamplingParams:
+    """How to sample (the paper's rollouts: temperature 1.0; eval: temperature 1.0, top-p 0.7)."""
+
+    max_new_tokens: int
+    """Response-length limit; a response that reaches it without EOS is `truncated`."""
+    temperature: float = 1.0
+    """Softmax temperature; 0 = greedy. Behaviour log-probs are log softmax(logits / T)."""
+    top_p: float = 1.0
+    """Nucleus sampling (1.0: off). Log-probs are recorded before the nucleus cut."""
+
+    def __post_init__(self):
+        if self.max_new_tokens < 1:
+            raise ValueError(f"max_new_tokens must be >= 1; got {self.max_new_tokens}")
+        if not 0.0 < self.top_p <= 1.0:
+            raise ValueError(f"top_p must be in (0, 1]; got {self.top_p}")
+        if self.temperature < 0:
+            raise ValueError(f"temperature must be >= 0; got {self.temperature}")
+
+
+@runtime_checkable
+class RolloutEngine(Protocol):
+    """What the trainer needs of a sampler."""
+
+    def generate(self, prompts: list[str], sampling: SamplingParams, seeds) -> Rollout:
+        """One response per prompt. `seeds`: one int per prompt (an int: expanded per row, see
+        vapo_lit.rollout.as_seeds). Response i must be a deterministic function of (weights,
+        prompts[i], sampling, seeds[i]) alone, whatever else is in the batch (up to float
+        reduction order), so that chunking and data-parallel sharding do not change results."""
+
+    def load_weights(self, actor) -> None:
+        """Make the engine sample from `actor`'s current weights (called after every actor update)."""
+
+
+def make_engine(name: str, actor, tokenizer) -> RolloutEngine:
+    """An engine by name (see ENGINES); ValueError listing the valid names."""
+    if name not in ENGINES:
+        raise ValueError(f"rollout engine {name!r} is not known; valid: {', '.join(ENGINES)}")
+    return ENGINES[name](actor, tokenizer)
+
+
+from vapo_lit.engines.continuous import ContinuousBatchingEngine  # noqa: E402  (registry below needs the classes)
+from vapo_lit.engines.hf import HFEngine  # noqa: E402
+
+ENGINES = {"hf": HFEngine, "cb": ContinuousBatchingEngine}
+
+__all__ = ["SamplingParams", "RolloutEngine", "HFEngine", "ContinuousBatchingEngine", "ENGINES", "make_engine",
+           "Rollout"]

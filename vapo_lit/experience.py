@@ -1,0 +1,323 @@
+"""One PPO iteration as data: an `Experience` and the pure stages that fill it.
+
+    exp = Experience.from_rollout(rollout, problems, group_size=k)   # 1. rollout
+    score_stats = score(exp, task.verify_batch(exp.problems, exp.texts))   # 2. score
+    fill_values(exp, critic)                                        # 3. values (critic-based rows)
+    adv_stats = fill_advantages(exp, settings)                      # 4. advantages
+
+Each stage fills its fields of the `Experience` and returns its own typed statistics; nothing is
+passed through a metrics dictionary. The stages are torch only: the critic enters `fill_values`
+as any callable (so a test can hand it a stub with known per-column outputs). Shapes: N responses, P prompt
+columns (left-padded), R response columns (right-padded); see `vapo_lit.passes` for the column
+convention of values and log-probs.
+"""
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+from typing import Callable
+
+import torch
+
+from vapo_lit import algos, passes
+
+TRUNCATION = ("terminal", "bootstrap")
+"""How a response cut by the length limit ends: scored and treated as terminal (verl's choice,
+SPEC.md's default), or bootstrapped from V(state after its last token)."""
+
+POSITION_EDGES = (1, 8, 32, 128)
+"""Response-position buckets of value/bias: first token, 1-7, 8-31, 32-127, 128+."""
+LENGTH_EDGES = (20, 50, 100, 200)
+"""Response-length buckets of value/bias: <20 (lambda 0 at alpha 0.05), 20-49, 50-99, 100-199, 200+."""
+
+
+@dataclass
+class Experience:
+    """Everything one PPO iteration knows about its N sampled responses."""
+
+    # ---- 1. rollout (from the engine)
+    problems: list
+    """(N) the problem each response answers; the `group_size` samples of one prompt are adjacent."""
+    group_size: int
+    """Samples per prompt (1 without group sampling)."""
+    prompt_ids: torch.Tensor
+    """(N, P) long, LEFT-padded with the pad id."""
+    prompt_mask: torch.Tensor
+    """(N, P) long, 1 on real prompt tokens."""
+    response_ids: torch.Tensor
+    """(N, R) long, RIGHT-padded; includes the EOS token when one was emitted."""
+    mask: torch.Tensor
+    """(N, R) float, 1.0 on the policy's response tokens (EOS included), 0.0 on padding."""
+    behaviour_logprobs: torch.Tensor
+    """(N, R) log pi_behaviour of each sampled token, recorded at sampling time; 0 on padding."""
+    lengths: torch.Tensor
+    """(N,) long, response tokens (EOS included)."""
+    truncated: torch.Tensor
+    """(N,) bool, hit the length limit without EOS."""
+    texts: list
+    """(N) decoded responses."""
+    # ---- 2. score
+    scores: torch.Tensor | None = None
+    """(N,) float verifier reward (0/1; 0 when the verifier failed)."""
+    rewards: torch.Tensor | None = None
+    """(N, R) the score on each response's last token, 0 elsewhere."""
+    verdicts: list | None = None
+    """(N) the verifier's verdicts (errors and the strict check)."""
+    # ---- 3. values (critic-based rows only)
+    values: torch.Tensor | None = None
+    """(N, R) V(s_t) before each response token at sampling time; 0 on padding."""
+    bootstrap: torch.Tensor | None = None
+    """(N,) value after the last token: V(s_l) for a truncated row with truncation=bootstrap, else 0."""
+    # ---- 4. advantages
+    lam_policy: torch.Tensor | None = None
+    """(N,) the actor's GAE lambda per response (None without a critic)."""
+    advantages: torch.Tensor | None = None
+    """(N, R) actor advantages (whitened when configured); 0 on padding."""
+    returns: torch.Tensor | None = None
+    """(N, R) critic targets V + A(lambda_critic); 0 on padding (None without a critic)."""
+    mc_returns: torch.Tensor | None = None
+    """(N, R) Monte-Carlo returns (lambda = 1) for the critic diagnostics (None without a critic)."""
+    extras: dict = field(default_factory=dict)
+    """Room for a new component's per-iteration tensors (e.g. reference log-probs for a KL penalty)."""
+
+    # ------------------------------------------------------------------ construction and views
+    @classmethod
+    def from_rollout(cls, rollout, problems: list, group_size: int = 1) -> "Experience":
+        if len(problems) != len(rollout.texts):
+            raise ValueError(f"{len(problems)} problems for {len(rollout.texts)} responses")
+        return cls(problems=list(problems), group_size=group_size, prompt_ids=rollout.prompt_ids,
+                   prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids, mask=rollout.response_mask,
+                   behaviour_logprobs=rollout.logprobs, lengths=rollout.lengths, truncated=rollout.truncated,
+                   texts=list(rollout.texts))
+
+    @property
+    def n(self) -> int:
+        return self.mask.shape[0]
+
+    @property
+    def prompt_width(self) -> int:
+        """P: the column of the first response token."""
+        return self.prompt_ids.shape[1]
+
+    @property
+    def input_ids(self) -> torch.Tensor:
+        """(N, P + R) prompt and response."""
+        return torch.cat([self.prompt_ids, self.response_ids], dim=1)
+
+    @property
+    def attention_mask(self) -> torch.Tensor:
+        """(N, P + R) long mask of real tokens."""
+        return torch.cat([self.prompt_mask.long(), self.mask.long()], dim=1)
+
+    @property
+    def positive(self) -> torch.Tensor:
+        """(N,) bool: correct responses (the positive-example NLL set)."""
+        return self.scores > 0
+
+    def select(self, idx: torch.Tensor) -> "Experience":
+        """The rows `idx` (a mini- or micro-batch) as an Experience of their own."""
+        rows = idx.tolist()
+        out = {}
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                out[f.name] = v[idx]
+            elif isinstance(v, list):
+                out[f.name] = [v[i] for i in rows]
+            elif f.name == "extras":
+                out[f.name] = {k: t[idx] if isinstance(t, torch.Tensor) else t for k, t in v.items()}
+            else:
+                out[f.name] = v
+        return Experience(**out)
+
+    def to(self, device) -> "Experience":
+        """The same Experience with every tensor on `device`."""
+        for f in dataclasses.fields(self):
+            v = getattr(self, f.name)
+            if isinstance(v, torch.Tensor):
+                setattr(self, f.name, v.to(device))
+        return self
+
+
+# ----------------------------------------------------------------------------- 2. score
+@dataclass(frozen=True)
+class ScoreStats:
+    score: float
+    accuracy: float
+    strict_accuracy: float
+    positive_responses: int
+    positive_tokens: int
+    verifier_errors: int
+    mixed_groups_frac: float | None
+
+    def log(self) -> dict[str, float]:
+        out = {"objective/score": self.score, "objective/accuracy": self.accuracy,
+               "objective/strict_accuracy": self.strict_accuracy,
+               "rollout/positive_responses": float(self.positive_responses),
+               "rollout/positive_tokens": float(self.positive_tokens),
+               "rollout/verifier_errors": float(self.verifier_errors)}
+        if self.mixed_groups_frac is not None:
+            out["rollout/mixed_groups_frac"] = self.mixed_groups_frac
+        return out
+
+
+def score(exp: Experience, verdicts: list) -> ScoreStats:
+    """The verifier's reward as the outcome on each response's last token."""
+    if len(verdicts) != exp.n:
+        raise ValueError(f"{len(verdicts)} verdicts for {exp.n} responses")
+    device = exp.mask.device
+    scores = torch.tensor([v.reward for v in verdicts], dtype=torch.float32, device=device)  # (N,)
+    last = (exp.lengths - 1).clamp(min=0)
+    rewards = torch.zeros(exp.mask.shape, dtype=scores.dtype, device=device)
+    rewards[torch.arange(exp.n, device=device), last] = scores * (exp.lengths > 0)
+    exp.scores, exp.rewards, exp.verdicts = scores, rewards, list(verdicts)
+    return score_stats(exp)
+
+
+def score_stats(exp: Experience) -> ScoreStats:
+    """The score stage's statistics of a scored Experience."""
+    scores, verdicts = exp.scores, exp.verdicts
+    pos = scores > 0
+    stricts = [float(bool(v.strict)) for v in verdicts if v.strict is not None]
+    mixed = None
+    if exp.group_size > 1:  # how many groups hold both a right and a wrong answer
+        g = scores.view(-1, exp.group_size)
+        mixed = float(((g.max(1).values > 0) & (g.min(1).values == 0)).float().mean())
+    return ScoreStats(score=float(scores.mean()), accuracy=float(pos.float().mean()),
+                      strict_accuracy=sum(stricts) / len(stricts) if stricts else float("nan"),
+                      positive_responses=int(pos.sum()), positive_tokens=int(exp.lengths[pos].sum()),
+                      verifier_errors=sum(v.error is not None for v in verdicts), mixed_groups_frac=mixed)
+
+
+# ----------------------------------------------------------------------------- 3. values
+Critic = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+"""(input_ids (n, P + R), attention_mask) -> (n, P + R) values, column c = V(prefix ending at c)
+(the `ValueModel` convention; a test may pass a stub with known per-column outputs)."""
+
+
+@torch.no_grad()
+def fill_values(exp: Experience, critic: Critic, *, truncation: str = "terminal", chunk: int | None = None) -> None:
+    """V(s_t) of every response token at sampling time, and the value after the last token of the
+    rows the length limit cut (only with truncation='bootstrap'; 0 for every other row).
+    `chunk` rows per critic forward (None: all at once)."""
+    if truncation not in TRUNCATION:
+        raise ValueError(f"truncation={truncation!r} is not valid; choose one of: {', '.join(TRUNCATION)}")
+    n, P = exp.n, exp.prompt_width
+    step = chunk or n
+    ids, attn = exp.input_ids, exp.attention_mask
+    v_state = torch.cat([passes.state_values(critic, ids[s:s + step], attn[s:s + step], P)
+                         for s in range(0, n, step)])  # (N, R + 1): V(s_0) .. V(s_R)
+    exp.values = v_state[:, :-1] * exp.mask
+    after_last = v_state[torch.arange(n, device=v_state.device), exp.lengths]
+    cut = exp.truncated if truncation == "bootstrap" else torch.zeros_like(exp.truncated)
+    exp.bootstrap = torch.where(cut, after_last, torch.zeros_like(after_last))
+
+
+# ----------------------------------------------------------------------------- 4. advantages
+@dataclass(frozen=True)
+class AdvantageSettings:
+    """Which GAE the iteration uses (built from the switches; see VapoModule.advantage_settings)."""
+
+    estimator: str = "gae"
+    """gae (critic-based) or grpo (critic-free, group-normalised outcome)."""
+    gamma: float = 1.0
+    lam: float = 0.95
+    """The fixed lambda (vanilla PPO) when `alpha` is None."""
+    alpha: float | None = None
+    """Length-adaptive GAE: lambda_policy = 1 - 1/(alpha * l) per response."""
+    lam_critic: float | None = None
+    """The critic targets' lambda; None: the policy's (one lambda for both)."""
+    whiten: bool = True
+    """Normalise the actor advantages over the batch's valid tokens (critic targets never)."""
+
+
+@dataclass(frozen=True)
+class AdvantageStats:
+    lambda_policy_mean: float | None = None
+    lambda_policy_min: float | None = None
+    lambda_policy_max: float | None = None
+    lambda_policy_clamped: int = 0
+
+    def log(self) -> dict[str, float]:
+        if self.lambda_policy_mean is None:
+            return {}
+        return {"gae/lambda_policy_mean": self.lambda_policy_mean, "gae/lambda_policy_min": self.lambda_policy_min,
+                "gae/lambda_policy_max": self.lambda_policy_max,
+                "gae/lambda_policy_clamped": float(self.lambda_policy_clamped)}
+
+
+@torch.no_grad()
+def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
+    """Decoupled GAE from one sweep over the TD residuals: actor advantages with lambda_policy,
+    critic targets with lambda_critic; Monte-Carlo returns beside them for the diagnostics.
+    Critic-free (grpo): the group-normalised outcome on every token, no targets."""
+    if s.estimator == "grpo":
+        exp.advantages = algos.group_normalized_advantage(exp.scores, exp.mask, exp.group_size)
+        return AdvantageStats()
+    if exp.values is None:
+        raise ValueError("fill_advantages needs the values stage first (critic-based estimator)")
+    lengths = exp.mask.sum(1).clamp(min=1)
+    if s.alpha is not None:
+        lam_policy = algos.length_adaptive_lambda(lengths, s.alpha, s.gamma).to(exp.mask.device)
+        clamped = algos.lambda_clamped(lengths, s.alpha, s.gamma)
+    else:
+        lam_policy, clamped = torch.full((exp.n,), s.lam, device=exp.mask.device), 0
+    lam_critic = lam_policy if s.lam_critic is None else s.lam_critic
+    advantages, returns = algos.decoupled_gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
+                                              gamma=s.gamma, bootstrap_values=exp.bootstrap)
+    if s.whiten:
+        advantages = algos.masked_whiten(advantages, exp.mask)
+    exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
+    exp.mc_returns = returns if s.lam_critic == 1.0 else algos.gae(
+        exp.rewards, exp.values, exp.mask, 1.0, gamma=s.gamma, bootstrap_values=exp.bootstrap)[1]
+    return AdvantageStats(float(lam_policy.mean()), float(lam_policy.min()), float(lam_policy.max()), clamped)
+
+
+# ----------------------------------------------------------------------------- diagnostics
+def rollout_stats(exp: Experience) -> dict[str, float]:
+    """Length and shape of the batch (`rollout/...`)."""
+    lf = exp.mask.sum(1).float()
+    return {
+        "rollout/response_length": float(lf.mean()),
+        "rollout/response_length_min": float(lf.min()),
+        "rollout/response_length_max": float(lf.max()),
+        "rollout/response_length_p90": float(torch.quantile(lf, 0.9)),
+        "rollout/truncated_frac": float(exp.truncated.float().mean()),
+        "rollout/prompts": float(exp.n // exp.group_size),
+        "rollout/samples_per_prompt": float(exp.group_size),
+    }
+
+
+def value_stats(exp: Experience, reference: str = "targets") -> dict[str, float]:
+    """The critic at sampling time against `reference` returns ('targets': its own lambda_critic
+    targets; 'mc': Monte-Carlo returns): explained variance overall / correct / wrong responses,
+    mean value and return, bias overall, at the first token, by response position and by length."""
+    values, mask = exp.values, exp.mask
+    returns = exp.returns if reference == "targets" else exp.mc_returns
+    pos = exp.positive[:, None].to(mask.dtype) * mask
+    neg = (exp.scores == 0)[:, None].to(mask.dtype) * mask
+    out = {
+        "value/explained_variance": float(algos.explained_variance(values, returns, mask)),
+        "value/explained_variance_pos": float(algos.explained_variance(values, returns, pos)),
+        "value/explained_variance_neg": float(algos.explained_variance(values, returns, neg)),
+        "value/mean": float(algos.masked_mean(values, mask)),
+        "value/return_mean": float(algos.masked_mean(returns, mask)),
+        "value/bias": float(algos.masked_mean(values - returns, mask)),
+    }
+    first = torch.zeros_like(mask)
+    first[:, 0] = mask[:, 0]
+    out["value/bias_first_token"] = float(algos.masked_mean(values - returns, first))
+    for name, edges, by in (("pos", POSITION_EDGES, "position"), ("len", LENGTH_EDGES, "length")):
+        bias, counts = algos.value_bias(values, returns, mask, edges, by=by)
+        for lab, b, c in zip(bucket_labels(edges), bias.tolist(), counts.tolist()):
+            if c:
+                out[f"value/bias_{name}_{lab}"] = b
+    return out
+
+
+def bucket_labels(edges) -> list[str]:
+    edges = list(edges)
+    labels = [f"lt{edges[0]}"] if edges[0] > 1 else ["first"]
+    labels += [f"{a}-{b - 1}" for a, b in zip(edges[:-1], edges[1:])]
+    labels.append(f"ge{edges[-1]}")
+    return labels

@@ -1,0 +1,87 @@
+"""The training-side forward passes over (prompt, response) rows, with the one column convention.
+
+A row is ``input_ids = [prompt (P columns, left-padded) | response (R columns, right-padded)]``.
+
+* The state before response token t is the prefix ending at column P + t - 1, so the critic's
+  V(s_t) and the actor's distribution over token t are both read at column P + t - 1.
+* The state after the last response token (length l) is read at column P + l - 1 + 1 = P + l:
+  its value bootstraps a row the length limit cut off.
+
+:func:`state_values` returns V(s_0) .. V(s_R) (R + 1 columns), :func:`response_logprobs` the
+log-probs (and entropy) of the R response tokens. Nothing else in the project slices columns.
+
+Memory: with ``chunk`` set, :func:`response_logprobs` runs the backbone once, then the output
+layer over `chunk` response positions at a time, each chunk under activation checkpointing, so
+at most (n, chunk, vocab) logits exist at once in the forward and in the backward pass (instead
+of (n, P + R, vocab) in float32). The result is the same as the unchunked pass (tested).
+"""
+from __future__ import annotations
+
+import torch
+from torch.utils.checkpoint import checkpoint
+
+from vapo_lit import algos
+from vapo_lit.rollout import next_token_logits, position_ids_from_mask
+
+
+def state_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
+    """(n, R + 1): column t is V(s_t), the value of the state before response token t; column l
+    of a row of length l is the state after its last token."""
+    return critic(input_ids, attention_mask)[:, prompt_width - 1:]
+
+
+def response_logprobs(actor, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int,
+                      response_ids: torch.Tensor, *, temperature: float, entropy: bool = False,
+                      chunk: int | None = None):
+    """log pi(y_t | s_t) for every response token (n, R), and its entropy (n, R) when asked
+    (else None). Gradients flow through the log-probs; the entropy is detached. `chunk`:
+    response positions per output-layer chunk (None: all at once)."""
+    split = output_layer_split(actor) if chunk else None
+    if split is None:
+        logits = next_token_logits(actor, input_ids, attention_mask, temperature=temperature)[:, prompt_width - 1:]
+        logp = algos.token_logprobs(logits, response_ids)
+        ent = None
+        if entropy:
+            with torch.no_grad():
+                ent = algos.entropy_from_logits(logits)
+        return logp, ent
+    backbone, head = split
+    pos = position_ids_from_mask(attention_mask)
+    hidden = backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+    h = hidden[:, prompt_width - 1:-1]  # (n, R, H): the states that choose the response tokens
+    logps, ents = [], []
+    for s in range(0, h.shape[1], chunk):
+        hs, ys = h[:, s:s + chunk], response_ids[:, s:s + chunk]
+        if torch.is_grad_enabled() and hs.requires_grad:
+            lp = checkpoint(_chunk_logprobs, head, hs, ys, temperature, use_reentrant=False)
+        else:
+            lp = _chunk_logprobs(head, hs, ys, temperature)
+        logps.append(lp)
+        if entropy:
+            with torch.no_grad():
+                ents.append(algos.entropy_from_logits(_scaled_logits(head, hs.detach(), temperature)))
+    return torch.cat(logps, 1), (torch.cat(ents, 1) if entropy else None)
+
+
+def _scaled_logits(head, hs: torch.Tensor, temperature: float) -> torch.Tensor:
+    logits = algos.at_least_float32(head(hs))
+    return logits / temperature if temperature > 0 else logits
+
+
+def _chunk_logprobs(head, hs: torch.Tensor, ys: torch.Tensor, temperature: float) -> torch.Tensor:
+    return algos.token_logprobs(_scaled_logits(head, hs, temperature), ys)
+
+
+def output_layer_split(model):
+    """(backbone returning last_hidden_state, output layer) when the model's logits are exactly
+    output_layer(last hidden state); None for models that post-process logits (soft-capping,
+    logit scaling), which then take the unchunked path."""
+    cfg = getattr(model, "config", None)
+    if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+        return None
+    get_head = getattr(model, "get_output_embeddings", None)
+    head = get_head() if get_head is not None else None
+    backbone = getattr(model, "base_model", None)
+    if head is None or backbone is None or backbone is model:
+        return None
+    return backbone, head

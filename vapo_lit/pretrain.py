@@ -1,0 +1,90 @@
+"""Value pretraining as a phase of the run (VC-PPO, VAPO section 4.1).
+
+The module owns a `PretrainPhase`: while it is active, iterations sample from the frozen initial
+policy and update only the critic, on Monte-Carlo returns (lambda = 1). The `ValuePretraining`
+callback decides when it ends (step count or explained variance). The pretrained critic is cached
+under a key derived from the WHOLE resolved run config minus `CANNOT_AFFECT_PRETRAINING`, so a
+setting added later changes the key unless someone declares here that it cannot matter.
+"""
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
+from vapo_lit.config import to_dict
+
+CACHE_NAME = "pretrained-critic"
+CACHE_VERSION = 2
+"""Bump when the pretraining code changes what it produces."""
+
+CANNOT_AFFECT_PRETRAINING = (
+    # where and how a run is recorded
+    "out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads", "cache_dir",
+    "checkpoint_every",
+    # the PPO phase after pretraining: actor updates, advantages, evaluation, run length
+    "steps", "eval_every", "eval_k", "eval_top_p", "eval_temperature", "eval_problems",
+    "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages",
+    # components and their values: replaced in the key by what pretraining uses of them
+    # (value_pretrain_steps, value_pretrain_min_ev and the effective samples per prompt)
+    "components", "vapo",
+)
+"""Config paths left out of the pretrained-critic cache key. Everything else is in it."""
+
+
+@dataclass
+class PretrainPhase:
+    """Where value pretraining stands (saved in every checkpoint)."""
+
+    active: bool = False
+    steps_done: int = 0
+    last_ev: float = float("nan")
+    """Explained variance (against Monte-Carlo returns) of the critic on the last pretraining batch,
+    measured before that batch's update."""
+    from_cache: str | None = None
+    """The cache entry the pretrained critic was loaded from, if it was."""
+    finished: bool = False
+
+    def state_dict(self) -> dict:
+        return asdict(self)
+
+    def load_state_dict(self, state: dict) -> None:
+        for k, v in state.items():
+            setattr(self, k, v)
+
+
+def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str) -> dict:
+    """Everything that determines a pretrained critic: the run config minus CANNOT_AFFECT_PRETRAINING,
+    plus the effective pretraining values."""
+    resolved = to_dict(cfg)
+    for path in CANNOT_AFFECT_PRETRAINING:
+        node, *rest = path.split(".")
+        if rest:
+            resolved.get(node, {}).pop(rest[0], None)
+        else:
+            resolved.pop(node, None)
+    return {"config": resolved, "value_pretrain_steps": steps, "value_pretrain_min_ev": min_ev,
+            "samples_per_prompt": samples_per_prompt, "max_new_tokens": max_new_tokens,
+            "task_version": task_version, "version": CACHE_VERSION}
+
+
+def entry_dir(key: dict, cache_dir) -> Path:
+    return cache_root(cache_dir) / f"{CACHE_NAME}-{config_key(key)}"
+
+
+def load_cached(key: dict, cache_dir) -> tuple[Path, dict] | None:
+    """(entry folder, its stats) when a complete entry exists, else None."""
+    entry = entry_dir(key, cache_dir)
+    if verify_dir(entry) is not None:
+        return None
+    return entry, json.loads((entry / "pretraining.json").read_text())
+
+
+def save(key: dict, cache_dir, critic, stats: dict) -> Path:
+    """Write the critic and its stats as a verified cache entry (atomic)."""
+    def build(tmp: Path) -> None:
+        critic.save_pretrained(tmp)
+        (tmp / "pretraining.json").write_text(json.dumps(stats))
+
+    return cached_build(CACHE_NAME, key, build, cache_dir=cache_dir)

@@ -1,0 +1,265 @@
+"""table.csv's numbers as Markdown and LaTeX tables, and the notes printed under them.
+
+Every number is formatted with a fixed number of digits (no locale, no timestamps), so the same
+CSVs always give the same bytes.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import pandas as pd
+
+from vapo_lit.report.table import pretty, resolved
+
+DASH = "–"
+
+
+@dataclass
+class Context:
+    """What the formatting needs besides the table."""
+    k: int
+    last_n: int
+    threshold: float
+    reference: str | None
+    token_budget: float
+    time_budget: float
+    max_seeds: int
+
+
+def _nan(x) -> bool:
+    return x is None or (isinstance(x, float) and math.isnan(x))
+
+
+def num(x, digits: int = 1, signed: bool = False) -> str:
+    if _nan(x):
+        return DASH
+    return f"{x:+.{digits}f}" if signed else f"{x:.{digits}f}"
+
+
+def pval(p) -> str:
+    if _nan(p):
+        return DASH
+    return "<0.001" if p < 0.001 else f"{p:.3f}"
+
+
+def tokens(x) -> str:
+    if _nan(x):
+        return DASH
+    for div, unit in ((1e9, "G"), (1e6, "M"), (1e3, "k")):
+        if x >= div:
+            return f"{x / div:.2f}{unit}"
+    return f"{x:.0f}"
+
+
+def duration(seconds) -> str:
+    """Wall time: seconds below two minutes, minutes below two hours, else hours."""
+    if _nan(seconds):
+        return DASH
+    if seconds < 120:
+        return f"{seconds:.1f} s"
+    if seconds < 7200:
+        return f"{seconds / 60:.1f} min"
+    return f"{seconds / 3600:.2f} h"
+
+
+def spread(rec, m: str, digits: int = 1) -> str:
+    n = rec["n"]
+    if n == 0:
+        return DASH
+    if n == 1:
+        return f"{num(rec[f'{m}_mean'], digits)} (n=1)"
+    return f"{num(rec[f'{m}_mean'], digits)} ± {num(rec[f'{m}_std'], digits)}"
+
+
+def delta(rec, m: str, ctx: Context, digits: int = 1) -> str:
+    if rec["row"] == ctx.reference:
+        return "—"
+    pairs = rec[f"delta_{m}_pairs"]
+    if _nan(pairs) or pairs == 0:
+        return DASH
+    if pairs == 1:
+        return f"{num(rec[f'delta_{m}'], digits, True)} (1 pair, no CI)"
+    return (f"{num(rec[f'delta_{m}'], digits, True)} [{num(rec[f'delta_{m}_ci_lo'], digits, True)}, "
+            f"{num(rec[f'delta_{m}_ci_hi'], digits, True)}]")
+
+
+def welch(rec, m: str, ctx: Context) -> str:
+    if rec["row"] == ctx.reference or _nan(rec[f"delta_{m}_unpaired"]):
+        return "—" if rec["row"] == ctx.reference else DASH
+    if _nan(rec[f"delta_{m}_unpaired_ci_lo"]):
+        return f"{num(rec[f'delta_{m}_unpaired'], 1, True)} (no CI)"
+    return (f"{num(rec[f'delta_{m}_unpaired'], 1, True)} [{num(rec[f'delta_{m}_unpaired_ci_lo'], 1, True)}, "
+            f"{num(rec[f'delta_{m}_unpaired_ci_hi'], 1, True)}]")
+
+
+def reach(rec) -> str:
+    n, hit = rec["n"], rec["updates_to_threshold_reached"]
+    if n == 0:
+        return DASH
+    if hit == 0:
+        return "not reached"
+    body = spread({**rec, "n": hit}, "updates_to_threshold", 1) if hit > 1 else num(rec["updates_to_threshold_mean"], 0)
+    return body if hit == n else f"{body} ({hit}/{n} reached)"
+
+
+def threshold(ctx: Context) -> str:
+    return DASH if _nan(ctx.threshold) else f"{ctx.threshold:g}"
+
+
+def pair_of(rec, name: str, digits: int) -> str:
+    return f"{num(rec[f'{name}_final_mean'], digits)} / {num(rec[f'{name}_last_mean'], digits)}"
+
+
+def marked(rec) -> str:
+    return pretty(rec["row"]) + (" †" if rec["truncated_runs"] else "")
+
+
+# ----------------------------------------------------------------------------- the four tables
+def main_table(table: pd.DataFrame, ctx: Context):
+    k = ctx.k
+    head = ["row", "n", f"base avg@{k}", f"final avg@{k}", f"peak avg@{k}", "Δ final (paired, 95% CI)", "Holm p",
+            f"updates to {threshold(ctx)}", f"AUC avg@{k}", "strict final"]
+    body = [[marked(r), str(r["n"]), num(r["base_mean"]), spread(r, "final"), spread(r, "peak"), delta(r, "final", ctx),
+             pval(r["delta_final_p_holm"]), reach(r), spread(r, "auc"), spread(r, "strict_final")]
+            for r in table.to_dict("records")]
+    return head, body
+
+
+def paired_table(table: pd.DataFrame, ctx: Context):
+    head = ["row", "pairs", "Δ final [95% CI]", "Holm p", "Δ peak [95% CI]", "Holm p", "Δ AUC [95% CI]", "Holm p",
+            f"Δ updates to {threshold(ctx)} [95% CI]", "unpaired Δ final [Welch 95% CI]"]
+    body = []
+    for r in table.to_dict("records"):
+        if r["row"] == ctx.reference:
+            continue
+        body.append([marked(r), num(r["delta_final_pairs"], 0), delta(r, "final", ctx), pval(r["delta_final_p_holm"]),
+                     delta(r, "peak", ctx), pval(r["delta_peak_p_holm"]), delta(r, "auc", ctx),
+                     pval(r["delta_auc_p_holm"]), delta(r, "updates_to_threshold", ctx), welch(r, "final", ctx)])
+    return head, body
+
+
+def compute_table(table: pd.DataFrame, ctx: Context):
+    k = ctx.k
+    head = ["row", "generated tokens", "wall time", f"avg@{k} at {tokens(ctx.token_budget)} tokens",
+            "Δ (paired, 95% CI)", f"avg@{k} at {duration(ctx.time_budget)}", "Δ (paired, 95% CI)"]
+    body = [[marked(r), tokens(r["cumulative_tokens_mean"]), duration(r["cumulative_seconds_mean"]),
+             spread(r, "score_at_tokens"), delta(r, "score_at_tokens", ctx), spread(r, "score_at_seconds"),
+             delta(r, "score_at_seconds", ctx)] for r in table.to_dict("records")]
+    return head, body
+
+
+def diagnostics_table(table: pd.DataFrame, ctx: Context):
+    n = ctx.last_n
+    head = ["row", f"entropy (final / last {n})", f"response length (final / last {n})",
+            f"EV vs MC (final / median last {n})", f"EV vs targets (final / median last {n})", "wall time",
+            "tokens/s", "peak memory (MB)", "final range", "attempts / crashes"]
+    body = []
+    for r in table.to_dict("records"):
+        rng = DASH if r["n"] == 0 else f"{num(r['final_min'])}–{num(r['final_max'])}"
+        body.append([marked(r), pair_of(r, "entropy", 3), pair_of(r, "response_length", 1), pair_of(r, "ev_mc", 3),
+                     pair_of(r, "ev_target", 3), duration(r["cumulative_seconds_mean"]),
+                     num(r["tokens_per_second_mean"], 0), num(r["peak_memory_mb_max"], 0), rng,
+                     f"{r['attempts']} / {r['crashes']}"])
+    return head, body
+
+
+TABLES = {"main": main_table, "paired": paired_table, "compute": compute_table, "diagnostics": diagnostics_table}
+
+
+def markdown(head, body) -> str:
+    lines = ["| " + " | ".join(head) + " |", "|" + "|".join("---" for _ in head) + "|"]
+    lines += ["| " + " | ".join(r) + " |" for r in body]
+    return "\n".join(lines)
+
+
+def _esc(s: str) -> str:
+    return (s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
+            .replace("#", "\\#").replace("±", "$\\pm$").replace("Δ", "$\\Delta$").replace("—", "---")
+            .replace("–", "--").replace("†", "$^\\dagger$").replace("<", "$<$"))
+
+
+def latex(head, body) -> str:
+    out = ["\\begin{tabular}{l" + "r" * (len(head) - 1) + "}", "\\toprule", " & ".join(map(_esc, head)) + " \\\\",
+           "\\midrule"]
+    out += [" & ".join(map(_esc, r)) + " \\\\" for r in body]
+    out += ["\\bottomrule", "\\end{tabular}"]
+    return "\n".join(out)
+
+
+def latex_all(table: pd.DataFrame, ctx: Context) -> str:
+    parts = []
+    for name, fn in TABLES.items():
+        head, body = fn(table, ctx)
+        if body:
+            parts.append(f"% {name}\n" + latex(head, body))
+    return "\n\n".join(parts)
+
+
+# ----------------------------------------------------------------------------- notes under the tables
+def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "Δ final") -> str:
+    recs = [r for r in table.to_dict("records") if r["row"] != ctx.reference and not _nan(r[f"delta_{m}_p_holm"])]
+    if not recs:
+        return f"Multiple comparisons ({what}): no row has two paired seeds with {pretty(ctx.reference)}, so no p-value."
+    yes = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] <= 0.05]
+    no = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] > 0.05]
+    return (f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with {pretty(ctx.reference)}, "
+            f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}.")
+
+
+def seeds_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "Δ final") -> str:
+    parts = []
+    for r in table.to_dict("records"):
+        if r["row"] == ctx.reference:
+            continue
+        pairs = 0 if _nan(r[f"delta_{m}_pairs"]) else int(r[f"delta_{m}_pairs"])
+        if pairs < 2:
+            say = "needs 2 paired seeds for an estimate"
+        elif resolved(r, m):
+            say = f"resolved with {pairs} pairs"
+        elif _nan(r[f"seeds_needed_{m}"]):
+            say = f"not reachable within {ctx.max_seeds} seeds (within noise)"
+        else:
+            say = f"≈ {int(r[f'seeds_needed_{m}'])} seeds"
+        parts.append(f"{pretty(r['row'])}: {say}")
+    if not parts:
+        return ""
+    return (f"Seeds needed ({what}; plug-in: the n at which a paired 95% interval with the observed mean and "
+            f"spread excludes zero, about even odds for a fresh set of n seeds): " + "; ".join(parts) + ".")
+
+
+def pairing_note(table: pd.DataFrame, ctx: Context, missing: dict) -> str:
+    parts = []
+    for r in table.to_dict("records"):
+        bits = []
+        lost = missing.get(r["row"], [])
+        if lost:
+            bits.append("no log for seed(s) " + " ".join(str(s) for s, _ in sorted(lost, key=lambda x: x[0]))
+                        + " (missing or failed cells)")
+        if r["row"] != ctx.reference and r["unpaired_seeds_final"]:
+            bits.append(f"seed(s) {r['unpaired_seeds_final']} unpaired with {pretty(ctx.reference)}, left out of the "
+                        "paired Δ")
+        if bits:
+            parts.append(f"{pretty(r['row'])}: " + "; ".join(bits))
+    return ("Unpaired seeds: " + "; ".join(parts) + ".") if parts else ""
+
+
+def no_log_note(rows: list, missing: dict) -> str:
+    """Rows of the grid without a single run log (every cell failed, or none ran yet)."""
+    if not rows:
+        return ""
+    parts = []
+    for row in rows:
+        cells = sorted(missing.get(row, []), key=lambda x: x[0])
+        crashed = sum(a.get("failed", 0) + a.get("lost", 0) for _, a in cells)
+        parts.append(f"{pretty(row)} (seed(s) {' '.join(str(s) for s, _ in cells)}; {crashed} crashed attempt(s))")
+    return "Rows without any run log, left out of the tables: " + "; ".join(parts) + "."
+
+
+def truncation_note(seeds: pd.DataFrame) -> str:
+    bad = seeds[seeds["truncated"].fillna("") != ""]
+    if bad.empty:
+        return ""
+    items = [f"`{r['run']}` ({r['truncated']})" for r in bad.to_dict("records")]
+    return ("† Truncated runs, reported and included in the numbers above, so read their rows with care: "
+            + "; ".join(items) + ".")

@@ -1,0 +1,282 @@
+"""Build one report folder from the logs (see the package docstring for what it holds).
+
+    from vapo_lit.report import write_report
+    print(write_report("runs/ablate", grid_id="table1"))
+
+Writes OUT/reports/<grid>/ (or `to`): table.md (the tables, the notes under them, the W&B
+section, what the deltas do and do not support), table.tex, table.csv (one line per row),
+seeds.csv (one line per run), calibration.csv (value bias by position) and the figures listed in
+`figures.NAMES`. A folder without grids/ is reported as one grid, 'runs'. Rows and labels come
+from the grid manifest (OUT/grids/<grid>.json) when there is one, else from each run's config
+(`config.run_label`, `config.row_order`).
+
+The text files depend only on the logs: no absolute paths (run folders are relative to the
+report folder), no timestamps, fixed float formats, so regenerating from the same CSVs gives the
+same bytes. Bad logs raise `LogError` naming the file and line.
+"""
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+import pandas as pd
+
+from vapo_lit.config import COMPONENTS, row_order, run_label
+from vapo_lit.report import render
+from vapo_lit.report.collect import BIAS_BUCKETS, calibration, efficiency, per_run
+from vapo_lit.report.figures import NAMES as FIGURES, plot_all
+from vapo_lit.report.logs import LogError, find_runs, load_run, read_json
+from vapo_lit.report.table import build_table, pretty
+
+__all__ = ["write_report", "report_grid", "grids_in", "LogError", "REFERENCE"]
+
+REFERENCE = run_label(COMPONENTS)
+"""The row every delta is taken against by default: the full recipe."""
+THRESHOLD_FRACTION = 0.9
+"""Default sample-efficiency threshold: this fraction of the reference row's mean peak score,
+rounded down to a whole point (fixed for the whole table)."""
+FLOAT = "%.10g"
+
+
+def grids_in(out: Path) -> list[str]:
+    return sorted(p.stem for p in (Path(out) / "grids").glob("*.json"))
+
+
+def caveats(table: pd.DataFrame) -> str:
+    """SPEC.md's 'what the results do not support', applied to this table."""
+    n_min = int(table["n"].min()) if len(table) else 0
+    single = [pretty(r) for r in table["row"] if r.startswith("vapo-no-") and "+" not in r]
+    lines = ["## What these deltas do and do not support", "",
+             "Supported: each Δ is the conditional effect of removing that component *from this full recipe*, on this "
+             "task, model, preset and budget, with the stated seeds.", "",
+             "Not supported by this table:",
+             "- that the full recipe's score is due to any single component: components interact, and single-drop "
+             "deltas are not independent effects (they need not add up; test interactions with a joint-drop or the "
+             "`pairwise` grid);",
+             "- that alpha, the value-pretraining steps or other settings used here transfer to other models, "
+             "tasks or response lengths;",
+             "- that critic-based PPO always beats critic-free GRPO (one task, one budget);",
+             "- that longer responses mean more correct ones (length and score are logged side by side, not causally "
+             "linked);",
+             "- that the positive-example NLL is safe with a noisy verifier (this task's verifier is exact).",
+             ]
+    if n_min < 2:
+        lines.append(f"- any difference at all for rows with n={n_min}: no estimate of seed variance, no confidence "
+                     "interval; rerun with `--seeds 3` or more (or `vapo-ablate --seeds auto`).")
+    else:
+        lines.append("- differences whose paired 95% interval contains zero, or that do not survive the Holm "
+                     "adjustment when several rows are read together.")
+    if single:
+        lines.append(f"- a ranking of components: the single drops here ({', '.join(single)}) are each one "
+                     "counterfactual around one recipe.")
+    return "\n".join(lines)
+
+
+def wandb_section(logs, grid_id: str, folder: Path) -> str:
+    """From the run cards only (so it is the same wherever the logs were copied)."""
+    groups, offline = set(), []
+    for log in logs:
+        wb = log.card.get("wandb") or {}
+        if wb:
+            groups.add(wb.get("group") or grid_id)
+            if wb.get("mode") == "offline":
+                offline.append(log)
+    if not groups:
+        return f"W&B: not logged (runs were made with wandb disabled); group would be `{grid_id}`."
+    text = [f"W&B group: `{', '.join(sorted(groups))}` (filter the project's runs by this group; job_type = table row)."]
+    if offline:
+        globs = sorted(os.path.relpath(log.run_dir / "wandb", folder).replace(os.sep, "/") + "/offline-run-*"
+                       for log in offline)
+        text.append(f"{len(offline)} offline run(s); upload them from this folder with:\n\n    wandb sync "
+                    + " ".join(globs))
+    return "\n".join(text)
+
+
+def _order(found, logs) -> list[str]:
+    labels = list(dict.fromkeys(log.row for log in logs))
+    if found.rows is not None:
+        return list(found.rows) + [r for r in labels if r not in found.rows]
+    keys = {log.row: row_order(log.components, log.estimator, log.row) for log in logs}
+    return sorted(labels, key=lambda r: keys[r])
+
+
+def _threshold(seeds: pd.DataFrame, reference: str | None, threshold) -> float:
+    if threshold not in (None, "auto"):
+        return float(threshold)
+    ref = seeds[seeds["row"] == reference]["peak"].dropna() if reference else pd.Series(dtype=float)
+    base = ref.mean() if len(ref) else seeds.groupby("row")["peak"].mean().max()
+    return float(math.floor(THRESHOLD_FRACTION * base)) if base == base else float("nan")
+
+
+def _budget(seeds: pd.DataFrame, col: str) -> float:
+    """The cheapest complete run's total (every run spent at least this much unless truncated)."""
+    complete = seeds[(seeds["truncated"] == "") & (seeds[col] > 0)][col]
+    pool = complete if len(complete) else seeds[seeds[col] > 0][col]
+    return float(pool.min()) if len(pool) else float("nan")
+
+
+def _calibration_frame(logs, order) -> tuple[pd.DataFrame, dict]:
+    per_row, vp, records = {}, {}, []
+    for row in order:
+        runs = [log for log in logs if log.row == row]
+        if not runs:
+            continue
+        vp[row] = "value_pretraining" in runs[0].components
+        cals = [calibration(log) for log in runs]
+        per_row[row] = {}
+        for phase in ("early", "late"):
+            for b in BIAS_BUCKETS:
+                vals = [c[(phase, b)] for c in cals if c[(phase, b)] == c[(phase, b)]]
+                mean = sum(vals) / len(vals) if vals else float("nan")
+                per_row[row][(phase, b)] = mean
+                records.append({"row": row, "value_pretraining": int(vp[row]), "phase": phase, "bucket": b,
+                                "bias_mean": mean, "runs": len(vals)})
+    return pd.DataFrame(records, columns=["row", "value_pretraining", "phase", "bucket", "bias_mean", "runs"]), \
+        {"bias": per_row, "vp": vp}
+
+
+def _write(path: Path, text: str) -> None:
+    tmp = path.with_name("." + path.name + ".tmp")
+    with open(tmp, "w", newline="\n") as f:
+        f.write(text)
+    os.replace(tmp, path)
+
+
+def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
+                reference: str | None = REFERENCE, threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
+    """Build one grid's report from its runs' logs; returns the Markdown text.
+    Raises LogError for a malformed log or when there is no run log at all."""
+    out = Path(out)
+    name = grid_id or "runs"
+    found = find_runs(out, grid_id)
+    if not found.runs:
+        cells = sum(len(v) for v in found.missing.values())
+        where = (f"grid {grid_id!r} ({cells} cells in {out / 'grids' / f'{grid_id}.json'}, none with a metrics.csv)"
+                 if grid_id else "no folder with metrics.csv and config.yaml")
+        raise LogError(f"{out}: no run logs to report: {where}")
+    logs = [load_run(d, row) for row, d in found.runs]
+    folder = Path(to) if to is not None else out / "reports" / name
+    order = _order(found, logs)
+    with_logs = {log.row for log in logs}
+    no_log_rows = [r for r in order if r not in with_logs]   # every cell failed or not run yet: named, not tabled
+    order = [r for r in order if r in with_logs]
+    if reference not in order:
+        if reference != REFERENCE:
+            raise ValueError(f"--reference {reference!r}: no such row; rows: {', '.join(order)}")
+        reference = None
+    folder.mkdir(parents=True, exist_ok=True)   # only now: every input has been read and checked
+    position = {r: i for i, r in enumerate(order)}
+    seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
+    thr = _threshold(seeds, reference, threshold)
+    budgets = {"tokens": _budget(seeds, "cumulative_tokens"), "seconds": _budget(seeds, "cumulative_seconds")}
+    eff = pd.DataFrame([efficiency(log, thr, budgets["tokens"], budgets["seconds"]) for log in logs])
+    seeds = pd.concat([seeds, eff], axis=1)
+    seeds["_o"] = seeds["row"].map(position)
+    seeds = seeds.sort_values(["_o", "seed", "run"], kind="stable").drop(columns="_o").reset_index(drop=True)
+    missing = found.missing
+    table = build_table(seeds, order, reference, missing, max_seeds)
+    ks = sorted({log.k for log in logs})
+    k = ks[0]
+    ctx = render.Context(k, last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds)
+    cal, cal_plot = _calibration_frame(logs, order)
+
+    seeds.to_csv(folder / "seeds.csv", index=False, float_format=FLOAT, lineterminator="\n")
+    table.to_csv(folder / "table.csv", index=False, float_format=FLOAT, lineterminator="\n")
+    cal.to_csv(folder / "calibration.csv", index=False, float_format=FLOAT, lineterminator="\n")
+    _write(folder / "table.tex", render.latex_all(table, ctx) + "\n")
+    if figures:
+        plot_all(logs, order, folder, k, budgets, cal_plot)
+
+    desc = ""
+    manifest = out / "grids" / f"{grid_id}.json"
+    if grid_id and manifest.is_file():
+        desc = read_json(manifest).get("description", "")
+    sources = sorted(set(seeds["cost_source"]))
+    ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
+    intro = (f"eval avg@{k} in points (x100){' (k differs between runs: ' + str(ks) + ')' if len(ks) > 1 else ''}; "
+             f"mean ± std over seeds. Δ = paired difference to {ref_name}: the per-seed difference row − reference "
+             f"over the seeds both have, its mean and 95% t-interval; Holm p = paired t-test p-value adjusted for "
+             f"comparing every row with the same reference. Sample efficiency: PPO updates until the eval first "
+             f"reaches {render.threshold(ctx)} points (" + ("`--threshold`" if threshold not in (None, "auto") else
+             f"{int(THRESHOLD_FRACTION * 100)}% of the reference's mean peak, rounded down") + "; mean over the runs "
+             f"that reached it) and AUC = area under the eval curve from update 0 to the last eval divided by that "
+             f"range (the mean score over training). Strict = `eval/strict_avg@{k}` (the whole chain right) at the "
+             f"final eval.")
+    sections = [f"# Ablation `{name}`" + (f": {desc}" if desc else ""), intro]
+    head, body = render.main_table(table, ctx)
+    sections.append(render.markdown(head, body))
+    notes = [render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
+             render.pairing_note(table, ctx, missing), render.no_log_note(no_log_rows, missing),
+             render.truncation_note(seeds)]
+    sections += [n for n in notes if n]
+    if reference and len(order) > 1:
+        head, body = render.paired_table(table, ctx)
+        sections += [f"## Paired deltas against {ref_name}",
+                     f"Per-seed differences to {ref_name} (points; updates for 'updates to'), mean and 95% "
+                     "t-interval, Holm-adjusted p per column; the last column is the unpaired comparison of the row "
+                     "means (Welch), for contrast: it ignores what a seed shares across rows.",
+                     render.markdown(head, body)]
+        for m, what in (("auc", "Δ AUC"),):
+            sections.append(render.holm_note(table, ctx, m, what) + " " + render.seeds_note(table, ctx, m, what))
+    head, body = render.compute_table(table, ctx)
+    sections += ["## Compute-matched comparison",
+                 f"The score each run had reached (its last eval) once it had generated as many response tokens, or "
+                 f"spent as much wall time (training and eval), as the cheapest complete run: "
+                 f"{render.tokens(budgets['tokens'])} tokens, {render.duration(budgets['seconds'])}. Cost "
+                 f"source: " + "; ".join(_source_text(s, int((seeds['cost_source'] == s).sum())) for s in sources)
+                 + ". Equal steps favour rows whose steps cost more (the critic's forward and backward passes); this "
+                 "table asks what each row achieves for the same compute.",
+                 render.markdown(head, body)]
+    head, body = render.diagnostics_table(table, ctx)
+    sections += ["## Diagnostics",
+                 f"Final PPO iteration / last {last_n} (mean; EV: median, robust to a single batch with no correct "
+                 f"response) over PPO iterations, then the mean over seeds. EV vs MC = explained variance of the critic "
+                 f"against Monte-Carlo returns (comparable across rows); EV vs targets = against the critic's own "
+                 f"training targets (flatters a critic when lambda < 1). Wall time and tokens/s from the logs; peak "
+                 f"memory = the largest `perf/peak_memory_mb` logged; attempts / crashes from `attempts.jsonl` (failed "
+                 f"or lost attempts, cells without a log included).",
+                 render.markdown(head, body),
+                 wandb_section(logs, name, folder),
+                 caveats(table),
+                 "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in FIGURES) + "; value bias by position in "
+                 "`calibration.csv`.",
+                 f"Source: {len(logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
+                 f"folder)."]
+    text = "\n\n".join(sections)
+    _write(folder / "table.md", text + "\n")
+    return text
+
+
+def _source_text(source: str, n: int) -> str:
+    if source == "logged":
+        return f"`perf/cumulative_seconds` and `perf/cumulative_tokens` as logged ({n} run(s))"
+    if source == "reconstructed":
+        return (f"reconstructed as cumulative sums of `perf/total_seconds` and of `rollout/response_length` x "
+                f"`rollout/prompts` x `rollout/samples_per_prompt` ({n} run(s) logged before the cumulative columns)")
+    return f"{source} ({n} run(s))"
+
+
+def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, reference: str | None = REFERENCE,
+                 threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
+    """Report `grid_id`, or every grid under OUT/grids/ (grids without any log yet are skipped),
+    or OUT as a plain folder of runs. Raises LogError when nothing at all can be reported."""
+    out = Path(out)
+    ids = [grid_id] if grid_id else (grids_in(out) or [None])
+    texts, empty = [], []
+    for gid in ids:
+        try:
+            text = report_grid(out, gid, last_n, to=to, reference=reference, threshold=threshold, max_seeds=max_seeds,
+                               figures=figures)
+        except LogError as e:
+            if len(ids) > 1 and "no run logs to report" in str(e):
+                empty.append(str(gid))
+                continue
+            raise
+        where = Path(to) if to is not None else out / "reports" / (gid or "runs")
+        texts.append(text + f"\n\n(written to {where}/)")
+    if not texts:
+        raise LogError(f"{out}: no run logs to report in any grid ({', '.join(empty)})")
+    if empty:
+        texts.append(f"(no run logs yet for grid(s): {', '.join(empty)})")
+    return "\n\n".join(texts)
