@@ -5,7 +5,8 @@ the metric history equals an uninterrupted run's (every column but perf/ timings
 left behind, and the user sees one line with the command that continues.
 
 The kill points are reached through VAPO_LIT_FAULT=<point>:<n>[:enospc] (vapo_lit/faults.py); n is
-drawn from a seeded RNG over the run's iterations (FAULT_SEED, printed on failure).
+drawn from a seeded RNG over the run's iterations (FAULT_SEED, printed on failure). Only the SIGKILLs
+need a process of their own; the other runs go through the same command in this process (faster).
 
     .venv/bin/python -m pytest tests/test_faults.py
 """
@@ -33,18 +34,40 @@ FAULT_SEED = int(os.environ.get("VAPO_LIT_FAULT_SEED", "8"))
 RNG = random.Random(FAULT_SEED)
 
 
+def args(tmp_path, name, *extra):
+    return ["--preset", "smoke", "--model", "random", "--steps", str(STEPS), "--checkpoint_every", "1",
+            "--eval_every", "2", "--wandb", "disabled", "--threads", "1", "--out_dir", str(tmp_path / "runs"),
+            "--name", name, "--cache_dir", str(tmp_path / f"cache-{name}"), *extra]
+
+
 def cmd(tmp_path, name, *extra):
-    return [PY, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--model", "random", "--steps", str(STEPS),
-            "--checkpoint_every", "1", "--eval_every", "2", "--wandb", "disabled", "--threads", "1",
-            "--out_dir", str(tmp_path / "runs"), "--name", name, "--cache_dir", str(tmp_path / f"cache-{name}"), *extra]
+    return [PY, "-m", "vapo_lit.cli.train", *args(tmp_path, name, *extra)]
 
 
-def run(args, fault: str | None = None, timeout: int = 300):
+def run(argv, fault: str | None = None, timeout: int = 300):
+    """A command in a process of its own (for the SIGKILLs)."""
     env = {**os.environ, "PYTHONWARNINGS": "default", "VAPO_LIT_PROGRESS": "0"}
     env.pop("VAPO_LIT_FAULT", None)
     if fault:
         env["VAPO_LIT_FAULT"] = fault
-    return subprocess.run(args, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+    return subprocess.run(argv, cwd=ROOT, env=env, capture_output=True, text=True, timeout=timeout)
+
+
+def here(main, argv, capsys, monkeypatch, fault: str | None = None) -> tuple[int, str]:
+    """A command in this process, with a fault armed: (exit code, stderr and warnings)."""
+    from vapo_lit import faults
+
+    monkeypatch.setattr(faults, "_seen", {})  # the visit counters start over, as in a new process
+    if fault:
+        monkeypatch.setenv(faults.ENV, fault)
+    else:
+        monkeypatch.delenv(faults.ENV, raising=False)
+    capsys.readouterr()
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        code = main(argv)
+    monkeypatch.delenv(faults.ENV, raising=False)
+    return code, capsys.readouterr().err + "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
 
 
 def history(run_dir) -> list[dict]:
@@ -55,22 +78,20 @@ def history(run_dir) -> list[dict]:
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory):
     """The uninterrupted run every faulted run must end up equal to."""
+    from vapo_lit.cli.train import main
+
     tmp = tmp_path_factory.mktemp("reference")
-    r = run(cmd(tmp, "ref"))
-    assert r.returncode == 0, r.stderr[-3000:]
+    assert main(args(tmp, "ref")) == 0
     rows = history(tmp / "runs" / "ref")
     assert len(rows) == 1 + ITERATIONS
     return rows
 
 
-def resume(run_dir, capsys) -> str:
-    """`vapo-train --resume RUN_DIR` in this process (saves a process start per test); its stderr."""
+def resume(run_dir, capsys, monkeypatch) -> str:
+    """`vapo-train --resume RUN_DIR` in this process; its stderr and warnings."""
     from vapo_lit.cli.train import main
 
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        code = main(["--resume", str(run_dir)])
-    err = capsys.readouterr().err + "".join(f"{w.category.__name__}: {w.message}\n" for w in caught)
+    code, err = here(main, ["--resume", str(run_dir)], capsys, monkeypatch)
     assert code == 0, err[-3000:]
     return err
 
@@ -105,7 +126,7 @@ KILLS = [
 
 
 @pytest.mark.parametrize("point, n", KILLS, ids=[f"{p}:{n}" for p, n in KILLS])
-def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(tmp_path, capsys, reference, point, n):
+def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(tmp_path, capsys, monkeypatch, reference, point, n):
     name = point
     r = run(cmd(tmp_path, name), fault=f"{point}:{n}")
     assert r.returncode == -signal.SIGKILL, f"FAULT_SEED={FAULT_SEED}: the run was not killed at {point}:{n}\n" \
@@ -118,7 +139,7 @@ def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(tmp_path, ca
         assert (run_dir / "checkpoints" / ".last.ckpt.tmp").is_file()  # and half a checkpoint
     if point == "cache_write":
         assert list((tmp_path / f"cache-{name}").glob(".pretrained-critic-*.tmp-*"))  # and half a cache entry
-    err = resume(run_dir, capsys)
+    err = resume(run_dir, capsys, monkeypatch)
     if point == "csv_append":
         assert "dropped a partial last row" in err
     assert history(run_dir) == reference, f"FAULT_SEED={FAULT_SEED} {point}:{n}"
@@ -127,16 +148,17 @@ def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(tmp_path, ca
 
 
 # ----------------------------------------------------------------------------- full disk
-def test_disk_full_is_one_line_with_the_resume_command_and_loses_nothing(tmp_path, capsys, reference):
+def test_disk_full_is_one_line_with_the_resume_command_and_loses_nothing(tmp_path, capsys, monkeypatch, reference):
     """ENOSPC in the middle of a metrics.csv row (injected; the real full disk is the test below)."""
-    name = "full"
-    r = run(cmd(tmp_path, name), fault="csv_append:4:enospc")
-    run_dir = tmp_path / "runs" / name
-    assert r.returncode == 1, r.stderr[-3000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("vapo-train: error: disk full (") and "Traceback" not in r.stderr
-    assert last.endswith(f"free some space, then continue with: vapo-train --resume {run_dir}")
-    resume(run_dir, capsys)
+    from vapo_lit.cli.train import main
+
+    run_dir = tmp_path / "runs" / "full"
+    code, err = here(main, args(tmp_path, "full"), capsys, monkeypatch, fault="csv_append:4:enospc")
+    assert code == 1, err[-3000:]
+    line = [x for x in err.splitlines() if x.startswith("vapo-train")]
+    assert len(line) == 1 and line[0].startswith("vapo-train: error: disk full (") and "Traceback" not in err
+    assert line[0].endswith(f"free some space, then continue with: vapo-train --resume {run_dir}")
+    resume(run_dir, capsys, monkeypatch)
     assert history(run_dir) == reference
 
 
@@ -156,44 +178,47 @@ def small_disk(tmp_path):
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, capsys, reference, small_disk):
+def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, capsys, monkeypatch, reference,
+                                                                           small_disk):
     """Fill a real file system so that the run's second checkpoint does not fit."""
+    from vapo_lit.cli.train import main
+
     out = small_disk / "runs"
-    args = cmd(tmp_path, "real", "--out_dir", str(out))
     filler = small_disk / "filler"
     with open(filler, "wb") as f:  # leave ~1.5 checkpoints of room (a checkpoint is ~0.33 MB here)
         f.write(b"\0" * (shutil.disk_usage(small_disk).free - 500 * 1024))
-    r = run(args)
-    assert r.returncode == 1, r.stderr[-3000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("vapo-train: error: disk full (") and f"--resume {out / 'real'}" in last, last
+    code, err = here(main, args(tmp_path, "real", "--out_dir", str(out)), capsys, monkeypatch)
+    assert code == 1, err[-3000:]
+    line = [x for x in err.splitlines() if x.startswith("vapo-train")]
+    assert len(line) == 1 and line[0].startswith("vapo-train: error: disk full (") and f"--resume {out / 'real'}" in line[0]
     assert (out / "real" / "checkpoints" / "last.ckpt").is_file()  # what was done is kept
     filler.unlink()
-    resume(out / "real", capsys)
+    resume(out / "real", capsys, monkeypatch)
     assert history(out / "real") == reference
 
 
-def test_a_real_full_disk_under_a_grid_hands_the_cell_back(tmp_path, small_disk):
+def test_a_real_full_disk_under_a_grid_hands_the_cell_back(tmp_path, capsys, monkeypatch, small_disk):
     """vapo-ablate with its output (SQLite database included) on a full disk: one line, the claimed
     cell WAITING again (issue 8: Optuna's StorageInternalError and a cell left RUNNING); after freeing
     space the rerun resumes it."""
     from vapo_lit.ablate.store import CellStore
+    from vapo_lit.cli.ablate import main
 
-    args = [PY, "-m", "vapo_lit.cli.ablate", "--preset", "smoke", "--model", "random", "--wandb", "disabled",
-            "--threads", "1", "--drop", "clip_higher", "--steps", "6", "--checkpoint_every", "1", "--no-report",
-            "--out", str(small_disk / "out"), "--cache_dir", str(tmp_path / "cache")]
+    argv = ["--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1", "--drop",
+            "clip_higher", "--steps", "6", "--checkpoint_every", "1", "--no-report", "--out", str(small_disk / "out"),
+            "--cache_dir", str(tmp_path / "cache")]
     filler = small_disk / "filler"
     with open(filler, "wb") as f:
         f.write(b"\0" * (shutil.disk_usage(small_disk).free - 700 * 1024))
-    r = run(args)
-    assert r.returncode == 1, r.stderr[-3000:]
-    last = r.stderr.strip().splitlines()[-1]
-    assert last.startswith("vapo-ablate: error: disk full") and "Traceback" not in r.stderr, last
+    code, err = here(main, argv, capsys, monkeypatch)
+    assert code == 1, err[-3000:]
+    line = [x for x in err.splitlines() if x.startswith("vapo-ablate")]
+    assert len(line) == 1 and line[0].startswith("vapo-ablate: error: disk full") and "Traceback" not in err, err
     url = f"sqlite:///{small_disk / 'out' / 'ablate.db'}"
     assert "RUNNING" not in [t.state.name for t in CellStore(url).trials()]
     filler.unlink()
-    again = run(args)
-    assert again.returncode == 0, again.stderr[-3000:]
+    code, err = here(main, argv, capsys, monkeypatch)
+    assert code == 0, err[-3000:]
     assert sorted(t.state.name for t in CellStore(url).trials()) == ["COMPLETE", "COMPLETE"]
 
 

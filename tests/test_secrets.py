@@ -93,7 +93,9 @@ def test_password_from_file_or_environment_goes_into_the_url(tmp_path, monkeypat
 
 
 def _grid_cmd(tmp_path, out, url):
-    return [sys.executable, "-m", "vapo_lit.cli.ablate", "--drop", "clip_higher", "--preset", "smoke", "--model",
+    grid = tmp_path / "one.yaml"
+    grid.write_text("name: one\nrows: [{}]\n")  # one cell: the full recipe
+    return [sys.executable, "-m", "vapo_lit.cli.ablate", "--grid", str(grid), "--preset", "smoke", "--model",
             "random", "--steps", "2", "--threads", "1", "--wandb", "offline", "--storage", url, "--out",
             str(tmp_path / out), "--cache_dir", str(tmp_path / "cache")]
 
@@ -118,7 +120,7 @@ def test_no_file_or_output_of_a_grid_holds_the_database_password(tmp_path, pg_ur
     assert r.returncode == 0, r.stderr[-3000:]
     assert secret not in r.stdout + r.stderr
     run_files = list((tmp_path / "typed").glob("runs/*/wandb/offline-run-*/run-*.wandb"))
-    assert len(run_files) == 2 and list((tmp_path / "typed").rglob("attempts.jsonl"))
+    assert len(run_files) == 1 and list((tmp_path / "typed").rglob("attempts.jsonl"))
     assert (tmp_path / "typed" / "grids").is_dir() and (tmp_path / "typed" / "reports").is_dir()
 
     bare = sqlalchemy.engine.URL.create(u.drivername, username=u.username, host=u.host, port=u.port,
