@@ -80,14 +80,54 @@ def test_unknown_grid_lists_valid_grids(tmp_path, capsys):
 
 @pytest.mark.parametrize("url, expect", [
     ("not a url", "not a valid database URL"),
-    ("postgresql://alice:s3cretpw@127.0.0.1:1/vapo", "driver is not installed"),
     ("sqlite:////no/such/folder/x.db", "does not exist"),
+    ("mysql+nosuchdriver://alice:s3cretpw@127.0.0.1:1/vapo", "not a valid database URL"),
 ])
 def test_bad_storage_url_masked_and_nothing_written(tmp_path, capsys, url, expect):
     assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--storage", url)) == 2
     captured = capsys.readouterr()
     assert expect in captured.err
     assert "s3cretpw" not in captured.err + captured.out
+    assert not (tmp_path / "o").exists()
+
+
+@pytest.mark.parametrize("url, package", [
+    ("postgresql://alice:s3cretpw@127.0.0.1:1/vapo", 'pip install "psycopg[binary]" (or "vapo-lit[postgres]")'),
+    ("postgresql+psycopg://alice:s3cretpw@127.0.0.1:1/vapo", 'pip install "psycopg[binary]"'),
+    ("postgresql+psycopg2://alice:s3cretpw@127.0.0.1:1/vapo", "pip install psycopg2-binary"),
+    ("mysql+pymysql://alice:s3cretpw@127.0.0.1:1/vapo", "pip install pymysql"),
+])
+def test_missing_database_driver_names_the_package(tmp_path, capsys, monkeypatch, url, package):
+    for module in ("psycopg", "psycopg2", "pymysql"):
+        monkeypatch.setitem(sys.modules, module, None)  # as if not installed
+    assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--storage", url)) == 2
+    err = capsys.readouterr().err
+    assert "database driver" in err and "is not installed" in err and package in err, err
+    assert "s3cretpw" not in err and len(err.strip().splitlines()) == 1
+    assert not (tmp_path / "o").exists()
+
+
+def test_plain_postgresql_url_falls_back_to_psycopg2(monkeypatch):
+    """SQLAlchemy 2.1 maps postgresql:// to psycopg 3; with only psycopg2 installed we open it with that."""
+    import importlib.util
+
+    from vapo_lit.ablate.urls import engine_url
+
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda name, *a: None if name == "psycopg" else object() if name == "psycopg2" else real(name, *a))
+    assert engine_url("postgresql://u:p@h/d") == "postgresql+psycopg2://u:p@h/d"
+    assert engine_url("postgresql+psycopg://u:p@h/d") == "postgresql+psycopg://u:p@h/d"  # explicit: left alone
+    assert engine_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
+
+
+def test_unreachable_server_is_one_masked_line_and_nothing_written(tmp_path, capsys):
+    pytest.importorskip("psycopg", reason="needs the PostgreSQL driver (pip install \"vapo-lit[postgres]\")")
+    url = "postgresql://alice:s3cretpw@127.0.0.1:1/vapo"
+    assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--storage", url)) == 2
+    err = capsys.readouterr().err
+    assert "cannot open storage postgresql://alice:***@127.0.0.1:1/vapo" in err and len(err.strip().splitlines()) == 1
+    assert "s3cretpw" not in err
     assert not (tmp_path / "o").exists()
 
 
@@ -186,24 +226,45 @@ def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
     assert all(len(v) == 1 for v in starts(out).values())
 
 
-def test_crashing_cell_is_retried_then_failed_and_the_rest_finish(tmp_path, capsys):
-    broken = {"task_options": {**PRESETS["smoke"]["task_options"], "no_such_option": 1}}
-    grid = write_grid(tmp_path, "crashy", [{}, {"label": "broken", "only": [], "set": broken}, {"only": []}])
+def test_crashing_cell_is_retried_then_failed_and_the_rest_finish(tmp_path, capsys, monkeypatch):
+    import vapo_lit.train
+
+    real_train = vapo_lit.train.train
+
+    def train(cfg, **kw):  # a row that passes every check and then crashes at run time
+        if cfg.name.startswith("broken-"):
+            raise RuntimeError("boom: the broken row crashed mid-run")
+        return real_train(cfg, **kw)
+
+    monkeypatch.setattr(vapo_lit.train, "train", train)
+    grid = write_grid(tmp_path, "crashy", [{}, {"label": "broken", "only": [], "set": {"eval_k": 3}}, {"only": []}])
     rc = main(flags(tmp_path, "out", "--grid", grid, "--retries", "1", "--vapo.value_pretrain_steps", "1"))
     assert rc == 1
     text = capsys.readouterr().out
-    assert "FAILED broken-s0" in text and "no_such_option" in text
+    assert "FAILED broken-s0" in text and "boom" in text
     out = tmp_path / "out"
     store = CellStore(f"sqlite:///{out / 'ablate.db'}")
     by_row = {}
     for t in store.trials():
         by_row.setdefault(t.user_attrs["row"], []).append(t)
     assert [t.state.name for t in by_row["broken"]] == ["FAIL", "FAIL"]  # first try + 1 retry
-    assert all("no_such_option" in t.user_attrs["error"] for t in by_row["broken"])
+    assert all("boom" in t.user_attrs["error"] for t in by_row["broken"])
     assert [t.state.name for t in by_row["vapo"]] == ["COMPLETE"]
     assert [t.state.name for t in by_row["vanilla_ppo"]] == ["COMPLETE"]
     table = pd.read_csv(out / "reports" / "crashy" / "table.csv")
     assert list(table["row"]) == ["vapo", "vanilla_ppo"]
+
+
+def test_a_bad_cell_refuses_the_whole_grid_before_anything_runs(tmp_path, capsys):
+    """Issue 8: a cell with an unusable input was queued and run three times before failing."""
+    broken = {"task_options": {**PRESETS["smoke"]["task_options"], "no_such_option": 1}}
+    grid = write_grid(tmp_path, "crashy", [{}, {"label": "broken", "only": [], "set": broken}])
+    t0 = time.time()
+    assert main(flags(tmp_path, "out", "--grid", grid)) == 2
+    err = capsys.readouterr().err
+    assert "cell broken-s0-" in err and "row 'broken'" in err and "'no_such_option'" in err and "valid: min_n" in err
+    assert time.time() - t0 < 10
+    assert not (tmp_path / "out").exists()  # no folder, no database, nothing queued
 
 
 def _worker(tmp_path, out, *extra, **kw):
@@ -212,30 +273,111 @@ def _worker(tmp_path, out, *extra, **kw):
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
 
 
+def trials_by_cell(url) -> dict:
+    by = {}
+    for t in CellStore(url).trials():
+        by.setdefault(t.user_attrs["cell_id"], []).append(t)
+    return by
+
+
+def assert_each_cell_ran_once(out, url, n_cells: int) -> None:
+    """What the runner promises: every cell has exactly one COMPLETE trial and one attempt that ran
+    it (attempts.jsonl); any other trial is a marked duplicate (PRUNED, duplicate_of) that never ran."""
+    runs = starts(out)
+    assert len(runs) == n_cells, sorted(runs)
+    assert all(len(v) == 1 for v in runs.values()), runs  # no cell started twice
+    ran = {a["trial"] for v in runs.values() for a in v}
+    by_cell = trials_by_cell(url)
+    assert len(by_cell) == n_cells
+    for cid, trials in by_cell.items():
+        assert [t.state.name for t in trials].count("COMPLETE") == 1, (cid, [t.state.name for t in trials])
+        for t in trials:
+            if t.state.name != "COMPLETE":
+                assert t.state.name == "PRUNED" and "duplicate_of" in t.user_attrs, (cid, t.number, t.state)
+                assert t.number not in ran, f"duplicate trial {t.number} of {cid} ran"
+    for run in runs:
+        assert attempts(Path(out) / "runs" / run)[-1]["outcome"] == "done"
+
+
 @pytest.mark.slow
-def test_two_real_workers_split_a_grid_without_running_a_cell_twice(tmp_path):
+def test_two_real_workers_split_a_grid_and_run_each_cell_exactly_once(tmp_path, storage_url):
     rows = [{"only": []}, {"only": ["clip_higher"]}, {"only": ["token_level_loss"]}, {"only": ["positive_lm_loss"]}]
     grid = write_grid(tmp_path, "split", rows)
-    url = f"sqlite:///{tmp_path / 'shared.db'}"
-    extra = ("--grid", grid, "--seeds", "2", "--storage", url, "--steps", "6", "--no-report")
+    extra = ("--grid", grid, "--seeds", "2", "--storage", storage_url, "--steps", "6", "--no-report")
     procs = [_worker(tmp_path, "out", *extra) for _ in range(2)]
     logs = [p.communicate(timeout=300)[0] for p in procs]
     assert [p.returncode for p in procs] == [0, 0], logs
-    runs = starts(tmp_path / "out")
-    assert len(runs) == 8
-    assert all(len(v) == 1 for v in runs.values()), runs  # no cell run twice
-    pids = {v[0]["pid"] for v in runs.values()}
+    assert_each_cell_ran_once(tmp_path / "out", storage_url, 8)
+    # both commands enqueued the grid at the same moment: under the study lock each cell got one trial
+    assert sorted(len(v) for v in trials_by_cell(storage_url).values()) == [1] * 8
+    pids = {v[0]["pid"] for v in starts(tmp_path / "out").values()}
     assert pids == {p.pid for p in procs}, (pids, logs)  # both workers took cells
-    store = CellStore(url)
-    assert sorted(t.state.name for t in store.trials()) == ["COMPLETE"] * 8
+
+
+def _cells(tmp_path, seeds=(0, 1)):
+    base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
+    return cells_of(grid_from_drop(["clip_higher"]), base, list(seeds), tmp_path / "runs")
+
+
+def test_two_workers_enqueueing_at_once_add_each_cell_once(tmp_path, storage_url, monkeypatch):
+    """The race of issue 8: both read the study, both see no trial, both add every cell. The
+    window between reading and adding is widened here so that, without the lock, it always opens."""
+    import threading
+
+    import optuna
+
+    cells = _cells(tmp_path)
+    stores = [CellStore(storage_url) for _ in range(2)]
+    add = optuna.study.Study.enqueue_trial
+
+    def slow_add(self, *a, **kw):
+        time.sleep(0.05)
+        return add(self, *a, **kw)
+
+    monkeypatch.setattr(optuna.study.Study, "enqueue_trial", slow_add)
+    gate, counts = threading.Barrier(2), []
+
+    def enqueue(store):
+        gate.wait()
+        counts.append(store.enqueue(cells, "g"))
+
+    threads = [threading.Thread(target=enqueue, args=(s,)) for s in stores]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert sorted(c["new"] for c in counts) == [0, 4] and sorted(c["pending"] for c in counts) == [0, 4]
+    assert sorted(len(v) for v in trials_by_cell(storage_url).values()) == [1] * 4
+
+
+def test_worker_killed_mid_enqueue_leaves_the_lock_free_and_no_duplicates(tmp_path, storage_url):
+    """SIGKILL after the second of four trials is added (the study lock held): the next enqueue
+    gets the lock at once and adds exactly the two missing cells."""
+    script = (
+        "import sys; from pathlib import Path; from vapo_lit.ablate.grid import cells_of, grid_from_drop; "
+        "from vapo_lit.ablate.store import CellStore; from vapo_lit.config import RunConfig, merge; "
+        "from vapo_lit.presets import PRESETS; "
+        "base = merge(merge(RunConfig(), PRESETS['smoke']), {'model': 'random'}); "
+        "cells = cells_of(grid_from_drop(['clip_higher']), base, [0, 1], Path(sys.argv[2]) / 'runs'); "
+        "CellStore(sys.argv[1]).enqueue(cells, 'g')"
+    )
+    env = {**os.environ, "VAPO_LIT_FAULT": "enqueue:2", "PYTHONWARNINGS": "ignore"}
+    r = subprocess.run([PY, "-c", script, storage_url, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
+                       text=True, timeout=120)
+    assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
+    assert sorted(len(v) for v in trials_by_cell(storage_url).values()) == [1, 1]
+    t0 = time.time()
+    assert CellStore(storage_url).enqueue(_cells(tmp_path), "g") == {"new": 2, "reused": 0, "pending": 2}
+    assert time.time() - t0 < 10  # no lease to wait out
+    assert sorted(len(v) for v in trials_by_cell(storage_url).values()) == [1] * 4
 
 
 @pytest.mark.slow
-def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path):
+def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path, storage_url):
     rows = [{"only": []}, {"only": ["clip_higher", "token_level_loss"]}, {"drop": ["value_pretraining"]}]
     grid = write_grid(tmp_path, "killme", rows)
-    extra = ("--grid", grid, "--steps", "24", "--eval_every", "6", "--checkpoint_every", "2",
-             "--heartbeat", "1", "--grace", "2")
+    extra = ("--grid", grid, "--steps", "12", "--eval_every", "6", "--checkpoint_every", "2",
+             "--heartbeat", "1", "--grace", "2", "--storage", storage_url)
     out = tmp_path / "killed"
     proc = _worker(tmp_path, "killed", *extra, start_new_session=True)
     victim = None
@@ -265,7 +407,7 @@ def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path)
     modes = [a["mode"] for a in runs[victim.name]]
     assert modes == ["fresh", "resume"], modes  # the killed cell continued from its checkpoint
 
-    clean = _worker(tmp_path, "clean", *extra)
+    clean = _worker(tmp_path, "clean", *extra, "--study", "clean")
     log = clean.communicate(timeout=300)[0]
     assert clean.returncode == 0, log
     a, b = numeric_table(out, "killme"), numeric_table(tmp_path / "clean", "killme")
@@ -289,13 +431,13 @@ def test_local_workers_flag_spawns_processes(tmp_path, capsys):
     assert "| vanilla PPO | 2 |" in capsys.readouterr().out
 
 
-def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path):
+def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
     """The claim rules in-process: a duplicate trial of a running cell is pruned, a COMPLETE cell
     is not enqueued again, a trial without heartbeats past the grace period is failed once and
     retried (the retry copies the cell), and retries stop at the limit."""
     base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
     cells = cells_of(grid_from_drop(["clip_higher"]), base, [0], tmp_path / "runs")
-    url = f"sqlite:///{tmp_path / 's.db'}"
+    url = storage_url
     store = CellStore(url, heartbeat_interval=1, grace_period=1, retries=1)
     other = CellStore(url, heartbeat_interval=1, grace_period=1, retries=1)  # a second worker
     ids = [c.cell_id for c in cells]
@@ -319,9 +461,9 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path):
 
 
 @pytest.mark.slow
-def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path):
+def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_url):
     grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])
-    extra = ("--grid", grid, "--steps", "40", "--checkpoint_every", "2", "--grace", "600")
+    extra = ("--grid", grid, "--steps", "20", "--checkpoint_every", "2", "--grace", "600", "--storage", storage_url)
     out = tmp_path / "out"
     proc = _worker(tmp_path, "out", *extra)
     deadline = time.time() + 180
@@ -332,14 +474,14 @@ def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path):
     assert proc.returncode == 130, log
     (run,) = [d for d in (out / "runs").iterdir() if d.is_dir()]
     assert attempts(run)[-1]["outcome"] == "interrupted"
-    assert [t.state.name for t in CellStore(f"sqlite:///{out / 'ablate.db'}").trials()] == ["WAITING"]
+    assert [t.state.name for t in CellStore(storage_url).trials()] == ["WAITING"]
     t0 = time.time()
     rerun = _worker(tmp_path, "out", *extra)
     log = rerun.communicate(timeout=300)[0]
     assert rerun.returncode == 0, log
     assert time.time() - t0 < 120  # no waiting for the (600 s) grace period
     assert [a["mode"] for a in attempts(run) if a["event"] == "start"] == ["fresh", "resume"]
-    assert pd.read_csv(run / "metrics.csv")["step"].tolist() == list(range(0, 41))  # step 0: base eval
+    assert pd.read_csv(run / "metrics.csv")["step"].tolist() == list(range(0, 21))  # step 0: base eval
 
 
 def test_ablate_and_report_do_not_import_each_other():

@@ -62,6 +62,8 @@ def test_smoke_run_then_resume_in_a_subprocess(tmp_path):
     env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path)}
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=300, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
+    assert "r  it 5/5  ppo 3/3  phase ppo" in done.stdout  # the status line, as plain lines in a pipe
+    assert "Run history:" not in done.stderr  # W&B's sparklines only when asked (VAPO_LIT_WANDB_SUMMARY=1)
     rows = list(csv.DictReader(open(tmp_path / "runs" / "r" / "metrics.csv")))
     assert len(rows) == 1 + 2 + 3  # base eval (step 0), 2 value-pretraining iterations, 3 PPO iterations
     again = subprocess.run(cmd, capture_output=True, text=True, timeout=120, env=env)

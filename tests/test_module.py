@@ -228,9 +228,10 @@ def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
 
     import glob
 
-    from wandb_offline import read_run
+    from wandb_offline import read_run, wait_complete
 
     (path,) = glob.glob(f"{run_dir}/wandb/offline-run-*/run-*.wandb")
+    wait_complete(path)  # wandb 0.31 may still be writing the offline file when finish() returns
     run = read_run(path)
     history, config = run["history"], run["config"]
     assert run["run"].run_group == "grid-x" and run["run"].job_type == "vapo-no-clip_higher"

@@ -1,4 +1,4 @@
-"""The report's statistics (vapo_lit.report.stats) against references: scipy's values (computed
+"""The report's statistics (vapo_lit.statistics) against references: scipy's values (computed
 once with scipy 1.17.1 and written here, since scipy is not a dependency), float64 numpy
 recomputations on random inputs, and hand-computed / closed-form numbers.
 

@@ -116,3 +116,16 @@ def test_killed_sweep_trial_is_retried_and_resumes_from_its_checkpoint(tmp_path)
     assert study.trials[1].user_attrs["run_dir"] == str(run)  # the retry continued the same folder
     steps = pd.read_csv(run / "metrics.csv")["step"].tolist()
     assert steps == list(range(0, 31))  # base eval row, then every iteration once (resumed from the checkpoint)
+
+
+def test_a_search_range_outside_the_valid_one_is_refused_before_any_trial(tmp_path, capsys):
+    """Failed trials do not count towards n_trials: a range that leaves the valid one used to fail
+    trial after trial, each with a traceback, for ever."""
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump({"study": "bad", "preset": "smoke", "n_trials": 1,
+                                    "space": {"ppo.eps": {"type": "float", "low": 0.1, "high": 1.5}}}))
+    assert main([str(path), "--model", "random", "--wandb", "disabled", "--out", str(tmp_path / "sw")]) == 2
+    err = capsys.readouterr().err
+    assert err.strip() == ("vapo-sweep: error: bad: space ppo.eps: the value 1.5 gives an invalid run "
+                           "(ppo.eps=1.5 is out of range; valid range: [0.0, 1.0))")
+    assert not (tmp_path / "sw").exists()

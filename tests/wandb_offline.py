@@ -51,3 +51,20 @@ def read_run(path) -> dict:
         elif kind == "run":
             out["run"] = rec.run
     return out
+
+
+def wait_complete(path, timeout: float = 60.0) -> None:
+    """Wait until the run file holds its exit record: wandb 0.31's `finish()` can return while
+    wandb-core is still writing an offline run (seen: a 7-byte file right after train() returned)."""
+    import time
+
+    deadline = time.monotonic() + timeout
+    while True:
+        try:
+            if any(rec.WhichOneof("record_type") == "exit" for rec in records(path)):
+                return
+        except Exception:  # noqa: BLE001 - a record still being written: read again
+            pass
+        if time.monotonic() > deadline:
+            raise TimeoutError(f"{path}: no exit record after {timeout:.0f} s")
+        time.sleep(0.1)

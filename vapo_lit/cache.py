@@ -5,7 +5,8 @@ Layout: ``<root>/<name>-<key>/`` holding the artefact files plus ``manifest.json
 into a temporary sibling and moved into place with :func:`os.replace`, so a reader never sees a
 half-written cache. On load every listed file is hashed again; any mismatch, missing file or bad
 manifest means "not cached" (the caller rebuilds with a warning). Only JSON and safetensors are
-written; nothing is ever pickled.
+written; nothing is ever pickled. A temporary directory whose builder died (its name carries host
+and pid) is removed by the next build on that host.
 """
 from __future__ import annotations
 
@@ -13,10 +14,13 @@ import hashlib
 import json
 import os
 import shutil
+import socket
 import tempfile
 import warnings
 from pathlib import Path
 from typing import Any, Callable
+
+from vapo_lit import faults
 
 MANIFEST = "manifest.json"
 
@@ -107,10 +111,12 @@ def cached_build(name: str, config: Any, build: Callable[[Path], None], *,
             return final
         warnings.warn(f"vapo-lit cache entry {final} is invalid ({reason}); rebuilding it",
                       RuntimeWarning, stacklevel=3)
-    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-", dir=root))
+    _remove_dead_builds(root, final.name)
+    tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{_host()}-{os.getpid()}-", dir=root))
     try:
         build(tmp)
         write_manifest(tmp, config)
+        faults.reach("cache_write")
         if final.exists():
             # Move the bad entry aside first: os.replace cannot replace a non-empty directory.
             trash = Path(tempfile.mkdtemp(prefix=f".{final.name}.old-", dir=root))
@@ -127,3 +133,19 @@ def cached_build(name: str, config: Any, build: Callable[[Path], None], *,
         shutil.rmtree(tmp, ignore_errors=True)
         raise
     return final
+
+
+def _host() -> str:
+    return socket.gethostname().replace("-", "_")
+
+
+def _remove_dead_builds(root: Path, name: str) -> None:
+    """Remove `.NAME.tmp-HOST-PID-*` directories of this host whose process is gone (killed mid-build)."""
+    for d in root.glob(f".{name}.tmp-{_host()}-*"):
+        try:
+            pid = int(d.name[len(f".{name}.tmp-{_host()}-"):].split("-", 1)[0])
+            os.kill(pid, 0)
+        except ProcessLookupError:
+            shutil.rmtree(d, ignore_errors=True)
+        except (ValueError, PermissionError, OSError):
+            continue  # not ours to judge (another user's live process, an odd name)

@@ -21,10 +21,12 @@ import yaml
 from vapo_lit.build import build_module
 from vapo_lit.checkpoints import RunCheckpoints, RunExports
 from vapo_lit.components import build_callbacks
-from vapo_lit.config import RunConfig, run_label, to_dict, validate
+from vapo_lit.config import RunConfig, run_label, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
 from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
+from vapo_lit.preflight import preflight
+from vapo_lit.progress import ProgressLine
 from vapo_lit.run_card import RunCardWriter, write_json
 
 
@@ -36,7 +38,7 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     """Run (or, with resume=True, continue) one training run; returns its summary.
 
     `module_factory(cfg) -> VapoModule` builds task and models (tests pass tiny ones)."""
-    validate(cfg)
+    preflight(cfg)  # inputs checked before any folder is created or weight loaded (preflight.py)
     run_dir = run_dir_of(cfg)
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     if resume and not ckpt.is_file():
@@ -71,7 +73,7 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         loggers.append(wb)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
-                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), *extra_callbacks]
+                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), ProgressLine(), *extra_callbacks]
     module.hardware = describe(hardware)  # recorded in the run card
     module.resuming = resume
     trainer = L.Trainer(

@@ -4,7 +4,7 @@
 
 Round r runs the grid with n_r seeds per row through `runner.run` (so finished cells are reused and
 a killed round resumes like any grid), reads each finished cell's eval curve from its metrics.csv,
-and hands the per-seed differences to the full recipe to `vapo_lit.report.stats.decide_seeds`
+and hands the per-seed differences to the full recipe to `vapo_lit.statistics.decide_seeds`
 (the one rule, shared with the report): a row is resolved when its paired 95% interval excludes
 zero, unreachable when the plug-in seeds-needed estimate exceeds --max-seeds; the next round has
 enough seeds for the most demanding unresolved row. It stops when every row of interest is

@@ -24,6 +24,7 @@ from vapo_lit.ablate.grid import Grid, cells_of
 from vapo_lit.ablate.store import STUDY, CellStore, check_url, is_sqlite, mask_url
 from vapo_lit.ablate.worker import WorkerSpec, work, work_in_subprocess
 from vapo_lit.config import RunConfig, merge, row_order
+from vapo_lit.preflight import check_writable, preflight_grid
 
 
 @dataclass
@@ -52,9 +53,11 @@ def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *,
         raise ValueError("--seeds must be >= 1")
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
+    check_writable(out, "--out")
     if base.threads is None:  # one torch thread per worker: multi-threaded torch stalls under CPU contention
         base = merge(base, {"threads": 1})
     cells = cells_of(grid, base, list(seeds), out / "runs")
+    preflight_grid(cells)  # model dirs, data files, critic_init, task options: the whole grid or nothing
     url = storage or default_storage(out)
     if storage is not None:
         check_url(storage)

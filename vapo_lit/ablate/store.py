@@ -7,13 +7,17 @@ and then writes, which SQLite through pysqlite does not run in one transaction).
 change of ours is ONE conditional UPDATE (`... SET state = :to WHERE trial_id = :id AND
 state = :from`) whose row count says who won; a single statement is atomic in every SQL database.
 
+Two workers never add a trial for the same cell: `enqueue` (and a retry after a failure) runs under
+the study lock of `lock.py` (flock for SQLite, an advisory lock for PostgreSQL, GET_LOCK for MySQL),
+which a worker killed while holding it releases at once.
+
 Two workers never run the same cell:
 1. a worker claims a WAITING trial of its grid with the conditional UPDATE (one winner);
 2. it then reads all trials of that cell: if one is COMPLETE it reuses that result; if a
    lower-numbered trial of the cell is WAITING or RUNNING it releases its own as a duplicate
-   (state PRUNED, user attr `duplicate_of`). Only the lowest live trial of a cell runs, so
-   duplicate trials (two commands enqueueing at once, two workers failing the same stale
-   trial) are harmless.
+   (state PRUNED, user attr `duplicate_of`). Only the lowest live trial of a cell runs, so a
+   duplicate trial that the lock could not prevent (a database without a lock, a worker of an
+   older version) is marked and never run.
 
 Dead workers: a RUNNING trial records a heartbeat every `heartbeat_interval` seconds (Optuna's
 RDB heartbeat table). Any worker periodically fails RUNNING trials whose heartbeat is older
@@ -25,61 +29,18 @@ resumes the run from its `checkpoints/last.ckpt`. A live worker whose trial was 
 from __future__ import annotations
 
 import os
-import re
 import socket
 import threading
 import time
 import warnings
 from dataclasses import dataclass
 from datetime import datetime, timezone
-from pathlib import Path
+
+from vapo_lit import faults
+from vapo_lit.ablate.lock import study_lock
+from vapo_lit.ablate.urls import check_url, engine_url, is_sqlite, mask_text, mask_url  # noqa: F401 - re-exported
 
 STUDY = "vapo-ablate"
-
-
-# ----------------------------------------------------------------------------- URLs
-def mask_url(url: str) -> str:
-    """The URL with any password (user:PASSWORD@ and ?password=...) replaced by ***."""
-    url = re.sub(r"(://[^/@:]*:)[^/@]*@", r"\1***@", str(url))
-    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&]*", r"\1***", url)
-
-
-def mask_text(text: str, url: str | None) -> str:
-    """`text` with the storage URL's password masked wherever it occurs."""
-    text = str(text)
-    if url:
-        text = text.replace(url, mask_url(url))
-        m = re.search(r"://[^/@:]*:([^/@]+)@", url)
-        if m and m.group(1):
-            text = text.replace(m.group(1), "***")
-    return mask_url(text)
-
-
-def check_url(url: str) -> None:
-    """Parse the URL and load its driver; ValueError (password masked) if that fails. Writes nothing."""
-    import sqlalchemy
-
-    try:
-        u = sqlalchemy.engine.make_url(url)
-        dialect = u.get_dialect()
-        dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()
-    except ImportError as e:
-        raise ValueError(f"--storage {mask_url(url)}: its database driver is not installed ({e.name or e}); "
-                         "e.g. pip install psycopg2-binary (PostgreSQL) or pymysql (MySQL)") from None
-    except Exception as e:  # noqa: BLE001 - any parse error is a bad URL
-        raise ValueError(f"--storage {mask_url(url)}: not a valid database URL ({mask_text(e, url)}); "
-                         "examples: sqlite:///abs/path.db, postgresql://user:pass@host/db") from None
-    if u.get_backend_name() == "sqlite":
-        db = u.database
-        if not db or db == ":memory:":
-            raise ValueError(f"--storage {mask_url(url)}: an in-memory SQLite database cannot be shared by workers")
-        parent = Path(db).resolve().parent
-        if not parent.is_dir():
-            raise ValueError(f"--storage {mask_url(url)}: folder {parent} does not exist")
-
-
-def is_sqlite(url: str) -> bool:
-    return str(url).startswith("sqlite")
 
 
 def open_storage(url: str, heartbeat_interval: int = 10, grace_period: int = 60, retries: int = 2):
@@ -99,14 +60,16 @@ def open_storage(url: str, heartbeat_interval: int = 10, grace_period: int = 60,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat arguments are "experimental"
             try:
-                return RDBStorage(url, heartbeat_interval=heartbeat_interval, grace_period=grace_period, **kw)
+                return RDBStorage(engine_url(url), heartbeat_interval=heartbeat_interval, grace_period=grace_period, **kw)
             except Exception as e:  # noqa: BLE001 - report any connection error, masked
                 # another worker is creating the same tables at this moment: try again
                 racing = type(e).__name__ == "IntegrityError" or "already exists" in str(e) or "locked" in str(e)
                 if racing and attempt < 19:
                     time.sleep(0.25 + 0.1 * attempt)
                     continue
-                raise ValueError(f"cannot open storage {mask_url(url)}: {type(e).__name__}: {mask_text(e, url)}") from None
+                first = str(e).strip().splitlines()[0] if str(e).strip() else ""
+                raise ValueError(f"cannot open storage {mask_url(url)}: {type(e).__name__}: {mask_text(first, url)} "
+                                 "(is the server running, and the URL's host, port, user and database right?)") from None
 
 
 # ----------------------------------------------------------------------------- status
@@ -139,7 +102,7 @@ class CellStore:
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
         self.url, self.study_name = url, study_name
-        self.heartbeat_interval, self.retries = heartbeat_interval, retries
+        self.heartbeat_interval, self.retries, self.grace_period = heartbeat_interval, retries, grace_period
         self.rdb = open_storage(url, heartbeat_interval, grace_period, retries)
         for attempt in range(10):
             try:
@@ -189,23 +152,32 @@ class CellStore:
         return st
 
     # ------------------------------------------------------------------ writing
+    def locked(self):
+        """The study lock (see lock.py): held while trials are added, so no two workers add one
+        for the same cell."""
+        return study_lock(self.url, self.rdb.engine, f"vapo-lit/{self.study_name}")
+
     def enqueue(self, cells, grid_id: str) -> dict:
         """One WAITING trial per cell that has no COMPLETE, WAITING or RUNNING trial (cells whose
-        every attempt failed get a fresh set of retries). Returns {'new', 'reused', 'pending'}."""
+        every attempt failed get a fresh set of retries). Returns {'new', 'reused', 'pending'}.
+        Reads and adds under the study lock: two workers enqueueing at once add each cell once."""
         from optuna.trial import TrialState as S
 
-        existing = self.by_cell([c.cell_id for c in cells])
         counts = {"new": 0, "reused": 0, "pending": 0}
-        for c in cells:
-            states = {t.state for t in existing[c.cell_id]}
-            if S.COMPLETE in states:
-                counts["reused"] += 1
-            elif states & {S.WAITING, S.RUNNING}:
-                counts["pending"] += 1
-            else:
-                attrs = {"cell_id": c.cell_id, "row": c.row, "seed": c.seed, "run_name": c.cfg.name, "grid": grid_id}
-                self._retry(lambda: self.study.enqueue_trial({}, user_attrs=attrs))
-                counts["new"] += 1
+        with self.locked():
+            existing = self.by_cell([c.cell_id for c in cells])
+            for c in cells:
+                states = {t.state for t in existing[c.cell_id]}
+                if S.COMPLETE in states:
+                    counts["reused"] += 1
+                elif states & {S.WAITING, S.RUNNING}:
+                    counts["pending"] += 1
+                else:
+                    attrs = {"cell_id": c.cell_id, "row": c.row, "seed": c.seed, "run_name": c.cfg.name,
+                             "grid": grid_id}
+                    self._retry(lambda: self.study.enqueue_trial({}, user_attrs=attrs))
+                    counts["new"] += 1
+                    faults.reach("enqueue")
         return counts
 
     def claim(self, cell_ids):
@@ -257,9 +229,10 @@ class CellStore:
         from optuna.trial import TrialState as S
 
         self._retry(lambda: self.rdb.set_trial_user_attr(trial._trial_id, "error", error[-2000:]))
-        if not self._transition(trial._trial_id, S.RUNNING, S.FAIL):
-            return False
-        self._run_retry_callback(trial._trial_id)
+        with self.locked():  # the retry copy and a concurrent enqueue of the failed cell: only one
+            if not self._transition(trial._trial_id, S.RUNNING, S.FAIL):
+                return False
+            self._run_retry_callback(trial._trial_id)
         return True
 
     def release(self, trial) -> bool:
@@ -275,9 +248,10 @@ class CellStore:
         n = 0
         for trial_id in self._retry(lambda: self.rdb._get_stale_trial_ids(self.study_id)):
             self._retry(lambda: self.rdb.set_trial_user_attr(trial_id, "error", "worker stopped sending heartbeats"))
-            if self._transition(trial_id, S.RUNNING, S.FAIL):
-                self._run_retry_callback(trial_id)
-                n += 1
+            with self.locked():
+                if self._transition(trial_id, S.RUNNING, S.FAIL):
+                    self._run_retry_callback(trial_id)
+                    n += 1
         return n
 
     def _run_retry_callback(self, trial_id: int) -> None:
@@ -332,8 +306,8 @@ class CellStore:
         for i in range(attempts):
             try:
                 return fn()
-            except sqlalchemy.exc.OperationalError:
-                if i == attempts - 1:
+            except sqlalchemy.exc.OperationalError as e:
+                if i == attempts - 1 or faults.is_disk_full(e):  # a full disk does not clear by waiting
                     raise
                 time.sleep(min(0.05 * 2 ** i, 2.0))
 

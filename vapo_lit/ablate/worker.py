@@ -11,6 +11,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import sys
 import time
 import traceback
 import warnings
@@ -19,10 +20,17 @@ from pathlib import Path
 
 from vapo_lit.ablate import progress
 from vapo_lit.ablate.store import CellStore, Heartbeat, mask_text, worker_id
+from vapo_lit.faults import is_disk_full, is_storage_error
 
 
 class CellLost(RuntimeError):
     """This worker's trial was failed as stale by another worker; stop without recording."""
+
+
+class WorkerStopped(RuntimeError):
+    """A fault that is not the cell's (disk full, the database unreachable): the cell was handed
+    back (or will be taken over after the grace period) and this worker stops; `str()` says what
+    happened and what to do, password masked."""
 
 
 @dataclass
@@ -74,7 +82,7 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     if summary_path.is_file():
         mode = "reused"
-    elif ckpt.is_file():
+    elif ckpt.is_file() and _readable(ckpt):
         mode = "resume"
     else:
         mode = "fresh"
@@ -99,13 +107,54 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "lost"})
         return "lost"
     except Exception as e:  # noqa: BLE001 - any crash of a cell is recorded, the grid goes on
+        if is_disk_full(e) or is_storage_error(e):  # not the cell's fault: retrying it would fail the same way
+            _hand_back(store, trial, run_dir, record, e, url)
         err = mask_text(f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]), url)
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "failed", "error": err[-500:]})
-        store.fail(trial, err)
+        try:
+            store.fail(trial, err)
+        except Exception as e2:  # noqa: BLE001
+            _hand_back(store, trial, run_dir, record, e2, url)
         return "failed"
-    _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "done"})
-    store.complete(trial, _final_eval(summary, cell.cfg.eval_k), mode=mode, run_dir=str(run_dir))
+    try:
+        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "done"})
+        store.complete(trial, _final_eval(summary, cell.cfg.eval_k), mode=mode, run_dir=str(run_dir))
+    except Exception as e:  # noqa: BLE001 - the run is finished on disk; the next worker reuses it
+        _hand_back(store, trial, run_dir, record, e, url)
     return "done"
+
+
+def _readable(ckpt: Path) -> bool:
+    """A checkpoint that cannot be read (never written by us half: see checkpoints.py) means start over."""
+    from vapo_lit.checkpoints import check_checkpoint
+
+    try:
+        check_checkpoint(ckpt)
+        return True
+    except ValueError:
+        return False
+
+
+def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseException, url) -> None:
+    """Give the claimed trial back (RUNNING -> WAITING, no retry used) and stop this worker with a
+    message saying what to do. Best effort: on a full disk the database may refuse the write too."""
+    what = "disk full" if is_disk_full(e) else "storage error"
+    try:
+        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "handed back",
+                          "error": mask_text(f"{type(e).__name__}: {e}", url)[-500:]})
+    except OSError:
+        pass
+    try:
+        handed = store.release(trial)
+    except Exception:  # noqa: BLE001
+        handed = False
+    first = mask_text(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, url)
+    where = "" if handed else (f"; the cell could not be handed back ({what}): another run takes it over "
+                               f"{store.grace_period} s after its last heartbeat")
+    fix = "free some space" if what == "disk full" else "check the database server"
+    raise WorkerStopped(f"{what} in cell {run_dir.name} ({type(e).__name__}: {first}){where}; {fix}, then rerun "
+                        "the same command to continue (finished cells are kept, this one resumes from its last "
+                        "checkpoint)") from e
 
 
 def work(spec: WorkerSpec, log=print) -> None:
@@ -151,3 +200,6 @@ def work_in_subprocess(spec: WorkerSpec) -> None:
         work(spec)
     except KeyboardInterrupt:
         pass
+    except WorkerStopped as e:
+        print(f"vapo-ablate worker {worker_id()}: error: {e}", file=sys.stderr)
+        sys.exit(1)

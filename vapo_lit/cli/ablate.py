@@ -3,21 +3,24 @@
     vapo-ablate --drop=value_pretraining                  # full recipe vs without value pretraining
     vapo-ablate --drop decoupled_gae,length_adaptive_gae  # a joint drop
     vapo-ablate --grid table1 --seeds 3 --workers 2       # ablations/table1.yaml, two local processes
-    vapo-ablate --grid table1 --storage postgresql://user:pass@db/vapo --out /shared/abl   # on each machine
+    vapo-ablate --grid table1 --storage postgresql://user@db/vapo --out /shared/abl   # on each machine
     vapo-ablate --drop clip_higher --preset smoke --steps 5  # any config flag goes to every cell
     vapo-ablate --grid table1 --seeds auto --max-seeds 10 --rows vanilla_ppo  # seeds until resolved
 
 Rerunning the same command resumes: finished cells are reused, a killed cell continues from its
 last checkpoint (after --grace seconds without heartbeat), failed cells get a fresh set of retries.
 Results: OUT/runs/ (run folders), OUT/reports/<grid>/ (table.md/.tex/.csv, figures).
+Database password: VAPO_LIT_STORAGE_PASSWORD or --storage-password-file (kept out of `ps`).
+Exit codes: 0 done, 1 runtime failure (failed cells, disk full, storage error), 2 bad input
+(nothing was started), 130 interrupted (rerun the same command to continue).
 """
 from __future__ import annotations
 
 import argparse
-import signal
 import sys
 from pathlib import Path
 
+from vapo_lit.cli import errors
 from vapo_lit.cli.args import add_config_flags, add_selection_flags, config_from_args, parse_components
 
 
@@ -37,6 +40,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="--seeds auto: the score whose paired delta must be resolved (default final)")
     ap.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     ap.add_argument("--storage", help="Optuna RDB URL shared by all workers (default: sqlite:///OUT/ablate.db)")
+    ap.add_argument("--storage-password-file", type=Path, metavar="FILE",
+                    help="database password on the first line of FILE (or set VAPO_LIT_STORAGE_PASSWORD)")
     ap.add_argument("--study", default="vapo-ablate", help="study name inside the storage (default vapo-ablate)")
     ap.add_argument("--out", type=Path, default=Path("runs/ablate"), help="output folder (default runs/ablate)")
     ap.add_argument("--retries", type=int, default=2, help="retries of a crashed or dead cell (default 2)")
@@ -120,37 +125,57 @@ def reporter(args):
     return report
 
 
-def _terminate(signum, frame):
-    raise KeyboardInterrupt
-
-
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from vapo_lit.ablate.store import mask_text
+    from vapo_lit.ablate.urls import mask_text, scrub_argv, with_password
 
+    scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:
+        args.storage = with_password(args.storage, args.storage_password_file)
         plan_for = make_plans(args)
         rows = check_auto(args, plan_for)
         p = plan_for(args.min_seeds if args.seeds == "auto" else args.seeds)
     except ValueError as e:
         print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
-        return 2
+        return errors.BAD_INPUT
     from vapo_lit.ablate.runner import run
 
-    signal.signal(signal.SIGTERM, _terminate)  # like Ctrl-C: running cells are handed back, not left to time out
-    try:
-        if args.seeds == "auto":
-            from vapo_lit.ablate.auto import run_auto
+    # SIGTERM like Ctrl-C: running cells are handed back, not left to time out
+    with errors.catch_signals():
+        try:
+            if args.seeds == "auto":
+                from vapo_lit.ablate.auto import run_auto
 
-            return run_auto(plan_for, rows=rows, min_seeds=args.min_seeds, max_seeds=args.max_seeds,
-                            metric=args.auto_metric, workers=args.workers, report=reporter(args))
-        return run(p, workers=args.workers, report=reporter(args))
-    except ValueError as e:
-        print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("vapo-ablate: interrupted; rerun the same command to continue", file=sys.stderr)
-        return 130
+                return run_auto(plan_for, rows=rows, min_seeds=args.min_seeds, max_seeds=args.max_seeds,
+                                metric=args.auto_metric, workers=args.workers, report=reporter(args))
+            return run(p, workers=args.workers, report=reporter(args))
+        except ValueError as e:
+            print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
+            return errors.BAD_INPUT
+        except (KeyboardInterrupt, SystemExit):
+            print("vapo-ablate: interrupted; rerun the same command to continue (finished cells are kept, running "
+                  "ones resume from their last checkpoint)", file=sys.stderr)
+            return errors.INTERRUPTED
+        except Exception as e:  # noqa: BLE001 - one line and a stable code, never a traceback
+            print(f"vapo-ablate: error: {mask_text(failure(e, p.out, p.url), p.url)}", file=sys.stderr)
+            return errors.RUNTIME
+
+
+def failure(e: Exception, out: Path, url: str) -> str:
+    """The one line for a fault that stopped the grid (the cells' own crashes are retried instead)."""
+    from vapo_lit.ablate.urls import mask_text
+    from vapo_lit.ablate.worker import WorkerStopped
+
+    if isinstance(e, WorkerStopped):
+        return str(e)
+    if errors.disk_full(e, out):
+        return (f"disk full ({errors.first_line(e)}; {errors.free_text(out)} under {out}); free some space, then "
+                "rerun the same command to continue")
+    if errors.is_storage_error(e):
+        return (f"storage error ({type(e).__name__}: {errors.first_line(e)}); check the database server, then rerun "
+                "the same command to continue")
+    where = errors.save_traceback(out, e, mask=lambda text: mask_text(text, url))
+    return f"{type(e).__name__}: {errors.first_line(e)}{where}; rerun the same command to continue"
 
 
 if __name__ == "__main__":

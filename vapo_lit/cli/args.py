@@ -85,4 +85,7 @@ def load_run_config(run_dir: Path) -> RunConfig:
     path = Path(run_dir) / "config.yaml"
     if not path.is_file():
         raise ValueError(f"{run_dir} is not a run folder (no config.yaml)")
-    return validate(from_dict(yaml.safe_load(path.read_text())))
+    try:
+        return validate(from_dict(yaml.safe_load(path.read_text())))
+    except (yaml.YAMLError, TypeError, KeyError, AttributeError) as e:
+        raise ValueError(f"{path} is not a readable run config ({type(e).__name__}: {str(e).splitlines()[0]})") from None

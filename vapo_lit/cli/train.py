@@ -5,14 +5,19 @@
     vapo-train --only none                       # vanilla PPO
     vapo-train --config my.yaml --ppo.actor_lr 1e-5 --print-config
     vapo-train --resume runs/vapo-s0             # continue a killed run from its last checkpoint
+
+Exit codes: 0 done, 1 runtime failure (disk full, a crash; the run folder keeps what was done),
+2 bad input (nothing was started), 130 interrupted (the message gives the --resume command).
 """
 from __future__ import annotations
 
 import argparse
 import json
+import shlex
 import sys
 from pathlib import Path
 
+from vapo_lit.cli import errors
 from vapo_lit.cli.args import add_config_flags, add_selection_flags, config_from_args, dump, load_run_config
 
 
@@ -40,19 +45,53 @@ def main(argv=None) -> int:
     if args.print_config:
         print(dump(cfg), end="")
         return 0
-    from vapo_lit.train import train
+    from vapo_lit import progress
+    from vapo_lit.checkpoints import check_checkpoint
+    from vapo_lit.train import run_dir_of, train
 
+    run_dir = run_dir_of(cfg)
     try:
-        summary = train(cfg, resume=args.resume is not None)
-    except (FileExistsError, FileNotFoundError) as e:
+        if args.resume is not None and (run_dir / "checkpoints" / "last.ckpt").is_file():
+            check_checkpoint(run_dir / "checkpoints" / "last.ckpt")
+    except ValueError as e:
         print(f"vapo-train: error: {e}", file=sys.stderr)
-        return 2
+        return errors.BAD_INPUT
+    progress.quiet_libraries()
+    with errors.catch_signals() as sig, progress.enabled():
+        try:
+            summary = train(cfg, resume=args.resume is not None)
+        except BaseException as e:  # noqa: BLE001 - every way out gets one line and a stable code
+            code, text = failure(e, sig, run_dir)
+            print(f"vapo-train: {text}", file=sys.stderr)
+            return code
     last = summary["last_metrics"]
     keys = [k for k in last if k.startswith("eval/avg@") and k.count("/") == 1]
     print(json.dumps({"run_dir": summary["run_dir"], "ppo_updates": summary["ppo_updates"],
                       "best_eval": summary["best_eval"], "final_eval": {k: last[k] for k in keys},
                       "wall_seconds": round(summary["wall_seconds"], 1)}, indent=1))
     return 0
+
+
+def failure(e: BaseException, sig: errors.Signals, run_dir: Path) -> tuple[int, str]:
+    """(exit code, message) for whatever ended train()."""
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    resume = f"vapo-train --resume {shlex.quote(str(run_dir))}"
+    then = (f"continue with: {resume}" if ckpt.is_file() else
+            f"no checkpoint was written yet, so nothing to resume: remove {run_dir} and run the same command again")
+    if isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and sig.hit):
+        return errors.INTERRUPTED, f"interrupted ({sig.hit or 'SIGINT'}); {then}"
+    if isinstance(e, SystemExit):
+        raise e
+    if isinstance(e, (ValueError, FileExistsError, FileNotFoundError)):
+        return errors.BAD_INPUT, f"error: {errors.first_line(e)}"
+    if errors.disk_full(e, run_dir):
+        return errors.RUNTIME, (f"error: disk full ({errors.first_line(e)}; {errors.free_text(run_dir)} under "
+                                f"{run_dir.parent}); free some space, then {then}")
+    if isinstance(e, (PermissionError, NotADirectoryError, IsADirectoryError)):
+        return errors.BAD_INPUT, (f"error: cannot write the run folder {run_dir} ({errors.first_line(e)}); "
+                                  "choose an --out_dir you may write in")
+    where = errors.save_traceback(run_dir if run_dir.is_dir() else None, e)
+    return errors.RUNTIME, f"error: {type(e).__name__}: {errors.first_line(e)}{where}; {then} once fixed"
 
 
 if __name__ == "__main__":

@@ -1,0 +1,163 @@
+"""`preflight(cfg)`: everything a run needs from the outside world, checked before any folder is
+created or any weight is loaded. One function, called by `train()` (so `vapo-train`, the ablation
+workers and the sweep trials all get it), once per grid by `vapo-ablate`'s planner and once on the
+sweep's base config.
+
+It checks, each failure a `ValueError` of one line naming the setting, the value and what is valid:
+the config's ranges (`config.validate`); that the output folder can be created and written; the
+policy and critic model folders (a folder, a readable ``config.json``, weight files, a tokenizer
+for the policy) and that ``critic_init`` fits the model; the task and its options, by building the
+task (a data file is read and every record checked; unknown options are named with the valid
+ones). It reads a few small files (configs, tokenizers, data) and writes nothing; it never loads
+weights.
+"""
+from __future__ import annotations
+
+import dataclasses
+import inspect
+import json
+import os
+import typing
+from pathlib import Path
+
+from vapo_lit.config import RunConfig, validate
+
+WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
+                "pytorch_model.bin.index.json")
+CRITIC_CHOICES = ("--critic_init actor or auto (the policy's backbone with a fresh value head) or --critic_init PATH "
+                  "(a local value/reward model or HF causal-LM folder)")
+
+
+def preflight(cfg: RunConfig) -> RunConfig:
+    """Check `cfg` and everything it points at (module doc); returns `cfg`; raises ValueError."""
+    validate(cfg)
+    check_writable(cfg.out_dir, "out_dir")
+    if cfg.cache_dir is not None:
+        check_writable(cfg.cache_dir, "cache_dir")
+    local_policy = cfg.model not in ("builtin", "random")
+    if cfg.model == "builtin" and cfg.task != "chain":
+        raise ValueError(f"model='builtin' exists only for the 'chain' task, not {cfg.task!r}; "
+                         "pass --model PATH (a local HF causal-LM folder) or --model random")
+    if local_policy:
+        check_model_dir(cfg.model, "model", tokenizer=True)
+    needs_critic = cfg.advantage_estimator != "grpo" and cfg.model != "random"
+    if needs_critic:
+        if cfg.critic_init == "reward_model" and local_policy:
+            raise ValueError(f"critic_init='reward_model' is built only for --model builtin, not for the local model "
+                             f"{cfg.model!r}; use {CRITIC_CHOICES}")
+        if cfg.critic_init not in ("auto", "reward_model", "actor"):
+            check_model_dir(cfg.critic_init, "critic_init")
+    check_task(cfg)
+    return cfg
+
+
+def preflight_grid(cells) -> None:
+    """`preflight` once per distinct (task, options, model, critic) of a grid's cells; the first
+    failure refuses the whole grid, naming the cell."""
+    seen = set()
+    for c in cells:
+        key = json.dumps([c.cfg.task, c.cfg.task_options, c.cfg.model, c.cfg.critic_init, c.cfg.advantage_estimator,
+                          c.cfg.out_dir, c.cfg.cache_dir], sort_keys=True, default=str)
+        if key in seen:
+            continue
+        seen.add(key)
+        try:
+            preflight(c.cfg)
+        except ValueError as e:
+            raise ValueError(f"cell {c.cfg.name} (row {c.row!r}, seed {c.seed}): {e}; nothing was started") from None
+
+
+def check_writable(path, flag: str) -> None:
+    """`path` is a folder we may write in, or can be created as one (nothing is created here)."""
+    p = Path(path).expanduser().absolute()
+    if p.exists() and not p.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} exists and is not a folder")
+    probe = p
+    while not probe.exists():
+        if probe.parent == probe:
+            break
+        probe = probe.parent
+    if not probe.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} cannot be created: {probe} is a file, not a folder")
+    if not os.access(probe, os.W_OK | os.X_OK):
+        raise ValueError(f"{flag} {str(path)!r} is not writable ({probe} does not allow writing; "
+                         "choose a folder you may write in)")
+
+
+def check_model_dir(path: str, flag: str, *, tokenizer: bool = False) -> None:
+    """A local HF model folder: config.json that parses, weights, and (for a policy) a tokenizer."""
+    p = Path(path).expanduser()
+    valid = "a local HF model folder (config.json + weights, saved with save_pretrained)"
+    if not p.exists():
+        raise ValueError(f"{flag} {str(path)!r} does not exist; expected {valid}"
+                         + (" or 'builtin' / 'random'" if flag == "model" else ""))
+    if not p.is_dir():
+        raise ValueError(f"{flag} {str(path)!r} is not a folder; expected {valid}")
+    config = p / "config.json"
+    if not config.is_file():
+        raise ValueError(f"{flag} {str(path)!r} is not a model folder (no config.json); expected {valid}")
+    try:
+        data = json.loads(config.read_text())
+        if not isinstance(data, dict) or "model_type" not in data:
+            raise ValueError("no 'model_type' key")
+    except (OSError, ValueError) as e:
+        raise ValueError(f"{flag} {str(path)!r}: config.json is not a model config ({e}); expected {valid}") from None
+    if not any((p / w).is_file() for w in WEIGHT_FILES) and not any(p.glob("*.safetensors")):
+        raise ValueError(f"{flag} {str(path)!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); "
+                         f"expected {valid}")
+    if tokenizer:
+        from transformers import AutoTokenizer
+
+        try:
+            AutoTokenizer.from_pretrained(str(p), local_files_only=True)
+        except Exception as e:  # noqa: BLE001 - any failure means "no usable tokenizer here"
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{flag} {str(path)!r}: cannot load its tokenizer ({type(e).__name__}: {first}); "
+                             "save the tokenizer into the model folder (tokenizer.save_pretrained)") from None
+
+
+def task_options_of(cfg: RunConfig) -> dict:
+    """The options the task is built with (a task that takes a tokenizer gets the local model's)."""
+    options = dict(cfg.task_options)
+    if cfg.model not in ("builtin", "random") and "tokenizer" not in options and "tokenizer" in option_names(cfg.task):
+        options["tokenizer"] = cfg.model
+    return options
+
+
+def option_names(task: str) -> list[str]:
+    """The keyword options task `task` accepts (its constructor's, or its config dataclass's fields)."""
+    from vapo_lit.tasks import TASKS, task_names
+
+    task_names()  # loads the built-in tasks
+    factory = TASKS.get(task)
+    if factory is None:
+        return []
+    init = factory.__init__ if inspect.isclass(factory) else factory
+    params = inspect.signature(init).parameters
+    names = [n for n, p in params.items() if n not in ("self", "config") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if "config" in params and any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        hint = typing.get_type_hints(init).get("config")
+        for arg in typing.get_args(hint) or (hint,):
+            if dataclasses.is_dataclass(arg):
+                names += [f.name for f in dataclasses.fields(arg)]
+    return names
+
+
+def check_task(cfg: RunConfig) -> None:
+    """Build the task once: unknown options, bad values and every data-file defect surface here."""
+    from vapo_lit.tasks import get_task, task_names
+
+    if cfg.task not in task_names():
+        raise ValueError(f"task={cfg.task!r} is not a task; valid tasks: {', '.join(task_names())}")
+    valid = option_names(cfg.task)
+    unknown = sorted(set(cfg.task_options) - set(valid))
+    if unknown:
+        raise ValueError(f"task_options: unknown option(s) {', '.join(map(repr, unknown))} for task {cfg.task!r}; "
+                         f"valid: {', '.join(valid)}")
+    try:
+        task = get_task(cfg.task, **task_options_of(cfg))
+    except (TypeError, ValueError) as e:
+        raise ValueError(f"task {cfg.task!r}: {e}") from None
+    close = getattr(task, "close", None)
+    if callable(close):
+        close()
