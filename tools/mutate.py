@@ -427,6 +427,10 @@ def _kill_group(pid: int) -> None:
             pass
 
 
+def _raise_interrupt(signum, frame):
+    raise KeyboardInterrupt
+
+
 def _preimport() -> None:
     import importlib
     import warnings
@@ -481,6 +485,7 @@ def main(argv=None) -> int:
     equivalent = load_equivalent()
 
     _preimport()
+    signal.signal(signal.SIGTERM, _raise_interrupt)  # `kill PID` stops as cleanly as Ctrl-C
     scratches = [Scratch() for _ in range(max(1, args.jobs))]
     runner = Runner()
     results: list[tuple[Mutant, str, float]] = []
