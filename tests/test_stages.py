@@ -108,6 +108,29 @@ def test_logprobs_come_from_the_column_before_each_token(temperature):
             assert float(ent[i, t]) == pytest.approx(want_ent, abs=1e-12)
 
 
+@pytest.mark.parametrize("chunk", [None, 1, 4])
+def test_logprobs_of_a_real_model_in_position_chunks(chunk):
+    """The chunked pass (backbone once, output layer over `chunk` positions) reads the same
+    columns as the plain reference, log-probs and entropy, and passes gradients."""
+    from vapo_lit.build import random_tiny_policy
+    from vapo_lit.tasks import get_task
+    from wiring import ref_logprobs
+
+    task = get_task("chain", max_n=6, n_buckets=1)
+    actor, _ = random_tiny_policy(task, 0)
+    actor = actor.double()
+    exp = make_exp([3, 6, 1, 5], P=5, vocab=len(task.tokenizer))
+    logp, ent = passes.response_logprobs(actor, exp.input_ids, exp.attention_mask, exp.prompt_width,
+                                         exp.response_ids, temperature=0.7, entropy=True, chunk=chunk)
+    want = ref_logprobs(actor, exp, temperature=0.7)
+    torch.testing.assert_close(logp * exp.mask, want * exp.mask, rtol=0, atol=1e-10)
+    logits = actor(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                   position_ids=(exp.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits / 0.7
+    p = torch.softmax(logits[:, exp.prompt_width - 1:-1], -1)
+    torch.testing.assert_close(ent * exp.mask, -(p * p.log()).sum(-1) * exp.mask, rtol=0, atol=1e-10)
+    assert logp.requires_grad and not ent.requires_grad
+
+
 def test_group_samples_share_the_value_of_the_prompt_state():
     """With a real tiny critic: V(s_0) is the value of the prompt alone, so the four samples of
     one prompt agree on it; V(s_1) already depends on the sampled first token."""

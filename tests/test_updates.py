@@ -3,7 +3,8 @@
 Each run below is a real `train()` (Lightning Trainer, component callbacks set up by the trainer)
 of tiny random models with a fake verifier that marks about half of the responses correct. Its
 settings make the clip bind: three PPO epochs over one mini-batch (four micro-batches) with a large
-actor learning rate, so epochs 2 and 3 see ratios far from 1. For every optimizer step the probe
+actor learning rate, so epochs 2 and 3 see ratios far from 1. Two runs also take the memory paths
+(sampling in chunks of 5 responses, the log-prob pass over chunks of response positions). For every optimizer step the probe
 records the weights and the (clipped) gradients; a plain reference recomputes the loss from the
 recorded `Experience` at those weights, with the loss the switches ask for, and its gradient must
 match. Every test also checks that the reference with the switch flipped does NOT match, so a
@@ -19,10 +20,10 @@ LOUD = {"ppo": {"ppo_epochs": 3, "actor_lr": 3e-2}}
 RUNS = {
     "vanilla": ([], {}),
     "clip_higher": (["clip_higher"], {}),
-    "token_level_loss": (["token_level_loss"], {}),
+    "token_level_loss": (["token_level_loss"], {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5}}),
     "positive_lm_loss": (["positive_lm_loss"], {"vapo": {"mu": 0.5}}),
     "positive_lm_loss_none": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "verifier": lambda text: 0.0}),
-    "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5}}),
+    "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5}, "ppo": {"logits_chunk": 7}}),
 }
 
 
@@ -35,7 +36,7 @@ def runs(tmp_path_factory):
             comps, delta = RUNS[name]
             delta = dict(delta)
             kw = {"verifier": delta.pop("verifier")} if "verifier" in delta else {}
-            merged = {**LOUD, **delta, "ppo": LOUD["ppo"]}
+            merged = {**LOUD, **delta, "ppo": {**LOUD["ppo"], **delta.get("ppo", {})}}
             cache[name] = probe_run(tmp_path_factory.mktemp(name), comps, name=name, **kw, **merged)
         return cache[name]
 

@@ -187,7 +187,8 @@ def ref_values(critic, exp) -> tuple[torch.Tensor, torch.Tensor]:
 def ref_logprobs(actor, exp, temperature: float = 1.0) -> torch.Tensor:
     """(N, R) log pi(y_t | s_t): the distribution read at column P + t - 1; 0 on padding. Differentiable."""
     ids, attn = exp.input_ids, exp.attention_mask
-    logits = actor(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).logits.float() / temperature
+    logits = actor(input_ids=ids, attention_mask=attn, position_ids=positions(attn)).logits
+    logits = (logits.float() if logits.dtype in (torch.float16, torch.bfloat16) else logits) / temperature
     P = exp.prompt_ids.shape[1]
     n, R = exp.response_ids.shape
     rows = []
