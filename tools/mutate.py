@@ -489,6 +489,7 @@ def main(argv=None) -> int:
     scratches = [Scratch() for _ in range(max(1, args.jobs))]
     runner = Runner()
     results: list[tuple[Mutant, str, float]] = []
+    killed_by: dict[tuple, str] = {}
     busy: dict[int, str] = {}  # scratch index -> file mutated there
 
     def restore_all():
@@ -505,7 +506,9 @@ def main(argv=None) -> int:
             runner.start(("baseline", tests), scratches[0].dir, list(tests), scratches[0].dir / "baseline.log")
             (_, tests_), status, secs, log = runner.wait_one()
             if status != "survived":
-                print(f"the unmutated tests fail ({' '.join(tests)}); fix them first:\n{log.read_text()[-3000:]}")
+                text = log.read_text()
+                errors = "\n".join(line for line in text.splitlines() if line.startswith(("E ", "FAILED", "ERROR")))
+                print(f"the unmutated tests fail ({' '.join(tests)}); fix them first:\n{errors[-6000:]}")
                 return 2
             baseline[tests] = secs
             print(f"baseline {secs:6.1f}s  {' '.join(tests)}", flush=True)
@@ -525,8 +528,10 @@ def main(argv=None) -> int:
             if status == "survived" and m.key in equivalent:
                 status = "equivalent"
             results.append((m, status, secs))
+            killed_by[m.key] = _first_failure(log) if status == "killed" else ""
             mark = {"killed": ".", "timeout": "T", "survived": "S", "equivalent": "e", "error": "E"}[status]
-            print(f"[{len(results):4d}/{n}] {mark} {secs:5.1f}s {m.path}:{m.line} {m.what}", flush=True)
+            by = f"  <- {killed_by[m.key]}" if killed_by[m.key] else ""
+            print(f"[{len(results):4d}/{n}] {mark} {secs:5.1f}s {m.path}:{m.line} {m.what}{by}", flush=True)
     except KeyboardInterrupt:
         interrupted = True
         print("\ninterrupted: stopping the running mutant, restoring the scratch copy", flush=True)
@@ -535,11 +540,22 @@ def main(argv=None) -> int:
         restore_all()
         for s in scratches:
             s.remove()
-    summarize(results, equivalent, time.monotonic() - t_start, interrupted, args.report)
+    summarize(results, equivalent, time.monotonic() - t_start, interrupted, args.report, killed_by)
     return 130 if interrupted else 0
 
 
-def summarize(results, equivalent, seconds: float, interrupted: bool, report: Path | None) -> None:
+def _first_failure(log: Path) -> str:
+    """The first failing test of a pytest log ('' when none is named, e.g. an import error)."""
+    try:
+        for line in log.read_text(errors="replace").splitlines():
+            if line.startswith(("FAILED ", "ERROR ")):
+                return line.split(" ")[1]
+    except OSError:
+        pass
+    return ""
+
+
+def summarize(results, equivalent, seconds: float, interrupted: bool, report: Path | None, killed_by=None) -> None:
     if not results:
         print("no mutant was run")
         return
@@ -571,9 +587,9 @@ def summarize(results, equivalent, seconds: float, interrupted: bool, report: Pa
           + (" [interrupted]" if interrupted else ""))
     if report is not None:
         with open(report, "w") as f:
-            f.write("path\tline\tfunction\tstatus\tseconds\tmutation\n")
+            f.write("path\tline\tfunction\tstatus\tseconds\tmutation\tkilled_by\n")
             for m, st, secs in results:
-                f.write(f"{m.path}\t{m.line}\t{m.where}\t{st}\t{secs:.1f}\t{m.what}\n")
+                f.write(f"{m.path}\t{m.line}\t{m.where}\t{st}\t{secs:.1f}\t{m.what}\t{(killed_by or {}).get(m.key, '')}\n")
 
 
 def _score(killed: int, n: int) -> str:
