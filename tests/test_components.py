@@ -14,8 +14,8 @@ from __future__ import annotations
 import lightning as L
 import pytest
 import torch
-from wiring import (N, adaptive_lambda, coin, probe_run, ref_advantages, ref_values, whiten, with_weights,
-                    zero_value_head)
+from wiring import (N, adaptive_lambda, coin, positions, probe_run, ref_advantages, ref_logprobs, ref_values, whiten,
+                    with_weights, zero_value_head)
 
 from vapo_lit.build import build_module
 from vapo_lit.components import REGISTRY
@@ -23,11 +23,12 @@ from vapo_lit.config import ALL_COMPONENTS, COMPONENTS, RunConfig, merge
 from vapo_lit.presets import PRESETS
 
 RUNS = {
-    "plain": ([], {}),
+    "plain": ([], {"ppo": {"lam": 0.9, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 20}}),
     "group": (["group_sampling", "length_adaptive_gae"],
               {"vapo": {"samples_per_prompt": 4, "alpha": 0.1}, "truncation": "bootstrap"}),
-    "decoupled": (["length_adaptive_gae", "decoupled_gae"], {"vapo": {"alpha": 0.1, "lambda_critic": 0.6}}),
-    "decoupled_mc": (["decoupled_gae"], {"vapo": {"lambda_critic": 1.0}}),
+    "decoupled": (["length_adaptive_gae", "decoupled_gae"], {"vapo": {"alpha": 0.1, "lambda_critic": 0.6},
+                                                             "ppo": {"gamma": 0.9}}),
+    "decoupled_mc": (["decoupled_gae"], {"vapo": {"lambda_critic": 1.0}, "ppo": {"whiten_advantages": False}}),
     "pretrain": (["value_pretraining"], {"vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": 1.0}, "steps": 2,
                                          "ppo": {"warmup_steps": 2}, "prepare": zero_value_head}),
     "all": (list(ALL_COMPONENTS), {"vapo": {"value_pretrain_steps": 1, "samples_per_prompt": 4, "alpha": 0.2,
@@ -111,33 +112,61 @@ def test_score_stage_puts_the_verdict_on_the_last_token(runs):
     assert run.row(1)["rollout/positive_tokens"] == sum(l for l, o in zip(exp.lengths.tolist(), outcome) if o)
 
 
+def test_sampling_settings_reach_the_engine(runs):
+    """ppo.temperature, ppo.top_p and ppo.max_new_tokens: the behaviour log-probs are those of the
+    tempered policy, every sampled token lies in its nucleus, no response outgrows the limit."""
+    run = runs("plain")
+    it, exp = run.probe.iterations[0], first(run)
+    T, top_p, limit = run.cfg.ppo.temperature, run.cfg.ppo.top_p, run.cfg.ppo.max_new_tokens
+    assert (T, top_p, limit) == (0.8, 0.9, 20)
+    actor = with_weights(run.module.actor, it.actor)
+    with torch.no_grad():
+        want = ref_logprobs(actor, exp, T)
+        logits = actor(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                       position_ids=positions(exp.attention_mask)).logits[:, exp.prompt_width - 1:-1] / T
+    torch.testing.assert_close(exp.behaviour_logprobs, want.float() * exp.mask, rtol=0, atol=2e-5)
+    probs = torch.softmax(logits.double(), -1)
+    chosen = probs.gather(-1, exp.response_ids[..., None]).squeeze(-1)
+    mass_above = (probs * (probs > chosen[..., None])).sum(-1)  # of the tokens more likely than the chosen one
+    assert bool((mass_above[exp.mask.bool()] < top_p + 1e-6).all())
+    assert exp.mask.shape[1] <= limit and bool(exp.truncated.any())
+    assert torch.equal(exp.lengths[exp.truncated], torch.full_like(exp.lengths[exp.truncated], limit))
+    assert bool((exp.lengths[~exp.truncated] <= limit).all())
+
+
 # ----------------------------------------------------------------------------- advantages
-LAMBDAS = {  # run -> (the actor's lambda per response length l, the critic targets' lambda)
-    "plain": (lambda l: 0.95, None),
-    "group": (lambda l: adaptive_lambda(l, 0.1), None),
-    "decoupled": (lambda l: adaptive_lambda(l, 0.1), 0.6),
-    "decoupled_mc": (lambda l: 0.95, 1.0),
+LAMBDAS = {  # run -> (the actor's lambda per response length l, the critic targets' lambda, gamma, whitened)
+    "plain": (lambda l: 0.9, None, 1.0, True),
+    "group": (lambda l: adaptive_lambda(l, 0.1), None, 1.0, True),
+    "decoupled": (lambda l: adaptive_lambda(l, 0.1, 0.9), 0.6, 0.9, True),
+    "decoupled_mc": (lambda l: 0.95, 1.0, 1.0, False),
 }
 
 
 @pytest.mark.parametrize("name", list(LAMBDAS))
 def test_advantages_and_targets_use_the_switched_lambdas(runs, name):
+    """ppo.lam, ppo.gamma, ppo.whiten_advantages and the two components' values all reach the
+    advantages stage: every run differs from the paper defaults in one of them."""
     run = runs(name)
     exp = first(run)
-    policy, critic = LAMBDAS[name]
+    policy, critic, gamma, whitened = LAMBDAS[name]
     lam = [policy(int(l)) for l in exp.lengths.tolist()]
     assert exp.lam_policy.tolist() == pytest.approx(lam, abs=1e-6)
     if name in ("group", "decoupled"):
         assert len(set(round(x, 6) for x in lam)) > 3 and min(lam) == 0.0  # per response, some clamped
-    actor = whiten(ref_advantages(exp, lam), exp.mask)
+    actor = ref_advantages(exp, lam, gamma)
+    actor = whiten(actor, exp.mask) if whitened else actor
     torch.testing.assert_close(exp.advantages.double(), actor, rtol=1e-4, atol=1e-4)
     lam_c = lam if critic is None else [critic] * N  # off: one lambda (the policy's) for both
-    targets = exp.values.double() + ref_advantages(exp, lam_c)
+    targets = exp.values.double() + ref_advantages(exp, lam_c, gamma)
     torch.testing.assert_close(exp.returns.double(), targets * exp.mask, rtol=1e-5, atol=1e-5)
+    mc = exp.values.double() + ref_advantages(exp, [1.0] * N, gamma)
+    torch.testing.assert_close(exp.mc_returns.double(), mc * exp.mask, rtol=1e-5, atol=1e-5)
     row = run.row(1)
     assert row["gae/lambda_policy_mean"] == pytest.approx(sum(lam) / N, abs=1e-6)
     assert (row["gae/lambda_policy_min"], row["gae/lambda_policy_max"]) == pytest.approx((min(lam), max(lam)), abs=1e-6)
-    clamped = sum(1 for l in exp.lengths.tolist() if 1 - 1 / (0.1 * l) < 0) if name in ("group", "decoupled") else 0
+    raw = [(1 - 1 / (0.1 * l)) / gamma for l in exp.lengths.tolist()]
+    clamped = sum(1 for r in raw if not 0 <= r <= 1) if name in ("group", "decoupled") else 0
     assert row["gae/lambda_policy_clamped"] == clamped
 
 
@@ -169,6 +198,8 @@ def test_value_pretraining_trains_the_critic_alone_on_monte_carlo_targets(runs):
     assert [r["train/ppo_update"] for r in rows] == [0, 0, 1, 2]
     assert rows[2]["value_pretrain/steps"] == 2 and rows[2]["value_pretrain/final_ev"] == rows[1]["value/explained_variance"]
     assert run.module.pretrain.finished and not run.module.pretrain.active
+    assert run.probe.weight_loads == [2, 3]  # the engine gets the actor after each actor update, only then
+    assert (run.module.actor_steps, run.module.critic_steps) == (2, 4)
 
 
 def test_after_value_pretraining_the_critic_optimiser_starts_afresh(runs):
@@ -219,6 +250,7 @@ def test_every_component_sets_its_switches_in_trainer_setup(runs):
         assert getattr(sw, key) == getattr(values, key), key
     assert [type(c).__name__ for c in run.module.extensions] == ["KLPenalty"]  # the only one with iteration hooks
     assert [it.pretraining for it in run.probe.iterations] == [True, False]
+    assert run.probe.iterations[0].exp.extras == {}  # no iteration hooks while the critic is pretrained
     exp = run.probe.iterations[1].exp
     assert exp.group_size == 4 and "ref_logprobs" in exp.extras
     assert exp.lam_policy.tolist() == pytest.approx([adaptive_lambda(int(l), 0.2) for l in exp.lengths.tolist()],
@@ -240,3 +272,16 @@ def test_component_checks_run_in_trainer_setup(tmp_path):
         _trainer_setup(tmp_path, REGISTRY["group_sampling"](samples_per_prompt=3))
     with pytest.raises(ValueError, match=r"eps_high=0.25 is below eps_low=ppo.eps=0.3"):
         _trainer_setup(tmp_path, REGISTRY["clip_higher"](eps_high=0.25), ppo={"eps": 0.3})
+
+
+def test_a_component_joins_the_iteration_once(tmp_path):
+    """Only components with iteration hooks are added to module.extensions, once however often
+    Lightning runs their setup."""
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path)})
+    module = build_module(cfg)
+    kl, clip = REGISTRY["kl_penalty"](), REGISTRY["clip_higher"]()
+    for _ in range(2):
+        kl.setup(None, module, "fit")
+        clip.setup(None, module, "fit")
+    assert module.extensions == [kl] and kl.hooks_iteration and not clip.hooks_iteration
+    assert module.switches.clip_higher and module.switches.kl_coef == kl.values["kl_coef"]

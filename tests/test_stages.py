@@ -87,12 +87,12 @@ class ColumnActor(torch.nn.Module):
         return SimpleNamespace(logits=logits)
 
 
-@pytest.mark.parametrize("temperature", [1.0, 0.5])
-def test_logprobs_come_from_the_column_before_each_token(temperature):
+@pytest.mark.parametrize("temperature,chunk", [(1.0, None), (0.5, None), (0.5, 2)])
+def test_logprobs_come_from_the_column_before_each_token(temperature, chunk):
     exp = make_exp([3, 6, 1], P=5)
     exp.response_ids[:, ::2] = 1 * exp.mask[:, ::2].long()  # token 1 (the one the column moves) at even positions
     logp, ent = passes.response_logprobs(ColumnActor(), exp.input_ids, exp.attention_mask, exp.prompt_width,
-                                         exp.response_ids, temperature=temperature, entropy=True)
+                                         exp.response_ids, temperature=temperature, entropy=True, chunk=chunk)
     none_asked = passes.response_logprobs(ColumnActor(), exp.input_ids, exp.attention_mask, exp.prompt_width,
                                           exp.response_ids, temperature=temperature)[1]
     assert none_asked is None and not ent.requires_grad
@@ -129,6 +129,25 @@ def test_logprobs_of_a_real_model_in_position_chunks(chunk):
     p = torch.softmax(logits[:, exp.prompt_width - 1:-1], -1)
     torch.testing.assert_close(ent * exp.mask, -(p * p.log()).sum(-1) * exp.mask, rtol=0, atol=1e-10)
     assert logp.requires_grad and not ent.requires_grad
+
+
+def test_output_layer_split_only_where_logits_are_the_plain_output_layer():
+    """The chunked pass needs logits = output_layer(last hidden state); anything else (soft-capping,
+    logit scaling, no separate output layer) takes the plain pass."""
+    from vapo_lit.build import random_tiny_policy
+    from vapo_lit.tasks import get_task
+
+    actor, _ = random_tiny_policy(get_task("chain", max_n=6, n_buckets=1), 0)
+    backbone, head = passes.output_layer_split(actor)
+    assert head is actor.get_output_embeddings() and backbone is actor.base_model
+    actor.config.logit_scale = 1.0
+    assert passes.output_layer_split(actor) is not None
+    for key, value in (("final_logit_softcapping", 30.0), ("logit_scale", 2.0)):
+        setattr(actor.config, key, value)
+        assert passes.output_layer_split(actor) is None, key
+        setattr(actor.config, key, None)
+    assert passes.output_layer_split(actor.base_model) is None  # a backbone has no output layer
+    assert passes.output_layer_split(ColumnActor()) is None  # no config at all
 
 
 def test_group_samples_share_the_value_of_the_prompt_state():

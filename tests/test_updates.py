@@ -4,7 +4,9 @@ Each run below is a real `train()` (Lightning Trainer, component callbacks set u
 of tiny random models with a fake verifier that marks about half of the responses correct. Its
 settings make the clip bind: three PPO epochs over one mini-batch (four micro-batches) with a large
 actor learning rate, so epochs 2 and 3 see ratios far from 1. Two runs also take the memory paths
-(sampling in chunks of 5 responses, the log-prob pass over chunks of response positions). For every optimizer step the probe
+(sampling in chunks of 5 responses, the log-prob pass over chunks of response positions); others
+clip gradients (ppo.grad_clip 0.4), clip the critic's values (ppo.value_clip) over two critic
+epochs, or recompute the behaviour log-probs with the training pass. For every optimizer step the probe
 records the weights and the (clipped) gradients; a plain reference recomputes the loss from the
 recorded `Experience` at those weights, with the loss the switches ask for, and its gradient must
 match. Every test also checks that the reference with the switch flipped does NOT match, so a
@@ -20,10 +22,11 @@ LOUD = {"ppo": {"ppo_epochs": 3, "actor_lr": 3e-2}}
 RUNS = {
     "vanilla": ([], {}),
     "clip_higher": (["clip_higher"], {}),
-    "token_level_loss": (["token_level_loss"], {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5}}),
-    "positive_lm_loss": (["positive_lm_loss"], {"vapo": {"mu": 0.5}}),
+    "token_level_loss": (["token_level_loss"], {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5, "grad_clip": 0.4}}),
+    "positive_lm_loss": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "ppo": {"recompute_logprobs": True}}),
     "positive_lm_loss_none": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "verifier": lambda text: 0.0}),
     "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5}, "ppo": {"logits_chunk": 7}}),
+    "critic_clip": ([], {"ppo": {"critic_epochs": 2, "critic_lr": 3e-2, "value_clip": 0.05}}),
 }
 
 
@@ -44,8 +47,10 @@ def runs(tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- references
-def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float, kl_coef: float = 0.0) -> dict:
-    """The actor loss at the step's weights, from the recorded Experience, written out by hand."""
+def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float, kl_coef: float = 0.0,
+                    grad_clip: float | None = None) -> dict:
+    """The actor loss at the step's weights, from the recorded Experience, written out by hand;
+    its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip)."""
     exp = run.probe.iterations[step.iteration].exp
     ppo = run.cfg.ppo
     actor = with_weights(run.module.actor, step.weights)
@@ -73,7 +78,7 @@ def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float,
     names = [n for n, _ in actor.named_parameters()]
     grads = torch.autograd.grad(loss, list(actor.parameters()), allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, actor.parameters())]
-    norm, coef = clip_coef(grads, ppo.grad_clip)
+    norm, coef = clip_coef(grads, ppo.grad_clip if grad_clip is None else grad_clip)
     with torch.no_grad():
         r, valid = ratio.detach(), m.bool()
         log_r = (logp - exp.behaviour_logprobs).detach()
@@ -87,17 +92,24 @@ def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float,
         }
 
 
-def critic_reference(run, step) -> dict:
+def critic_reference(run, step, value_clip: float | None = -1.0) -> dict:
+    """0.5 (V - target)^2 over the valid tokens at the step's weights; with ppo.value_clip (or
+    `value_clip` when given) PPO's pessimistic form around the values at sampling time."""
     exp = run.probe.iterations[step.iteration].exp
+    clip = run.cfg.ppo.value_clip if value_clip == -1.0 else value_clip
     critic = with_weights(run.module.critic, step.weights)
     values, _ = ref_values(critic, exp)
     m = exp.mask
-    loss = 0.5 * (((values - exp.returns) ** 2) * m).sum() / m.sum()
+    err = (values - exp.returns) ** 2
+    if clip is not None:
+        old = exp.values.double()
+        err = torch.maximum(err, (old + (values - old).clamp(-clip, clip) - exp.returns) ** 2)
+    loss = 0.5 * (err * m).sum() / m.sum()
     names = [n for n, _ in critic.named_parameters()]
     grads = torch.autograd.grad(loss, list(critic.parameters()), allow_unused=True)
     grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, critic.parameters())]
     norm, coef = clip_coef(grads, run.cfg.ppo.grad_clip)
-    return {"grads": {n: g * coef for n, g in zip(names, grads)}, "norm": norm, "loss": float(loss)}
+    return {"grads": {n: g * coef for n, g in zip(names, grads)}, "norm": norm, "loss": float(loss.detach())}
 
 
 def gap(got: dict, want: dict) -> float:
@@ -193,18 +205,44 @@ def test_kl_penalty_pulls_towards_the_initial_policy(runs):
 
 
 # ----------------------------------------------------------------------------- the critic
-@pytest.mark.parametrize("name", ["vanilla", "clip_higher"])
-def test_the_critic_step_is_the_value_loss_gradient(runs, name):
+@pytest.mark.parametrize("name", ["vanilla", "clip_higher", "critic_clip"])
+def test_every_critic_step_is_the_value_loss_gradient(runs, name):
     run = runs(name)
-    (step,) = run.probe.of("critic")  # 1 critic epoch x 1 mini-batch
-    ref = critic_reference(run, step)
-    assert gap(step.grads, ref["grads"]) < TOL
-    assert run.row(1)["value/loss"] == pytest.approx(ref["loss"], rel=1e-5)
-    assert run.row(1)["value/grad_norm"] == pytest.approx(ref["norm"], rel=1e-4)
+    steps = run.probe.of("critic")
+    assert len(steps) == run.cfg.ppo.critic_epochs  # x 1 mini-batch
+    refs = [critic_reference(run, s) for s in steps]
+    for s, ref in zip(steps, refs):
+        assert gap(s.grads, ref["grads"]) < TOL
+    assert run.row(1)["value/loss"] == pytest.approx(sum(r["loss"] for r in refs) / len(refs), rel=1e-5)
+    assert run.row(1)["value/grad_norm"] == pytest.approx(sum(r["norm"] for r in refs) / len(refs), rel=1e-4)
     # the critic was updated before the actor, from the weights it had at sampling time
     it = run.probe.iterations[0]
-    assert all(torch.equal(step.weights[n], it.critic[n]) for n in it.critic)
-    assert [s.model for s in run.probe.steps] == ["critic", "actor", "actor", "actor"]
+    assert all(torch.equal(steps[0].weights[n], it.critic[n]) for n in it.critic)
+    assert [s.model for s in run.probe.steps] == ["critic"] * len(steps) + ["actor"] * 3
+    assert run.module.critic_steps == len(steps) and run.module.actor_steps == 3
+    assert run.probe.weight_loads == [0]  # the engine samples from the updated actor next time
+
+
+def test_value_clipping_and_gradient_clipping_bind(runs):
+    """So the tests above can fail: the second critic epoch moves values beyond ppo.value_clip,
+    and some actor steps have gradients beyond ppo.grad_clip."""
+    run = runs("critic_clip")
+    second = run.probe.of("critic")[1]
+    assert gap(second.grads, critic_reference(run, second, value_clip=None)["grads"]) > 100 * TOL
+    run = runs("token_level_loss")
+    unclipped = [actor_reference(run, s, **settings_of("token_level_loss", run), grad_clip=0.0)
+                 for s in run.probe.of("actor")]
+    assert any(r["norm"] > 0.4 for r in unclipped) and any(r["norm"] < 0.4 for r in unclipped)
+    assert max(gap(s.grads, r["grads"]) for s, r in zip(run.probe.of("actor"), unclipped)) > 100 * TOL
+
+
+def test_recomputed_behaviour_logprobs_are_the_training_pass(runs):
+    """ppo.recompute_logprobs: the behaviour log-probs are the initial actor's own (0 on padding)."""
+    run = runs("positive_lm_loss")
+    it = run.probe.iterations[0]
+    with torch.no_grad():
+        want = ref_logprobs(with_weights(run.module.actor, it.actor), it.exp, run.cfg.ppo.temperature)
+    torch.testing.assert_close(it.exp.behaviour_logprobs, want * it.exp.mask, rtol=0, atol=1e-6)
 
 
 def test_the_critic_targets_are_what_it_learns(runs):

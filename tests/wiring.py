@@ -7,6 +7,7 @@ the real `train()` (a Lightning `Trainer.fit` with the component callbacks) and 
   the stages fill that same object), with the actor's and critic's weights before its updates;
 * every optimizer step: which model, the learning rate, the weights before the step and the
   gradients it applies (after clipping), via Lightning's `on_before_optimizer_step`;
+* every time the rollout engine is handed the actor's weights;
 * the logged metric rows.
 
 The references below recompute what a stage or an update should have produced, with plain loops
@@ -71,6 +72,7 @@ class Probe(Callback):
     def __init__(self):
         self.iterations: list[Iteration] = []
         self.steps: list[Step] = []
+        self.weight_loads: list[int] = []  # the iteration of every engine.load_weights call
         self.module = None
 
     def setup(self, trainer, pl_module, stage):
@@ -84,6 +86,13 @@ class Probe(Callback):
             return exp
 
         pl_module.rollout = recording_rollout
+        load_weights = pl_module.engine.load_weights
+
+        def recording_load_weights(actor):
+            self.weight_loads.append(len(self.iterations) - 1)
+            load_weights(actor)
+
+        pl_module.engine.load_weights = recording_load_weights
 
     def on_before_optimizer_step(self, trainer, pl_module, optimizer):
         first = optimizer.param_groups[0]["params"][0]
