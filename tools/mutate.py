@@ -62,6 +62,10 @@ TARGETS: dict[str, tuple[tuple[str, ...] | None, list[str]]] = {
 }
 """Target files (globs) -> (the functions mutated there, None: all of it; the tests that should kill
 its mutants, fastest first; a test file that does not exist yet is left out)."""
+DESELECT = ("tests/test_module.py::test_run_card_and_wandb_offline_run_on_disk",)
+"""Tests never run for a mutant: they check logging, not wiring, and the W&B offline file read back
+by this one was seen to miss its run record when the CPU is heavily oversubscribed (a flaky kill
+would count a mutant as caught)."""
 EQUIVALENT = Path(__file__).with_name("mutate_equivalent.txt")
 PREIMPORT = ("torch", "numpy", "lightning", "lightning.pytorch", "transformers", "safetensors", "optuna",
              "sqlalchemy", "yaml", "pandas", "matplotlib", "wandb", "hypothesis", "pytest")
@@ -372,7 +376,8 @@ def _child(scratch: Path, tests: list[str], log: Path) -> None:
     sys.dont_write_bytecode = True
     import pytest
 
-    rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-W", "ignore", *tests])
+    deselect = [a for t in DESELECT for a in ("--deselect", t)]
+    rc = pytest.main(["-x", "-q", "-p", "no:cacheprovider", "-W", "ignore", *deselect, *tests])
     os._exit(int(rc))
 
 
