@@ -44,9 +44,9 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGETS: dict[str, tuple[tuple[str, ...] | None, list[str]]] = {
-    "vapo_lit/algos/advantage.py": (None, ["tests/test_gae.py", "tests/test_stages.py"]),
-    "vapo_lit/algos/losses.py": (None, ["tests/test_losses.py", "tests/test_updates.py"]),
-    "vapo_lit/algos/stats.py": (None, ["tests/test_losses.py", "tests/test_stages.py"]),
+    "vapo_lit/algos/advantage.py": (None, ["tests/test_gae.py", "tests/test_algos_paths.py", "tests/test_stages.py"]),
+    "vapo_lit/algos/losses.py": (None, ["tests/test_losses.py", "tests/test_algos_paths.py", "tests/test_updates.py"]),
+    "vapo_lit/algos/stats.py": (None, ["tests/test_losses.py", "tests/test_algos_paths.py", "tests/test_stages.py"]),
     "vapo_lit/experience.py": (None, ["tests/test_stages.py", "tests/test_components.py", "tests/test_updates.py",
                                       "tests/test_module.py", "tests/test_golden.py"]),
     "vapo_lit/passes.py": (None, ["tests/test_stages.py", "tests/test_updates.py", "tests/test_engines.py",
