@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench clean
+.PHONY: demo test bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -23,6 +23,11 @@ test: $(STAMP)
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gae.py
+
+# Mutation testing of the wiring (not part of `make test` or CI: an hour or more on 2 cores).
+# Narrow it with MUTATE_ARGS, e.g. make mutate MUTATE_ARGS="vapo_lit/passes.py --jobs 2"
+mutate: $(STAMP)
+	$(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 clean:
 	rm -rf $(VENV)

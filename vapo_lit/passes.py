@@ -4,8 +4,9 @@ A row is ``input_ids = [prompt (P columns, left-padded) | response (R columns, r
 
 * The state before response token t is the prefix ending at column P + t - 1, so the critic's
   V(s_t) and the actor's distribution over token t are both read at column P + t - 1.
-* The state after the last response token (length l) is read at column P + l - 1 + 1 = P + l:
-  its value bootstraps a row the length limit cut off.
+* The state after the last response token (length l) is the prefix ending at that token, read at
+  column P + l - 1 (column l of :func:`state_values`): its value bootstraps a row the length limit
+  cut off.
 
 :func:`state_values` returns V(s_0) .. V(s_R) (R + 1 columns), :func:`response_logprobs` the
 log-probs (and entropy) of the R response tokens. Nothing else in the project slices columns.

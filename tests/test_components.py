@@ -1,0 +1,287 @@
+"""Every component through a real `Trainer.fit` setup, and every stage as the module wires it.
+
+Each run is a real `train()` of tiny random models (a fake verifier marks about half of the
+responses correct); a probe records the Experience of every iteration, the weights at sampling
+time and every optimizer step (tests/wiring.py). The tests check what a switch must change in the
+data or the update, against plain recomputations: group sampling's prompt count and adjacency,
+V(s_0) shared by the samples of one prompt, the values/bootstrap columns, the verdict on the last
+token, the lambdas per response (length-adaptive) and per target (decoupled), value pretraining
+(actor frozen, Monte-Carlo targets, ending by its rule, a fresh critic optimiser afterwards).
+The actor's and critic's gradients under each switch are in tests/test_updates.py.
+"""
+from __future__ import annotations
+
+import lightning as L
+import pytest
+import torch
+from wiring import (N, adaptive_lambda, coin, positions, probe_run, ref_advantages, ref_logprobs, ref_values, whiten,
+                    with_weights, zero_value_head)
+
+from vapo_lit.build import build_module
+from vapo_lit.components import REGISTRY
+from vapo_lit.config import ALL_COMPONENTS, COMPONENTS, RunConfig, merge
+from vapo_lit.presets import PRESETS
+
+RUNS = {
+    "plain": ([], {"ppo": {"lam": 0.9, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 20}}),
+    "group": (["group_sampling", "length_adaptive_gae"],
+              {"vapo": {"samples_per_prompt": 4, "alpha": 0.1}, "truncation": "bootstrap"}),
+    "decoupled": (["length_adaptive_gae", "decoupled_gae"], {"vapo": {"alpha": 0.1, "lambda_critic": 0.6},
+                                                             "ppo": {"gamma": 0.9}}),
+    "decoupled_mc": (["decoupled_gae"], {"vapo": {"lambda_critic": 1.0}, "ppo": {"whiten_advantages": False}}),
+    "pretrain": (["value_pretraining"], {"vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": 1.0}, "steps": 2,
+                                         "ppo": {"warmup_steps": 2}, "prepare": zero_value_head}),
+    "all": (list(ALL_COMPONENTS), {"vapo": {"value_pretrain_steps": 1, "samples_per_prompt": 4, "alpha": 0.2,
+                                            "lambda_critic": 0.9, "eps_high": 0.3, "mu": 0.2, "kl_coef": 0.1}}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = {}
+
+    def get(name, components=None, **delta):
+        if name not in cache:
+            comps, base = RUNS.get(name, (components, {}))
+            cache[name] = probe_run(tmp_path_factory.mktemp(name), comps, name=name, **{**base, **delta})
+        return cache[name]
+
+    return get
+
+
+def first(run):
+    """The first iteration's Experience."""
+    return run.probe.iterations[0].exp
+
+
+# ----------------------------------------------------------------------------- group sampling
+def test_group_sampling_prompt_count_and_adjacency(runs):
+    g, plain = runs("group"), runs("plain")
+    it, exp = g.probe.iterations[0], first(g)
+    assert g.module.switches.group_sampling and g.module.switches.samples_per_prompt == 4
+    assert len(it.problems) == N // 4 and exp.group_size == 4
+    assert exp.problems == [p for p in it.problems for _ in range(4)]  # the samples of a prompt are adjacent
+    assert len({p.prompt for p in it.problems}) > 1
+    assert all(len(set(exp.texts[j:j + 4])) > 1 for j in range(0, N, 4))  # four draws, not one draw four times
+    assert g.row(1)["rollout/prompts"] == 4 and g.row(1)["rollout/samples_per_prompt"] == 4
+    groups = exp.scores.view(-1, 4)
+    mixed = float(((groups.max(1).values > 0) & (groups.min(1).values == 0)).float().mean())
+    assert g.row(1)["rollout/mixed_groups_frac"] == pytest.approx(mixed)
+    # off: one sample per prompt
+    assert len(plain.probe.iterations[0].problems) == N and first(plain).group_size == 1
+    assert first(plain).problems == plain.probe.iterations[0].problems
+    assert plain.row(1)["rollout/prompts"] == N and "rollout/mixed_groups_frac" not in plain.row(1)
+
+
+def test_samples_of_one_prompt_share_the_value_of_the_prompt_state(runs):
+    exp = first(runs("group"))
+    v0 = exp.values[:, 0].view(-1, 4)
+    torch.testing.assert_close(v0, v0[:, :1].expand_as(v0), rtol=0, atol=1e-6)
+    starts = exp.response_ids[:, 0].view(-1, 4)
+    assert any(len(set(row.tolist())) > 1 for row in starts)  # (else a one-column shift could hide)
+
+
+# ----------------------------------------------------------------------------- score and values
+@pytest.mark.parametrize("name", ["plain", "group"])
+def test_values_stage_reads_the_critic_at_sampling_time(runs, name):
+    run = runs(name)
+    it, exp = run.probe.iterations[0], first(run)
+    with torch.no_grad():
+        values, after = ref_values(with_weights(run.module.critic, it.critic), exp)
+    torch.testing.assert_close(exp.values, values.to(exp.values.dtype) * exp.mask, rtol=1e-5, atol=1e-6)
+    assert bool(exp.truncated.any()) and not bool(exp.truncated.all())
+    if run.cfg.truncation == "bootstrap":  # V(s_l) for the rows the length limit cut, 0 for the rest
+        want = torch.where(exp.truncated, after, torch.zeros_like(after)).to(exp.bootstrap.dtype)
+        torch.testing.assert_close(exp.bootstrap, want, rtol=1e-5, atol=1e-6)
+    else:
+        assert not bool(exp.bootstrap.any())
+
+
+def test_score_stage_puts_the_verdict_on_the_last_token(runs):
+    run = runs("plain")
+    exp = first(run)
+    outcome = [coin(t) for t in exp.texts]
+    assert exp.scores.tolist() == outcome and 0 < sum(outcome) < N
+    want = torch.zeros_like(exp.mask)
+    for i, length in enumerate(exp.lengths.tolist()):
+        want[i, length - 1] = outcome[i]
+    assert torch.equal(exp.rewards, want)
+    assert torch.equal(exp.lengths, exp.mask.sum(1).long())
+    assert run.row(1)["objective/score"] == pytest.approx(sum(outcome) / N)
+    assert run.row(1)["rollout/positive_responses"] == sum(outcome)
+    assert run.row(1)["rollout/positive_tokens"] == sum(l for l, o in zip(exp.lengths.tolist(), outcome) if o)
+
+
+def test_sampling_settings_reach_the_engine(runs):
+    """ppo.temperature, ppo.top_p and ppo.max_new_tokens: the behaviour log-probs are those of the
+    tempered policy, every sampled token lies in its nucleus, no response outgrows the limit."""
+    run = runs("plain")
+    it, exp = run.probe.iterations[0], first(run)
+    T, top_p, limit = run.cfg.ppo.temperature, run.cfg.ppo.top_p, run.cfg.ppo.max_new_tokens
+    assert (T, top_p, limit) == (0.8, 0.9, 20)
+    actor = with_weights(run.module.actor, it.actor)
+    with torch.no_grad():
+        want = ref_logprobs(actor, exp, T)
+        logits = actor(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
+                       position_ids=positions(exp.attention_mask)).logits[:, exp.prompt_width - 1:-1] / T
+    torch.testing.assert_close(exp.behaviour_logprobs, want.float() * exp.mask, rtol=0, atol=2e-5)
+    probs = torch.softmax(logits.double(), -1)
+    chosen = probs.gather(-1, exp.response_ids[..., None]).squeeze(-1)
+    mass_above = (probs * (probs > chosen[..., None])).sum(-1)  # of the tokens more likely than the chosen one
+    assert bool((mass_above[exp.mask.bool()] < top_p + 1e-6).all())
+    assert exp.mask.shape[1] <= limit and bool(exp.truncated.any())
+    assert torch.equal(exp.lengths[exp.truncated], torch.full_like(exp.lengths[exp.truncated], limit))
+    assert bool((exp.lengths[~exp.truncated] <= limit).all())
+
+
+# ----------------------------------------------------------------------------- advantages
+LAMBDAS = {  # run -> (the actor's lambda per response length l, the critic targets' lambda, gamma, whitened)
+    "plain": (lambda l: 0.9, None, 1.0, True),
+    "group": (lambda l: adaptive_lambda(l, 0.1), None, 1.0, True),
+    "decoupled": (lambda l: adaptive_lambda(l, 0.1, 0.9), 0.6, 0.9, True),
+    "decoupled_mc": (lambda l: 0.95, 1.0, 1.0, False),
+}
+
+
+@pytest.mark.parametrize("name", list(LAMBDAS))
+def test_advantages_and_targets_use_the_switched_lambdas(runs, name):
+    """ppo.lam, ppo.gamma, ppo.whiten_advantages and the two components' values all reach the
+    advantages stage: every run differs from the paper defaults in one of them."""
+    run = runs(name)
+    exp = first(run)
+    policy, critic, gamma, whitened = LAMBDAS[name]
+    lam = [policy(int(l)) for l in exp.lengths.tolist()]
+    assert exp.lam_policy.tolist() == pytest.approx(lam, abs=1e-6)
+    if name in ("group", "decoupled"):
+        assert len(set(round(x, 6) for x in lam)) > 3 and min(lam) == 0.0  # per response, some clamped
+    actor = ref_advantages(exp, lam, gamma)
+    actor = whiten(actor, exp.mask) if whitened else actor
+    torch.testing.assert_close(exp.advantages.double(), actor, rtol=1e-4, atol=1e-4)
+    lam_c = lam if critic is None else [critic] * N  # off: one lambda (the policy's) for both
+    targets = exp.values.double() + ref_advantages(exp, lam_c, gamma)
+    torch.testing.assert_close(exp.returns.double(), targets * exp.mask, rtol=1e-5, atol=1e-5)
+    mc = exp.values.double() + ref_advantages(exp, [1.0] * N, gamma)
+    torch.testing.assert_close(exp.mc_returns.double(), mc * exp.mask, rtol=1e-5, atol=1e-5)
+    row = run.row(1)
+    assert row["gae/lambda_policy_mean"] == pytest.approx(sum(lam) / N, abs=1e-6)
+    assert (row["gae/lambda_policy_min"], row["gae/lambda_policy_max"]) == pytest.approx((min(lam), max(lam)), abs=1e-6)
+    raw = [(1 - 1 / (0.1 * l)) / gamma for l in exp.lengths.tolist()]
+    clamped = sum(1 for r in raw if not 0 <= r <= 1) if name in ("group", "decoupled") else 0
+    assert row["gae/lambda_policy_clamped"] == clamped
+
+
+def test_monte_carlo_critic_targets_are_the_outcome(runs):
+    """decoupled_gae with lambda_critic = 1, gamma = 1, terminal rows: every valid token's target is
+    the outcome; the actor keeps its own lambda (0.95); with one lambda the targets differ."""
+    exp = first(runs("decoupled_mc"))
+    outcome = exp.scores[:, None] * exp.mask
+    torch.testing.assert_close(exp.returns.float(), outcome, rtol=0, atol=1e-5)
+    coupled = first(runs("plain"))
+    assert not torch.allclose(coupled.returns.float(), coupled.scores[:, None] * coupled.mask, atol=1e-2)
+
+
+# ----------------------------------------------------------------------------- value pretraining
+def test_value_pretraining_trains_the_critic_alone_on_monte_carlo_targets(runs):
+    run = runs("pretrain")
+    its = run.probe.iterations
+    assert [it.pretraining for it in its] == [True, True, False, False]
+    for it in its[:2]:  # lambda = 1 although decoupled_gae is off (ppo.lam = 0.95)
+        outcome = it.exp.scores[:, None] * it.exp.mask
+        torch.testing.assert_close(it.exp.returns.float(), outcome, rtol=0, atol=1e-5)
+    assert not torch.allclose(its[2].exp.returns.float(), its[2].exp.scores[:, None] * its[2].exp.mask, atol=1e-2)
+    assert sorted({s.iteration for s in run.probe.of("actor")}) == [2, 3]  # no actor step while pretraining
+    assert sorted(s.iteration for s in run.probe.of("critic")) == [0, 1, 2, 3]
+    assert all(torch.equal(its[2].actor[n], its[0].actor[n]) for n in its[0].actor)  # bit-identical
+    assert any(not torch.equal(its[2].critic[n], its[0].critic[n]) for n in its[0].critic)
+    rows = [run.row(i) for i in (1, 2, 3, 4)]
+    assert [r["train/value_pretraining"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
+    assert [r["train/ppo_update"] for r in rows] == [0, 0, 1, 2]
+    assert rows[2]["value_pretrain/steps"] == 2 and rows[2]["value_pretrain/final_ev"] == rows[1]["value/explained_variance"]
+    assert run.module.pretrain.finished and not run.module.pretrain.active
+    assert run.probe.weight_loads == [2, 3]  # the engine gets the actor after each actor update, only then
+    assert (run.module.actor_steps, run.module.critic_steps) == (2, 4)
+
+
+def test_after_value_pretraining_the_critic_optimiser_starts_afresh(runs):
+    """Warm-up (2 steps) restarts and Adam's moments are cleared: the first PPO critic step is a
+    first Adam step, -lr * g / (|g| + eps) for every weight."""
+    run = runs("pretrain")
+    lr_c, lr_a = run.cfg.ppo.critic_lr, run.cfg.ppo.actor_lr
+    assert [s.lr for s in run.probe.of("critic")] == pytest.approx([lr_c / 2, lr_c, lr_c / 2, lr_c])
+    assert [s.lr for s in run.probe.of("actor")] == pytest.approx([lr_a / 2, lr_a])
+    (step,) = run.probe.of("critic", 2)
+    after = run.probe.iterations[3].critic
+    for n, g in step.grads.items():
+        want = -step.lr * g / (g.abs() + 1e-8)
+        torch.testing.assert_close(after[n] - step.weights[n], want, rtol=1e-3, atol=1e-7)
+
+
+def test_value_pretraining_ends_by_its_rule(runs):
+    """Whichever comes first: the step budget (the 'pretrain' run: target 1.0 never reached, two of
+    two steps) or the explained-variance target. The critic starts at V = 0, so the first batch's
+    explained variance is exactly 0: with target 0 pretraining stops after one of four steps."""
+    pre = runs("pretrain")
+    assert pre.row(1)["value/explained_variance"] == 0.0
+    assert max(pre.row(i)["value/explained_variance"] for i in (1, 2)) < 1.0
+    assert [it.pretraining for it in pre.probe.iterations][:3] == [True, True, False]
+    run = runs("pretrain_ev", ["value_pretraining"], prepare=zero_value_head,
+               vapo={"value_pretrain_steps": 4, "value_pretrain_min_ev": 0.0})
+    assert [it.pretraining for it in run.probe.iterations] == [True, False]
+    assert run.row(2)["value_pretrain/steps"] == 1 and run.row(2)["value_pretrain/final_ev"] == 0.0
+
+
+@pytest.mark.parametrize("steps_done,ev,target,budget,end", [
+    (1, 0.5, None, 2, False), (2, float("nan"), None, 2, True), (3, -5.0, 0.2, 4, False), (1, 0.2, 0.2, 4, True),
+    (1, 0.1999, 0.2, 4, False), (1, float("nan"), 0.2, 4, False), (4, float("nan"), 0.2, 4, True),
+])
+def test_value_pretraining_stopping_rule(steps_done, ev, target, budget, end):
+    rule = REGISTRY["value_pretraining"](value_pretrain_steps=budget, value_pretrain_min_ev=target)
+    assert rule.should_end(steps_done, ev) is end
+
+
+# ----------------------------------------------------------------------------- every switch, set by the trainer
+def test_every_component_sets_its_switches_in_trainer_setup(runs):
+    run = runs("all")
+    sw, values = run.module.switches, run.cfg.vapo
+    for name in COMPONENTS:
+        assert getattr(sw, name) is True, name
+    for key in ("value_pretrain_steps", "value_pretrain_min_ev", "lambda_critic", "alpha", "eps_high", "mu",
+                "samples_per_prompt", "kl_coef"):
+        assert getattr(sw, key) == getattr(values, key), key
+    assert [type(c).__name__ for c in run.module.extensions] == ["KLPenalty"]  # the only one with iteration hooks
+    assert [it.pretraining for it in run.probe.iterations] == [True, False]
+    assert run.probe.iterations[0].exp.extras == {}  # no iteration hooks while the critic is pretrained
+    exp = run.probe.iterations[1].exp
+    assert exp.group_size == 4 and "ref_logprobs" in exp.extras
+    assert exp.lam_policy.tolist() == pytest.approx([adaptive_lambda(int(l), 0.2) for l in exp.lengths.tolist()],
+                                                    abs=1e-6)
+    assert "policy/kl_initial" in run.row(2) and run.row(2)["loss/nll"] > 0
+
+
+def _trainer_setup(tmp_path, callback, **delta):
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path), **delta})
+    module = build_module(cfg)
+    trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, callbacks=[callback], enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False)
+    trainer.fit(module)
+
+
+def test_component_checks_run_in_trainer_setup(tmp_path):
+    """The callbacks validate against the module's settings before any iteration."""
+    with pytest.raises(ValueError, match=r"samples_per_prompt=3 must divide ppo.responses_per_step=16"):
+        _trainer_setup(tmp_path, REGISTRY["group_sampling"](samples_per_prompt=3))
+    with pytest.raises(ValueError, match=r"eps_high=0.25 is below eps_low=ppo.eps=0.3"):
+        _trainer_setup(tmp_path, REGISTRY["clip_higher"](eps_high=0.25), ppo={"eps": 0.3})
+
+
+def test_a_component_joins_the_iteration_once(tmp_path):
+    """Only components with iteration hooks are added to module.extensions, once however often
+    Lightning runs their setup."""
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path)})
+    module = build_module(cfg)
+    kl, clip = REGISTRY["kl_penalty"](), REGISTRY["clip_higher"]()
+    for _ in range(2):
+        kl.setup(None, module, "fit")
+        clip.setup(None, module, "fit")
+    assert module.extensions == [kl] and kl.hooks_iteration and not clip.hooks_iteration
+    assert module.switches.clip_higher and module.switches.kl_coef == kl.values["kl_coef"]

@@ -1,0 +1,259 @@
+"""The critic and actor updates of a real run are the gradients of the losses the switches select.
+
+Each run below is a real `train()` (Lightning Trainer, component callbacks set up by the trainer)
+of tiny random models with a fake verifier that marks about half of the responses correct. Its
+settings make the clip bind: three PPO epochs over one mini-batch (four micro-batches) with a large
+actor learning rate, so epochs 2 and 3 see ratios far from 1. Two runs also take the memory paths
+(sampling in chunks of 5 responses, the log-prob pass over chunks of response positions); others
+clip gradients (ppo.grad_clip 0.4), clip the critic's values (ppo.value_clip) over two critic
+epochs, or recompute the behaviour log-probs with the training pass. For every optimizer step the probe
+records the weights and the (clipped) gradients; a plain reference recomputes the loss from the
+recorded `Experience` at those weights, with the loss the switches ask for, and its gradient must
+match. Every test also checks that the reference with the switch flipped does NOT match, so a
+switch that is silently a no-op (e.g. Clip-Higher's eps_high left at eps) fails.
+"""
+from __future__ import annotations
+
+import pytest
+import torch
+from wiring import clip_coef, probe_run, ref_logprobs, ref_values, with_weights
+
+LOUD = {"ppo": {"ppo_epochs": 3, "actor_lr": 3e-2}}
+RUNS = {
+    "vanilla": ([], {}),
+    "clip_higher": (["clip_higher"], {}),
+    "token_level_loss": (["token_level_loss"], {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5, "grad_clip": 0.4}}),
+    "positive_lm_loss": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "ppo": {"recompute_logprobs": True}}),
+    "positive_lm_loss_none": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "verifier": lambda text: 0.0}),
+    "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5}, "ppo": {"logits_chunk": 7}}),
+    "critic_clip": ([], {"ppo": {"critic_epochs": 2, "critic_lr": 3e-2, "value_clip": 0.05}}),
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory):
+    cache = {}
+
+    def get(name):
+        if name not in cache:
+            comps, delta = RUNS[name]
+            delta = dict(delta)
+            kw = {"verifier": delta.pop("verifier")} if "verifier" in delta else {}
+            merged = {**LOUD, **delta, "ppo": {**LOUD["ppo"], **delta.get("ppo", {})}}
+            cache[name] = probe_run(tmp_path_factory.mktemp(name), comps, name=name, **kw, **merged)
+        return cache[name]
+
+    return get
+
+
+# ----------------------------------------------------------------------------- references
+def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float, kl_coef: float = 0.0,
+                    grad_clip: float | None = None) -> dict:
+    """The actor loss at the step's weights, from the recorded Experience, written out by hand;
+    its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip)."""
+    exp = run.probe.iterations[step.iteration].exp
+    ppo = run.cfg.ppo
+    actor = with_weights(run.module.actor, step.weights)
+    logp = ref_logprobs(actor, exp, ppo.temperature)
+    m = exp.mask
+    ratio = torch.exp(logp - exp.behaviour_logprobs)
+    adv = exp.advantages
+    j = torch.minimum(ratio * adv, ratio.clamp(1 - ppo.eps, 1 + eps_high) * adv) * m
+    if token_level:
+        pg = -j.sum() / m.sum()
+    else:
+        pg = -(j.sum(1) / m.sum(1)).sum() / (m.sum(1) > 0).sum()
+    loss = pg
+    pos = (exp.scores > 0)[:, None] * m
+    nll = torch.zeros(())
+    if mu and pos.sum() > 0:  # (the NLL is logged as 0 when the component is off)
+        nll = -(logp * pos).sum() / pos.sum()
+    loss = loss + mu * nll
+    if kl_coef:
+        initial = with_weights(run.module.actor, run.probe.iterations[0].actor)
+        with torch.no_grad():
+            ref = ref_logprobs(initial, exp, ppo.temperature)
+        log_ratio = ref - logp
+        loss = loss + kl_coef * ((torch.expm1(log_ratio) - log_ratio) * m).sum() / m.sum()
+    names = [n for n, _ in actor.named_parameters()]
+    grads = torch.autograd.grad(loss, list(actor.parameters()), allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, actor.parameters())]
+    norm, coef = clip_coef(grads, ppo.grad_clip if grad_clip is None else grad_clip)
+    with torch.no_grad():
+        r, valid = ratio.detach(), m.bool()
+        log_r = (logp - exp.behaviour_logprobs).detach()
+        return {
+            "grads": {n: g * coef for n, g in zip(names, grads)}, "norm": norm, "loss/policy": float(pg),
+            "loss/nll": float(nll), "loss/total": float(loss),
+            "policy/clipfrac_high": float(((adv > 0) & (r > 1 + eps_high))[valid].float().mean()),
+            "policy/clipfrac_low": float(((adv < 0) & (r < 1 - ppo.eps))[valid].float().mean()),
+            "policy/approx_kl": float((torch.expm1(log_r) - log_r)[valid].mean()),
+            "policy/ratio_mean": float(r[valid].mean()), "policy/ratio_max": float(r[valid].max()),
+        }
+
+
+def critic_reference(run, step, value_clip: float | None = -1.0) -> dict:
+    """0.5 (V - target)^2 over the valid tokens at the step's weights; with ppo.value_clip (or
+    `value_clip` when given) PPO's pessimistic form around the values at sampling time."""
+    exp = run.probe.iterations[step.iteration].exp
+    clip = run.cfg.ppo.value_clip if value_clip == -1.0 else value_clip
+    critic = with_weights(run.module.critic, step.weights)
+    values, _ = ref_values(critic, exp)
+    m = exp.mask
+    err = (values - exp.returns) ** 2
+    if clip is not None:
+        old = exp.values.double()
+        err = torch.maximum(err, (old + (values - old).clamp(-clip, clip) - exp.returns) ** 2)
+    loss = 0.5 * (err * m).sum() / m.sum()
+    names = [n for n, _ in critic.named_parameters()]
+    grads = torch.autograd.grad(loss, list(critic.parameters()), allow_unused=True)
+    grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, critic.parameters())]
+    norm, coef = clip_coef(grads, run.cfg.ppo.grad_clip)
+    return {"grads": {n: g * coef for n, g in zip(names, grads)}, "norm": norm, "loss": float(loss.detach())}
+
+
+def gap(got: dict, want: dict) -> float:
+    """Largest gradient difference, relative to the largest gradient of either."""
+    scale = max(float(t.abs().max()) for d in (got, want) for t in d.values())
+    return max(float((got[n] - want[n]).abs().max()) for n in want) / scale
+
+
+TOL = 1e-4  # micro-batch accumulation and float32 reduction order
+
+
+def settings_of(name: str, run) -> dict:
+    sw = run.module.switches
+    return {"eps_high": sw.eps_high if sw.clip_higher else run.cfg.ppo.eps, "token_level": sw.token_level_loss,
+            "mu": sw.mu if sw.positive_lm_loss else 0.0,
+            "kl_coef": run.cfg.vapo.kl_coef if "kl_penalty" in run.cfg.components else 0.0}
+
+
+# ----------------------------------------------------------------------------- the actor
+@pytest.mark.parametrize("name", list(RUNS))
+def test_every_actor_step_is_the_gradient_of_the_switched_loss(runs, name):
+    run = runs(name)
+    steps = run.probe.of("actor")
+    assert len(steps) == 3  # 3 epochs x 1 mini-batch
+    refs = [actor_reference(run, s, **settings_of(name, run)) for s in steps]
+    for k, (s, ref) in enumerate(zip(steps, refs)):
+        assert gap(s.grads, ref["grads"]) < TOL, (name, k, gap(s.grads, ref["grads"]))
+    # the logged metrics are the steps' values averaged over the update (max for ratio_max)
+    logged = run.row(1)
+    for key in ("loss/policy", "loss/nll", "loss/total", "policy/clipfrac_high", "policy/clipfrac_low",
+                "policy/approx_kl", "policy/ratio_mean"):
+        assert logged[key] == pytest.approx(sum(r[key] for r in refs) / 3, rel=1e-4, abs=1e-6), key
+    assert logged["policy/ratio_max"] == pytest.approx(max(r["policy/ratio_max"] for r in refs), rel=1e-5)
+    assert logged["policy/grad_norm"] == pytest.approx(sum(r["norm"] for r in refs) / 3, rel=1e-4)
+    assert logged["policy/clipfrac_high"] > 0 and logged["policy/clipfrac_low"] > 0  # the clip binds
+
+
+@pytest.mark.parametrize("name,flip", [
+    ("vanilla", {"eps_high": 0.28}), ("vanilla", {"token_level": True}), ("vanilla", {"mu": 0.5}),
+    ("clip_higher", {"eps_high": 0.2}), ("token_level_loss", {"token_level": False}),
+    ("positive_lm_loss", {"mu": 0.0}), ("kl_penalty", {"kl_coef": 0.0}),
+])
+def test_the_flipped_switch_gives_another_update(runs, name, flip):
+    """So the test above can fail: with the switch flipped the reference misses some step."""
+    run = runs(name)
+    settings = {**settings_of(name, run), **flip}
+    gaps = [gap(s.grads, actor_reference(run, s, **settings)["grads"]) for s in run.probe.of("actor")]
+    assert max(gaps) > 100 * TOL, gaps
+
+
+def test_clip_higher_is_set_up_by_the_trainer_and_changes_the_run(runs):
+    on, off = runs("clip_higher"), runs("vanilla")
+    assert on.module.switches.clip_higher and on.module.switches.eps_high == 0.28
+    assert not off.module.switches.clip_higher
+    # clipfrac_high counts ratios above 1 + 0.28 (not 1 + 0.2) where A > 0
+    steps = on.probe.of("actor")
+    high = [actor_reference(on, s, **settings_of("clip_higher", on))["policy/clipfrac_high"] for s in steps]
+    sym = [actor_reference(on, s, eps_high=0.2, token_level=False, mu=0.0)["policy/clipfrac_high"] for s in steps]
+    assert on.row(1)["policy/clipfrac_high"] == pytest.approx(sum(high) / 3, rel=1e-4)
+    assert sum(sym) > sum(high) * 1.2
+    # the same first step (ratio 1: nothing clipped), then the runs part
+    assert gap(on.probe.of("actor")[0].grads, off.probe.of("actor")[0].grads) < TOL
+    assert gap(on.probe.of("actor")[2].grads, off.probe.of("actor")[2].grads) > 100 * TOL
+    assert on.row(1)["loss/policy"] != off.row(1)["loss/policy"]
+
+
+def test_positive_nll_is_exactly_zero_without_positives(runs):
+    none = runs("positive_lm_loss_none")
+    assert none.row(1)["rollout/positive_responses"] == 0
+    assert none.row(1)["loss/nll"] == 0.0 and none.row(1)["loss/total"] == none.row(1)["loss/policy"]
+    some = runs("positive_lm_loss")
+    assert some.row(1)["rollout/positive_responses"] > 0 and some.row(1)["loss/nll"] > 0
+    # mu-scaled: total = policy + mu * nll, step by step (so also on average)
+    mu = some.module.switches.mu
+    assert mu == 0.5
+    assert some.row(1)["loss/total"] == pytest.approx(some.row(1)["loss/policy"] + mu * some.row(1)["loss/nll"],
+                                                      rel=1e-5)
+    assert runs("vanilla").row(1)["loss/nll"] == 0.0  # off: no term although positives exist
+
+
+def test_kl_penalty_pulls_towards_the_initial_policy(runs):
+    run = runs("kl_penalty")
+    exp = run.probe.iterations[0].exp
+    initial = with_weights(run.module.actor, run.probe.iterations[0].actor)
+    with torch.no_grad():
+        want = ref_logprobs(initial, exp, run.cfg.ppo.temperature)
+    torch.testing.assert_close(exp.extras["ref_logprobs"] * exp.mask, want * exp.mask, rtol=0, atol=1e-5)
+    steps = run.probe.of("actor")
+    no_kl = dict(settings_of("kl_penalty", run), kl_coef=0.0)
+    # at the initial policy the KL gradient is 0; afterwards it is not
+    assert gap(steps[0].grads, actor_reference(run, steps[0], **no_kl)["grads"]) < TOL
+    assert run.row(1)["policy/kl_initial"] > 0
+
+
+# ----------------------------------------------------------------------------- the critic
+@pytest.mark.parametrize("name", ["vanilla", "clip_higher", "critic_clip"])
+def test_every_critic_step_is_the_value_loss_gradient(runs, name):
+    run = runs(name)
+    steps = run.probe.of("critic")
+    assert len(steps) == run.cfg.ppo.critic_epochs  # x 1 mini-batch
+    refs = [critic_reference(run, s) for s in steps]
+    for s, ref in zip(steps, refs):
+        assert gap(s.grads, ref["grads"]) < TOL
+    assert run.row(1)["value/loss"] == pytest.approx(sum(r["loss"] for r in refs) / len(refs), rel=1e-5)
+    assert run.row(1)["value/grad_norm"] == pytest.approx(sum(r["norm"] for r in refs) / len(refs), rel=1e-4)
+    # the critic was updated before the actor, from the weights it had at sampling time
+    it = run.probe.iterations[0]
+    assert all(torch.equal(steps[0].weights[n], it.critic[n]) for n in it.critic)
+    assert [s.model for s in run.probe.steps] == ["critic"] * len(steps) + ["actor"] * 3
+    assert run.module.critic_steps == len(steps) and run.module.actor_steps == 3
+    assert run.probe.weight_loads == [0]  # the engine samples from the updated actor next time
+
+
+def test_value_clipping_and_gradient_clipping_bind(runs):
+    """So the tests above can fail: the second critic epoch moves values beyond ppo.value_clip,
+    and some actor steps have gradients beyond ppo.grad_clip."""
+    run = runs("critic_clip")
+    second = run.probe.of("critic")[1]
+    assert gap(second.grads, critic_reference(run, second, value_clip=None)["grads"]) > 100 * TOL
+    run = runs("token_level_loss")
+    unclipped = [actor_reference(run, s, **settings_of("token_level_loss", run), grad_clip=0.0)
+                 for s in run.probe.of("actor")]
+    assert any(r["norm"] > 0.4 for r in unclipped) and any(r["norm"] < 0.4 for r in unclipped)
+    assert max(gap(s.grads, r["grads"]) for s, r in zip(run.probe.of("actor"), unclipped)) > 100 * TOL
+
+
+def test_recomputed_behaviour_logprobs_are_the_training_pass(runs):
+    """ppo.recompute_logprobs: the behaviour log-probs are the initial actor's own (0 on padding)."""
+    run = runs("positive_lm_loss")
+    it = run.probe.iterations[0]
+    with torch.no_grad():
+        want = ref_logprobs(with_weights(run.module.actor, it.actor), it.exp, run.cfg.ppo.temperature)
+    torch.testing.assert_close(it.exp.behaviour_logprobs, want * it.exp.mask, rtol=0, atol=1e-6)
+
+
+def test_the_critic_targets_are_what_it_learns(runs):
+    """A critic step towards anything but exp.returns (MC returns, advantages, the values) misses."""
+    run = runs("vanilla")
+    (step,) = run.probe.of("critic")
+    exp = run.probe.iterations[0].exp
+    saved = exp.returns
+    try:
+        for other in (exp.mc_returns, exp.advantages, exp.values):
+            exp.returns = other
+            assert gap(step.grads, critic_reference(run, step)["grads"]) > 100 * TOL
+    finally:
+        exp.returns = saved
