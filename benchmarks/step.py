@@ -9,15 +9,19 @@ Every side runs in its own process (one torch thread each, float32, CPU) on the 
 random Llama built from a `LlamaConfig` on the built-in chain task's tokenizer (nothing is
 downloaded), whose output layer carries a fixed -1e9 logit on EOS and on the pad token, so every
 response of every side is exactly `--tokens` tokens long and every side samples from and trains
-the same distribution. The parent process sends "step" to one side at a time, in an order that
-rotates every repetition, and collects each side's own timing of that step.
+the same distribution. Prompts are the chain task's (5 tokens each, `--responses /
+--samples-per-prompt` problems x `--samples-per-prompt` copies; each side draws its own, the
+content does not change the cost). The parent process sends "step" to one side at a time, in an
+order that rotates every repetition, and collects each side's own timing of that step.
 
 * ``ours``  -- vapo-lit itself: `vapo_lit.train.train` with a module factory that builds a
   `VapoModule` on the model above; the `default` preset's recipe (decoupled and length-adaptive
   GAE, token-level loss, Clip-Higher, positive NLL, group sampling: `--responses` /
   `--samples-per-prompt` prompts x `--samples-per-prompt` samples) without value pretraining (a
-  phase before PPO that makes the first iterations critic-only). A step is one `training_step`
-  with everything Lightning does between two of them (wall time from the previous step's end).
+  phase before PPO that makes the first iterations critic-only): actor lr 5e-5, critic lr 1e-3,
+  alpha 1, eps_high 0.28, mu 0.1, gradient clipping 1.0, temperature 1, top-p 1. A step is one
+  `training_step` with everything Lightning does between two of them (wall time from the previous
+  step's end), the CSV log row included; no eval and no checkpoint falls in a timed step, W&B is off.
 * ``plain`` -- the same algorithm written the plain way (the functions below): HF `generate`
   (behaviour log-probs from its scores), padded full-length forward passes for the values and
   the updates, the reverse-loop GAE (once per lambda), plain masked whitening, the same verifier,
@@ -25,7 +29,8 @@ rotates every repetition, and collects each side's own timing of that step.
 * ``trl``   -- `trl.experimental.ppo.PPOTrainer` (trl 1.12, the `[bench]` extra; skipped with the
   reason when it is not installed) on the same model, with `per_device_train_batch_size =
   --responses`, `gradient_accumulation_steps = 1` and `num_mini_batches = responses / mini-batch`:
-  the same responses per step and one optimizer step per mini-batch, as ours. A step is one
+  the same responses per step and one optimizer step per mini-batch, as ours (TRL's micro-batch is
+  its per-device batch, so it always runs micro-batch = mini-batch). A step is one
   iteration of its training loop (between two `on_step_end` callbacks). TRL does work that VAPO
   does not need and that it cannot switch off: a reference-model forward (KL penalty), a
   reward-model forward (a `LlamaForSequenceClassification` of the same size, standing in for our
@@ -620,7 +625,7 @@ def report(args, sides, ready, results, load_before) -> None:
           f"fp32, CPU, 1 torch thread per process; EOS and pad logits fixed at -1e9")
     print(f"batch: {args.responses} responses x {args.tokens} tokens, {args.responses // args.mini_batch} mini-batches of "
           f"{args.mini_batch}, micro-batch {args.micro_batch}, 1 epoch; {args.responses // args.samples_per_prompt} prompts x "
-          f"{args.samples_per_prompt} samples (the same prompts on every side)")
+          f"{args.samples_per_prompt} samples of the chain task's 5-token prompts on every side")
     if "ours" in ready:
         print(f"ours: the default preset, components {','.join(ready['ours']['components'])} (value pretraining off: a phase "
               f"before PPO)")
