@@ -289,7 +289,10 @@ class VapoModule(L.LightningModule):
                         if sw.positive_lm_loss:
                             nll, _, _ = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)
                             loss = loss + sw.mu * nll
-                        w = float(mb.mask.sum() / m.sum())  # token share of this micro-batch, for the diagnostics
+                        # token share of this micro-batch, for the diagnostics: a ratio of exact token
+                        # counts taken in float64 (a float32 quotient made the logged means depend on
+                        # how the mini-batch was cut into micro-batches, e.g. per rank under DDP)
+                        w = float(mb.mask.sum()) / float(m.sum())
                         for ext in self.extensions:
                             term = ext.loss_term(self, mb, logp, m.sum())
                             if term is not None:
