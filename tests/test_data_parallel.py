@@ -173,3 +173,72 @@ def test_global_batch_must_split_evenly_across_processes():
         validate(merge(cfg, {"ppo": {"responses_per_step": 64, "mini_batch_size": 15, "micro_batch_size": 5}}))
     with pytest.raises(ValueError, match="devices='x' is not valid"):
         validate(merge(RunConfig(), {"devices": "x"}))
+
+
+# ----------------------------------------------------------------------------- grids: --devices-per-cell
+def _cell_flags(model_dir, cache):
+    """flags() without --out_dir/--name (vapo-ablate sets them per cell)."""
+    f = flags(model_dir, "X", "X", cache)
+    for flag in ("--out_dir", "--name"):
+        i = f.index(flag)
+        del f[i:i + 2]
+    return f
+
+
+@pytest.mark.slow
+def test_a_grid_cell_on_two_devices_equals_the_single_process_run(tmp_path, model_dir, single):
+    """`vapo-ablate --devices-per-cell 2`: the cell runs as a process of its own whose launcher
+    starts the second rank; its history equals the one-process run of the same config."""
+    from vapo_lit.ablate.store import CellStore
+    from vapo_lit.cli.ablate import main
+
+    grid = tmp_path / "one.yaml"
+    grid.write_text("name: one\nrows:\n  - {label: full}\n")
+    code = main(["--grid", str(grid), "--seeds", "1", "--out", str(tmp_path / "out"), "--devices-per-cell", "2",
+                 "--strategy", "ddp", "--no-report", *_cell_flags(model_dir, tmp_path / "cache")])
+    assert code == 0, [p.read_text()[-2000:] for p in (tmp_path / "out").glob("runs/*/cell.log")]
+    (run,) = [p for p in (tmp_path / "out" / "runs").iterdir() if not p.name.startswith(".")]
+    card = json.loads((run / "run_card.json").read_text())
+    assert card["hardware"]["world_size"] == 2 and card["hardware"]["devices"] == 2, card["hardware"]
+    assert_same_history(single, run)
+    assert json.loads((run / "cell.json").read_text())["devices"] == "2"
+    store = CellStore(f"sqlite:///{tmp_path / 'out' / 'ablate.db'}")
+    assert [t.state.name for t in store.trials()] == ["COMPLETE"]
+
+
+def test_devices_per_cell_input_is_checked_before_anything_is_written(tmp_path, capsys):
+    from vapo_lit.cli.ablate import main
+
+    out = tmp_path / "out"
+    for extra, msg in ((["--devices-per-cell", "0"], "give a number of devices >= 1"),
+                       (["--devices-per-cell", "2", "--devices", "2"], "give only --devices-per-cell"),
+                       (["--devices-per-cell", "2", "--num_nodes", "2"], "a grid cell runs on one machine"),
+                       (["--devices-per-cell", "2", "--workers", "2", "--accelerator", "gpu",
+                         "--precision", "32-true"], "needs 4 GPUs; 0 visible")):
+        env_before = os.environ.get("CUDA_VISIBLE_DEVICES")
+        os.environ["CUDA_VISIBLE_DEVICES"] = ""
+        try:
+            assert main(["--drop", "clip_higher", "--preset", "smoke", "--out", str(out), *extra]) == 2
+        finally:
+            if env_before is None:
+                os.environ.pop("CUDA_VISIBLE_DEVICES")
+            else:
+                os.environ["CUDA_VISIBLE_DEVICES"] = env_before
+        err = capsys.readouterr().err
+        assert msg in err and len(err.strip().splitlines()) == 1, err
+    assert not out.exists()
+
+
+def test_each_local_worker_gets_its_own_gpus(monkeypatch):
+    from vapo_lit.ablate.runner import _devices_per_cell
+
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3,4,5,6,7")
+    base = merge(RunConfig(), {"accelerator": "gpu"})
+    cfg, slices = _devices_per_cell(base, 2, workers=2)
+    assert cfg.devices == "2" and slices == ["3,4", "5,6"]
+    cfg, slices = _devices_per_cell(base, 1, workers=5)
+    assert cfg.devices == "1" and slices == ["3", "4", "5", "6", "7"]
+    with pytest.raises(ValueError, match="needs 6 GPUs; 5 visible"):
+        _devices_per_cell(base, 3, workers=2)
+    cfg, slices = _devices_per_cell(merge(RunConfig(), {"accelerator": "cpu"}), 2, workers=3)
+    assert cfg.devices == "2" and slices is None  # CPU processes: nothing to pin

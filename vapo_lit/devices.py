@@ -2,6 +2,8 @@
 Lightning Trainer arguments, with 'auto' resolved here so the run card records what was used."""
 from __future__ import annotations
 
+import os
+
 import torch
 
 from vapo_lit.config import RunConfig, parse_devices
@@ -21,6 +23,14 @@ def resolve_precision(choice: str, accelerator: str) -> str:
     if accelerator == "cuda" and torch.cuda.is_available() and torch.cuda.is_bf16_supported():
         return "bf16-mixed"
     return "32-true"
+
+
+def visible_gpus() -> list[str]:
+    """The CUDA device ids this process may use, as CUDA_VISIBLE_DEVICES would name them."""
+    env = os.environ.get("CUDA_VISIBLE_DEVICES")
+    if env is not None:
+        return [x.strip() for x in env.split(",") if x.strip() and x.strip() != "-1"]
+    return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
 def trainer_kwargs(cfg: RunConfig) -> dict:

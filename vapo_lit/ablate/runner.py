@@ -37,6 +37,8 @@ class Plan:
     heartbeat_interval: int = 10
     grace_period: int = 60
     retries: int = 2
+    gpu_slices: list | None = None
+    """--devices-per-cell on GPUs: the CUDA_VISIBLE_DEVICES value of each local worker."""
 
 
 def default_storage(out: Path) -> str:
@@ -44,7 +46,8 @@ def default_storage(out: Path) -> str:
 
 
 def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *, workers: int = 1,
-         retries: int = 2, heartbeat_interval: int = 10, grace_period: int = 60, study: str = STUDY) -> Plan:
+         retries: int = 2, heartbeat_interval: int = 10, grace_period: int = 60, study: str = STUDY,
+         devices_per_cell: int | None = None) -> Plan:
     """Resolve and validate every cell and the storage URL; raises ValueError; writes nothing."""
     out = Path(out)
     if workers < 1 or retries < 0 or heartbeat_interval < 1 or grace_period < 1:
@@ -54,6 +57,9 @@ def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *,
     if out.exists() and not out.is_dir():
         raise ValueError(f"--out {out}: exists and is not a folder")
     check_writable(out, "--out")
+    gpu_slices = None
+    if devices_per_cell is not None:
+        base, gpu_slices = _devices_per_cell(base, devices_per_cell, workers)
     if base.threads is None:  # one torch thread per worker: multi-threaded torch stalls under CPU contention
         base = merge(base, {"threads": 1})
     cells = cells_of(grid, base, list(seeds), out / "runs")
@@ -61,7 +67,29 @@ def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *,
     url = storage or default_storage(out)
     if storage is not None:
         check_url(storage)
-    return Plan(grid, cells, out, url, study, heartbeat_interval, grace_period, retries)
+    return Plan(grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices)
+
+
+def _devices_per_cell(base: RunConfig, k: int, workers: int):
+    """Every cell on k devices; on GPUs, local worker i gets GPUs [i*k, (i+1)*k) of the visible
+    ones (CUDA_VISIBLE_DEVICES), so workers never share a GPU. Returns (base, slices or None)."""
+    from vapo_lit.devices import resolve_accelerator, visible_gpus
+
+    if k < 1:
+        raise ValueError(f"--devices-per-cell {k}: give a number of devices >= 1")
+    if base.devices != "1":
+        raise ValueError(f"--devices {base.devices} and --devices-per-cell {k}: give only --devices-per-cell")
+    if base.num_nodes != 1:
+        raise ValueError(f"--num_nodes {base.num_nodes}: a grid cell runs on one machine (workers on other machines "
+                         "join through --storage); use vapo-train for a multi-node run")
+    base = merge(base, {"devices": str(k)})
+    if resolve_accelerator(base.accelerator) != "cuda":
+        return base, None  # CPU processes (gloo): nothing to pin
+    gpus = visible_gpus()
+    if workers * k > len(gpus):
+        raise ValueError(f"--workers {workers} x --devices-per-cell {k} needs {workers * k} GPUs; {len(gpus)} visible "
+                         f"({','.join(gpus) or 'none'}); use fewer workers or devices per cell")
+    return base, [",".join(gpus[i * k:(i + 1) * k]) for i in range(workers)]
 
 
 def write_manifest(p: Plan) -> Path:
@@ -127,12 +155,13 @@ def run(p: Plan, *, workers: int = 1, report=None, log=print) -> int:
         f"(reused), {counts['pending']} queued or running from before · storage {mask_url(p.url)} · W&B group "
         f"{p.grid.grid_id}")
     prepare_models(p.cells, log=log)
-    spec = WorkerSpec(p.url, p.study, p.grid.grid_id, p.cells, p.heartbeat_interval, p.grace_period, p.retries,
-                      workers)
+    specs = [WorkerSpec(p.url, p.study, p.grid.grid_id, p.cells, p.heartbeat_interval, p.grace_period, p.retries,
+                        workers, gpus=p.gpu_slices[i] if p.gpu_slices else None) for i in range(workers)]
+    spec = specs[0]
     procs = []
     if workers > 1:
         ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=work_in_subprocess, args=(spec,), daemon=False) for _ in range(workers - 1)]
+        procs = [ctx.Process(target=work_in_subprocess, args=(s,), daemon=False) for s in specs[1:]]
         for proc in procs:
             proc.start()
     try:

@@ -4,13 +4,17 @@ running cell left. Any number of these, on any machine, can share one storage UR
 
 Each run folder gets `attempts.jsonl`, one line per attempt: trial number, worker (host:pid),
 mode (fresh / resume / reused), start and end time and outcome; nothing else is written into it
-except by `train()`.
+except by `train()` and, for a cell on several devices (`--devices-per-cell K`, run as a process
+of its own by `vapo_lit.ablate.cell`), its resolved config `cell.json` and output `cell.log`.
 """
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
+import signal
+import subprocess
 import sys
 import time
 import traceback
@@ -45,6 +49,8 @@ class WorkerSpec:
     retries: int = 2
     workers: int = 1
     poll_seconds: float = 2.0
+    gpus: str | None = None
+    """CUDA_VISIBLE_DEVICES of this worker and its cells (--devices-per-cell on GPUs)."""
 
 
 def _lease_guard(hb: Heartbeat):
@@ -98,7 +104,10 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         else:
             with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
                 warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
-                summary = train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
+                if _spans_devices(cell.cfg):
+                    summary = _train_apart(cell, mode == "resume", hb)
+                else:
+                    summary = train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
     except (KeyboardInterrupt, SystemExit) as e:  # Lightning turns Ctrl-C inside fit() into SystemExit(1)
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "interrupted"})
         store.release(trial)
@@ -122,6 +131,67 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
     except Exception as e:  # noqa: BLE001 - the run is finished on disk; the next worker reuses it
         _hand_back(store, trial, run_dir, record, e, url)
     return "done"
+
+
+def _spans_devices(cfg) -> bool:
+    from vapo_lit.config import parse_devices
+
+    d = parse_devices(cfg.devices)
+    return d == "auto" or (d if isinstance(d, int) else len(d)) > 1 or cfg.num_nodes > 1
+
+
+def _train_apart(cell, resume: bool, hb: Heartbeat) -> dict:
+    """Run a multi-device cell as `python -m vapo_lit.ablate.cell` (its launcher starts the other
+    ranks by re-running that command); this worker keeps the heartbeat, kills the process group if
+    the cell is taken over, and turns the exit code into the exception `run_cell` records."""
+    from vapo_lit.ablate.cell import DISK_FULL
+    from vapo_lit.config import to_dict
+
+    run_dir = cell.run_dir
+    run_dir.mkdir(parents=True, exist_ok=True)
+    cfg_path = run_dir / "cell.json"
+    tmp = cfg_path.with_suffix(".json.tmp")
+    tmp.write_text(json.dumps(to_dict(cell.cfg), indent=1))
+    os.replace(tmp, cfg_path)
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parents[2])
+    env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
+    with open(run_dir / "cell.log", "ab") as log:
+        proc = subprocess.Popen([sys.executable, "-m", "vapo_lit.ablate.cell", str(cfg_path)] + (["--resume"] if resume else []),
+                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        try:
+            while proc.poll() is None:
+                if hb.lost:
+                    _kill(proc, signal.SIGKILL)
+                    raise CellLost("another worker took this cell over (missed heartbeats)")
+                time.sleep(0.5)
+        except BaseException:
+            if proc.poll() is None:
+                _kill(proc, signal.SIGTERM)
+                try:
+                    proc.wait(timeout=30)
+                except subprocess.TimeoutExpired:
+                    _kill(proc, signal.SIGKILL)
+            raise
+    if proc.returncode == 0 and (run_dir / "summary.json").is_file():
+        return json.loads((run_dir / "summary.json").read_text())
+    lines = (run_dir / "cell.log").read_text(errors="replace").strip().splitlines()
+    last = lines[-1] if lines else ""
+    if proc.returncode == DISK_FULL:
+        raise OSError(errno.ENOSPC, f"disk full in the cell's process: {last}")
+    if proc.returncode == 130:
+        raise KeyboardInterrupt
+    raise RuntimeError(f"the cell's process exited with code {proc.returncode}: {last} (see {run_dir / 'cell.log'})")
+
+
+def _kill(proc, sig) -> None:
+    """Signal the cell's whole process group (the launcher and its ranks)."""
+    try:
+        os.killpg(proc.pid, sig)
+    except ProcessLookupError:
+        return
+    if sig == signal.SIGKILL:
+        proc.wait()
 
 
 def _readable(ckpt: Path) -> bool:
@@ -159,6 +229,8 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
 
 def work(spec: WorkerSpec, log=print) -> None:
     """Claim and run cells of the grid until none is waiting or running."""
+    if spec.gpus is not None:  # before anything touches CUDA in this process
+        os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpus
     import torch
 
     torch.set_num_threads(max(1, min(c.cfg.threads or 1 for c in spec.cells)))

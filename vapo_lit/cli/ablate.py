@@ -39,6 +39,9 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--auto-metric", choices=("final", "peak", "auc"), default="final",
                     help="--seeds auto: the score whose paired delta must be resolved (default final)")
     ap.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
+    ap.add_argument("--devices-per-cell", type=int, metavar="K",
+                    help="run every cell on K devices (data parallel, --strategy ddp or fsdp); on GPUs local worker i "
+                         "gets GPUs i*K..(i+1)*K-1 of the visible ones (needs --workers x K GPUs)")
     ap.add_argument("--storage", help="Optuna RDB URL shared by all workers (default: sqlite:///OUT/ablate.db)")
     ap.add_argument("--storage-password-file", type=Path, metavar="FILE",
                     help="database password on the first line of FILE (or set VAPO_LIT_STORAGE_PASSWORD)")
@@ -89,7 +92,8 @@ def make_plans(args):
 
     def plan_for(n_seeds: int):
         return plan(grid, base, range(base.seed, base.seed + n_seeds), args.out, args.storage, workers=args.workers,
-                    retries=args.retries, heartbeat_interval=args.heartbeat, grace_period=args.grace, study=args.study)
+                    retries=args.retries, heartbeat_interval=args.heartbeat, grace_period=args.grace, study=args.study,
+                    devices_per_cell=args.devices_per_cell)
 
     return plan_for
 
