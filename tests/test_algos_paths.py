@@ -104,5 +104,7 @@ def test_group_baseline_checks_its_scores():
         group_normalized_advantage(torch.zeros(4, 1), mask, 2)
     with pytest.raises(ValueError, match=r"scores must have shape \(N,\) = \(4,\)"):
         group_normalized_advantage(torch.zeros(3), mask, 2)
-    with pytest.raises(ValueError, match="group_size must divide N = 4"):
+    with pytest.raises(ValueError, match="group_size must be >= 2 and divide N = 4; got 3"):
         group_normalized_advantage(torch.zeros(4), mask, 3)
+    with pytest.raises(ValueError, match="group_size must be >= 2 and divide N = 4; got 1"):
+        group_normalized_advantage(torch.zeros(4), mask, 1)  # one sample: no unbiased std
