@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test bench mutate clean
+.PHONY: demo test test-slow bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -18,8 +18,14 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/vapo-ablate --drop=value_pretraining --workers 2
 
+# The suite (about 5 minutes on 2 cores); `test-slow` runs the end-to-end checks marked slow
+# (about 12 minutes: real base-model build, wheel install, multi-process DDP/FSDP, SIGKILLed grids).
+# CI (.ci/run) runs both.
 test: $(STAMP)
-	$(BIN)/python -m pytest
+	$(BIN)/python -m pytest -m "not slow"
+
+test-slow: $(STAMP)
+	$(BIN)/python -m pytest -m slow
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gae.py

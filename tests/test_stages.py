@@ -277,8 +277,13 @@ def test_grpo_is_the_group_normalised_outcome():
     exp.scores = torch.tensor([1.0, 0.0, 1.0, 0.0, 0.0, 0.0])
     st = fill_advantages(exp, AdvantageSettings(estimator="grpo"))
     assert st.log() == {} and exp.returns is None
-    g = exp.scores.view(2, 3)
-    want = ((g - g.mean(1, keepdim=True)) / (g.std(1, unbiased=False, keepdim=True) + 1e-6)).reshape(-1)
+    g = exp.scores.view(2, 3).double()
+    want = torch.zeros(6, dtype=torch.float64)  # the second group is all-equal: exactly 0
+    for i in range(3):  # first group: (score - mean) / (unbiased std + 1e-6), by hand
+        mean = sum(g[0].tolist()) / 3
+        std = math.sqrt(sum((x - mean) ** 2 for x in g[0].tolist()) / 2)
+        want[i] = (g[0, i] - mean) / (std + 1e-6)
+    want = want.float()
     torch.testing.assert_close(exp.advantages, want[:, None] * exp.mask)
     with pytest.raises(ValueError, match="needs the values stage first"):
         fill_advantages(make_exp([2, 3]), AdvantageSettings())
