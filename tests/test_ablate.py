@@ -30,7 +30,7 @@ PY = sys.executable
 
 
 def flags(tmp_path, out="out", *extra):
-    return ["--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1",
+    return ["--seeds", "1", "--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1",
             "--cache_dir", str(tmp_path / "cache"), "--out", str(tmp_path / out), *extra]
 
 

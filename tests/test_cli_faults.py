@@ -83,7 +83,7 @@ def test_sigterm_is_treated_like_ctrl_c(tmp_path, capsys, monkeypatch):
 
 # ----------------------------------------------------------------------------- vapo-ablate
 def _grid(tmp_path, out="out", *extra):
-    return [*SMOKE, "--drop", "clip_higher", "--steps", "3", "--checkpoint_every", "1", "--out", str(tmp_path / out),
+    return [*SMOKE, "--seeds", "1", "--drop", "clip_higher", "--steps", "3", "--checkpoint_every", "1", "--out", str(tmp_path / out),
             "--cache_dir", str(tmp_path / "c"), "--no-report", *extra]
 
 

@@ -204,7 +204,7 @@ def test_a_real_full_disk_under_a_grid_hands_the_cell_back(tmp_path, capsys, mon
     from vapo_lit.ablate.store import CellStore
     from vapo_lit.cli.ablate import main
 
-    argv = ["--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1", "--drop",
+    argv = ["--seeds", "1", "--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1", "--drop",
             "clip_higher", "--steps", "6", "--checkpoint_every", "1", "--no-report", "--out", str(small_disk / "out"),
             "--cache_dir", str(tmp_path / "cache")]
     filler = small_disk / "filler"

@@ -117,7 +117,7 @@ def test_ablate_refuses_a_grid_whose_cell_has_a_missing_data_file(tmp_path, caps
     grid = tmp_path / "g.yaml"
     grid.write_text(yaml.safe_dump({"name": "g", "rows": [
         {}, {"label": "other-data", "set": {"task_options": {"train_path": str(tmp_path / "gone.jsonl")}}}]}))
-    code = ablate_main(["--grid", str(grid), "--preset", "smoke", "--wandb", "disabled", "--out", str(tmp_path / "o"),
+    code = ablate_main(["--grid", str(grid), "--seeds", "1", "--preset", "smoke", "--wandb", "disabled", "--out", str(tmp_path / "o"),
                         *_math(model_dir, data)])
     err = capsys.readouterr().err
     assert code == 2 and "cell other-data-s0-" in err and "row 'other-data'" in err and "gone.jsonl" in err

@@ -30,7 +30,7 @@ TEXT_FILES = ("table.md", "table.tex", "table.csv", "seeds.csv", "calibration.cs
 
 
 def _flags(tmp, out, *extra):
-    return ["--preset", "smoke", "--model", "random", "--threads", "1", "--cache_dir", str(tmp / "cache"),
+    return ["--seeds", "1", "--preset", "smoke", "--model", "random", "--threads", "1", "--cache_dir", str(tmp / "cache"),
             "--out", str(tmp / out), "--vapo.value_pretrain_steps", "1", "--last-n", str(LAST_N), *extra]
 
 

@@ -95,7 +95,7 @@ def test_password_from_file_or_environment_goes_into_the_url(tmp_path, monkeypat
 def _grid_cmd(tmp_path, out, url):
     grid = tmp_path / "one.yaml"
     grid.write_text("name: one\nrows: [{}]\n")  # one cell: the full recipe
-    return [sys.executable, "-m", "vapo_lit.cli.ablate", "--grid", str(grid), "--preset", "smoke", "--model",
+    return [sys.executable, "-m", "vapo_lit.cli.ablate", "--grid", str(grid), "--seeds", "1", "--preset", "smoke", "--model",
             "random", "--steps", "2", "--threads", "1", "--wandb", "offline", "--storage", url, "--out",
             str(tmp_path / out), "--cache_dir", str(tmp_path / "cache")]
 

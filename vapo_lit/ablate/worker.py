@@ -233,6 +233,10 @@ def work(spec: WorkerSpec, log=print) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpus
     import torch
 
+    from vapo_lit.progress import quiet_libraries
+
+    quiet_libraries()  # the grid's own progress lines, not Lightning's banners and tips per cell
+
     torch.set_num_threads(max(1, min(c.cfg.threads or 1 for c in spec.cells)))
     store = CellStore(spec.url, spec.study, spec.heartbeat_interval, spec.grace_period, spec.retries)
     by_id = {c.cell_id: c for c in spec.cells}

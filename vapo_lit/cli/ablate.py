@@ -29,8 +29,9 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_selection_flags(ap)
     ap.add_argument("--grid", help="a grid in ablations/ (table1, pairwise, critic_free) or a YAML path")
-    ap.add_argument("--seeds", type=_seeds, default=1,
-                    help="seeds per row: --seed, --seed+1, ... (default 1); 'auto': add seeds until the rows of "
+    ap.add_argument("--seeds", type=_seeds, default=3,
+                    help="seeds per row: --seed, --seed+1, ... (default 3: the fewest that give a paired 95%% CI "
+                         "worth reading); 'auto': add seeds until the rows of "
                          "interest are resolved against the full recipe (see --max-seeds)")
     ap.add_argument("--max-seeds", type=int, default=10, help="--seeds auto: at most this many seeds per row (default 10)")
     ap.add_argument("--min-seeds", type=int, default=3, help="--seeds auto: seeds of the first round (default 3)")
