@@ -10,7 +10,6 @@ from __future__ import annotations
 import threading
 
 import pytest
-from optuna.exceptions import UpdateFinishedTrialError
 from optuna.trial import TrialState as S
 
 from vapo_lit.ablate.store import CellStore, worker_id
@@ -125,12 +124,9 @@ def test_transition_from_a_state_the_trial_is_not_in_changes_nothing(tmp_path, f
     assert t.state == S.WAITING and t.value is None and t.datetime_start is None
 
 
-@pytest.mark.xfail(strict=True, raises=UpdateFinishedTrialError, reason=(
-    "complete()/fail() write their user attributes before the conditional UPDATE, and Optuna refuses to "
-    "update a finished trial: a worker whose trial was failed as stale under it, and whose run then ends "
-    "before its lease guard notices, gets UpdateFinishedTrialError instead of False (reported, not fixed "
-    "here: store.py belongs to another change)"))
 def test_completing_a_trial_failed_under_its_worker_returns_false(tmp_path):
+    """A worker whose trial was failed as stale under it, and whose run then ends before its lease
+    guard notices: complete()/fail() say False (Optuna refuses attributes on a finished trial)."""
     a, b = two_workers(tmp_path)
     t = a.claim(["c0"])
     assert b._transition(t._trial_id, S.RUNNING, S.FAIL)  # another worker failed it as stale

@@ -33,7 +33,7 @@ def test_unknown_component_fails_fast_and_writes_nothing(tmp_path, capsys, monke
     (["--preset", "huge"], "--preset 'huge' is not valid; choose one of: default, smoke, paper"),
     (["--wandb", "sometimes"], "wandb='sometimes' is not valid; choose one of: auto, online, offline, disabled"),
     (["--only", "clip_higher", "--drop", "clip_higher"], "use either --only or --drop"),
-    (["--ppo.mini_batch_size", "128"], "exceeds ppo.responses_per_step=64"),
+    (["--ppo.mini_batch_size", "256"], "exceeds ppo.responses_per_step=128"),
     (["--config", "missing.yaml"], "--config missing.yaml: file not found"),
 ])
 def test_bad_values_name_the_valid_range(argv, needle, capsys):

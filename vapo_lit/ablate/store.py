@@ -217,18 +217,32 @@ class CellStore:
                 return t.number
         return None
 
+    def _set_attr(self, trial, key: str, value) -> bool:
+        """A user attribute on a trial this worker still runs; False once the trial is finished
+        (failed as stale by another worker: Optuna refuses to change a finished trial)."""
+        from optuna.exceptions import UpdateFinishedTrialError
+
+        try:
+            self._retry(lambda: self.rdb.set_trial_user_attr(trial._trial_id, key, value))
+        except UpdateFinishedTrialError:
+            return False
+        return True
+
     def complete(self, trial, value: float, **attrs) -> bool:
+        """RUNNING -> COMPLETE with the value; False when the trial is no longer this worker's."""
         from optuna.trial import TrialState as S
 
-        for k, v in attrs.items():
-            self._retry(lambda: self.rdb.set_trial_user_attr(trial._trial_id, k, v))
+        if not all(self._set_attr(trial, k, v) for k, v in attrs.items()):
+            return False
         return self._transition(trial._trial_id, S.RUNNING, S.COMPLETE, value=value)
 
     def fail(self, trial, error: str) -> bool:
-        """Record the error, fail the trial and enqueue a retry while retries are left."""
+        """Record the error, fail the trial and enqueue a retry while retries are left; False when
+        the trial is no longer this worker's."""
         from optuna.trial import TrialState as S
 
-        self._retry(lambda: self.rdb.set_trial_user_attr(trial._trial_id, "error", error[-2000:]))
+        if not self._set_attr(trial, "error", error[-2000:]):
+            return False
         with self.locked():  # the retry copy and a concurrent enqueue of the failed cell: only one
             if not self._transition(trial._trial_id, S.RUNNING, S.FAIL):
                 return False
