@@ -451,6 +451,8 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
     assert store.status(ids).running == 1 and store.status(ids).waiting == 1
     time.sleep(2.5)  # no heartbeat from trial 0 any more: stale
     assert other.fail_stale() == 1 and store.fail_stale() == 0  # exactly one worker wins
+    stale = [t for t in store.trials() if t.number == 0][0]
+    assert stale.state.name == "FAIL" and stale.user_attrs["error"] == "worker stopped sending heartbeats"
     retry = other.claim(ids[:1])
     assert retry is not None and retry.user_attrs["cell_id"] == ids[0] and retry.number == 3
     assert other.fail(retry, "RuntimeError: boom")  # retries=1 used up: no new trial
