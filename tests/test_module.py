@@ -258,3 +258,27 @@ def test_critic_free_grpo_baseline(tmp_path):
         train(smoke_cfg(tmp_path, advantage_estimator="grpo"), module_factory=tiny_factory)
     with pytest.raises(ValueError, match="needs group_sampling"):
         train(smoke_cfg(tmp_path, advantage_estimator="grpo", components=["clip_higher"]), module_factory=tiny_factory)
+
+
+def test_perf_metrics_add_up(tmp_path):
+    """The per-iteration cost split: rollout + update = step <= total; cumulative seconds are the
+    start eval plus every iteration's total (and later evals); peak memory is the process's peak
+    resident set in MB (not some other unit)."""
+    import resource
+
+    cfg = smoke_cfg(tmp_path, steps=3, eval_every=0, vapo={"value_pretrain_steps": 1})
+    summary = train(cfg, module_factory=tiny_factory)
+    rows = list(csv.DictReader(open(f"{summary['run_dir']}/metrics.csv")))
+    it = [r for r in rows if r.get("perf/step_seconds")]
+    assert len(it) == 4  # one value-pretraining iteration, three PPO iterations
+    elapsed = float(rows[0]["perf/eval_seconds"])  # the base-model eval before the first iteration
+    for r in it:
+        f = {k[5:]: float(v) for k, v in r.items() if k.startswith("perf/") and v}
+        assert f["rollout_seconds"] > 0 and f["update_seconds"] > 0
+        assert f["rollout_seconds"] + f["update_seconds"] == pytest.approx(f["step_seconds"], rel=1e-9)
+        assert f["step_seconds"] <= f["total_seconds"]
+        elapsed += f["total_seconds"] + f.get("eval_seconds", 0.0) * (r is it[-1])
+        if r is not it[-1]:
+            assert f["cumulative_seconds"] == pytest.approx(elapsed, rel=1e-6)
+    peak_now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
+    assert 20 < float(it[-1]["perf/peak_memory_mb"]) <= peak_now * 1.01
