@@ -33,6 +33,12 @@ def visible_gpus() -> list[str]:
     return [str(i) for i in range(torch.cuda.device_count())] if torch.cuda.is_available() else []
 
 
+def spans_devices(cfg: RunConfig) -> bool:
+    """More than one process: several devices (or 'auto') or several nodes."""
+    devices = parse_devices(cfg.devices)
+    return cfg.num_nodes > 1 or devices == "auto" or (devices if isinstance(devices, int) else len(devices)) > 1
+
+
 def trainer_kwargs(cfg: RunConfig) -> dict:
     """accelerator, devices, num_nodes, strategy and precision for `lightning.Trainer` ('auto'
     resolved, except a device count of 'auto')."""
@@ -42,8 +48,7 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
     devices = parse_devices(cfg.devices)
     out = {"accelerator": accelerator, "devices": devices, "num_nodes": cfg.num_nodes,
            "precision": resolve_precision(cfg.precision, accelerator)}
-    many = cfg.num_nodes > 1 or devices == "auto" or (devices if isinstance(devices, int) else len(devices)) > 1
-    strategy = cfg.strategy if cfg.strategy != "auto" else ("ddp" if many else "auto")
+    strategy = cfg.strategy if cfg.strategy != "auto" else ("ddp" if spans_devices(cfg) else "auto")
     if strategy == "ddp":
         from vapo_lit.distributed import VapoDDPStrategy
 

@@ -81,6 +81,7 @@ def _final_eval(summary: dict, k: int) -> float:
 
 def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
     """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
+    from vapo_lit.devices import spans_devices
     from vapo_lit.train import train
 
     run_dir = cell.run_dir
@@ -104,7 +105,7 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         else:
             with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
                 warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
-                if _spans_devices(cell.cfg):
+                if spans_devices(cell.cfg):
                     summary = _train_apart(cell, mode == "resume", hb)
                 else:
                     summary = train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
@@ -131,13 +132,6 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
     except Exception as e:  # noqa: BLE001 - the run is finished on disk; the next worker reuses it
         _hand_back(store, trial, run_dir, record, e, url)
     return "done"
-
-
-def _spans_devices(cfg) -> bool:
-    from vapo_lit.config import parse_devices
-
-    d = parse_devices(cfg.devices)
-    return d == "auto" or (d if isinstance(d, int) else len(d)) > 1 or cfg.num_nodes > 1
 
 
 def _train_apart(cell, resume: bool, hb: Heartbeat) -> dict:
