@@ -132,3 +132,14 @@ def test_completing_a_trial_failed_under_its_worker_returns_false(tmp_path):
     assert b._transition(t._trial_id, S.RUNNING, S.FAIL)  # another worker failed it as stale
     assert a.complete(t, 0.5, mode="fresh", run_dir="x") is False
     assert a.fail(t, "RuntimeError: crashed after losing the lease") is False
+
+
+def test_a_stale_trial_failed_by_another_worker_meanwhile_is_skipped(tmp_path, monkeypatch):
+    """Two workers see the same stale trial; the second one reaches it after the first failed it:
+    it neither raises (Optuna refuses attributes on a finished trial) nor counts it."""
+    a, b = two_workers(tmp_path)
+    t = a.claim(["c0"])
+    monkeypatch.setattr(b.rdb, "_get_stale_trial_ids", lambda study_id: [t._trial_id])  # b's query saw it RUNNING
+    assert a._transition(t._trial_id, S.RUNNING, S.FAIL)  # a failed it first
+    assert b.fail_stale() == 0
+    assert state(b, t._trial_id) == S.FAIL and len(b.trials()) == 1  # no retry added by b

@@ -217,13 +217,13 @@ class CellStore:
                 return t.number
         return None
 
-    def _set_attr(self, trial, key: str, value) -> bool:
-        """A user attribute on a trial this worker still runs; False once the trial is finished
-        (failed as stale by another worker: Optuna refuses to change a finished trial)."""
+    def _set_attr(self, trial_id: int, key: str, value) -> bool:
+        """A user attribute on an unfinished trial; False once it is finished (e.g. failed as stale
+        by another worker in the meantime: Optuna refuses to change a finished trial)."""
         from optuna.exceptions import UpdateFinishedTrialError
 
         try:
-            self._retry(lambda: self.rdb.set_trial_user_attr(trial._trial_id, key, value))
+            self._retry(lambda: self.rdb.set_trial_user_attr(trial_id, key, value))
         except UpdateFinishedTrialError:
             return False
         return True
@@ -232,7 +232,7 @@ class CellStore:
         """RUNNING -> COMPLETE with the value; False when the trial is no longer this worker's."""
         from optuna.trial import TrialState as S
 
-        if not all(self._set_attr(trial, k, v) for k, v in attrs.items()):
+        if not all(self._set_attr(trial._trial_id, k, v) for k, v in attrs.items()):
             return False
         return self._transition(trial._trial_id, S.RUNNING, S.COMPLETE, value=value)
 
@@ -241,7 +241,7 @@ class CellStore:
         the trial is no longer this worker's."""
         from optuna.trial import TrialState as S
 
-        if not self._set_attr(trial, "error", error[-2000:]):
+        if not self._set_attr(trial._trial_id, "error", error[-2000:]):
             return False
         with self.locked():  # the retry copy and a concurrent enqueue of the failed cell: only one
             if not self._transition(trial._trial_id, S.RUNNING, S.FAIL):
@@ -261,7 +261,8 @@ class CellStore:
 
         n = 0
         for trial_id in self._retry(lambda: self.rdb._get_stale_trial_ids(self.study_id)):
-            self._retry(lambda: self.rdb.set_trial_user_attr(trial_id, "error", "worker stopped sending heartbeats"))
+            if not self._set_attr(trial_id, "error", "worker stopped sending heartbeats"):
+                continue  # another worker failed it between the query and here
             with self.locked():
                 if self._transition(trial_id, S.RUNNING, S.FAIL):
                     self._run_retry_callback(trial_id)
