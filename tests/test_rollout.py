@@ -239,6 +239,36 @@ def test_fast_decode_equals_transformers_forward(task, kind, eos_bias):
         assert fast.lengths.min() < fast.lengths.max()  # rows were dropped on the way
 
 
+class _ShiftedLinear(torch.nn.Linear):
+    """A projection that is not a plain nn.Linear (an adapter stands in): its forward adds 0.5."""
+
+    def forward(self, x):
+        return super().forward(x) + 0.5
+
+
+def test_fast_decode_calls_modules_it_cannot_fuse(task):
+    """q/k/v and gate/up are fused into one matrix product only where the projections are plain
+    nn.Linears: a subclassed projection (adapter, quantised layer) is called as the module, so the
+    loop still samples what transformers' forward samples (a fused loop that read `.weight` would
+    drop the +0.5 and differ)."""
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok).double()
+    for name in ("q_proj", "v_proj"):
+        old = getattr(model.model.layers[0].self_attn, name)
+        new = _ShiftedLinear(old.in_features, old.out_features, bias=False).double()
+        new.weight = old.weight
+        setattr(model.model.layers[0].self_attn, name, new)
+    up = model.model.layers[1].mlp.up_proj
+    shifted = _ShiftedLinear(up.in_features, up.out_features, bias=False).double()
+    shifted.weight = up.weight
+    model.model.layers[1].mlp.up_proj = shifted
+    prompts, seeds = PROMPTS * 3, [sample_seed(4, i) for i in range(len(PROMPTS) * 3)]
+    fast = generate(model, tok, prompts, max_new_tokens=16, seeds=seeds)
+    plain = generate(model, tok, prompts, max_new_tokens=16, seeds=seeds, fast=False)
+    assert torch.equal(fast.response_ids, plain.response_ids)
+    torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-6)
+
+
 def test_fast_decode_not_used_where_unsupported(task):
     from vapo_lit.engines.fast_decode import decode_supported
 

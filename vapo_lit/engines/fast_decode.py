@@ -1,9 +1,12 @@
 """A fast token loop for Llama-family causal LMs (Llama, Qwen2, Mistral): a preallocated KV cache
 written in place, finished rows dropped from the batch as they end, and the decoder layers run as
-a short sequence of calls on the model's own modules (its projections, norms, MLPs and rotary
-embedding), so the numbers are transformers' own. What it skips is transformers' per-token
-bookkeeping (the cache re-concatenated at every token, masks rebuilt from scratch, generic
-dispatch), which dominates small models' sampling time.
+a short sequence of calls on the model's own weights and modules (its projections, norms, MLPs
+and rotary embedding), so the numbers are transformers' own. What it skips is transformers'
+per-token bookkeeping (the cache re-concatenated at every token, masks rebuilt from scratch,
+generic dispatch), which dominates small models' sampling time. Where a layer's projections are
+plain `nn.Linear`s, q/k/v and the MLP's gate/up are applied as one matrix product each (their
+weights concatenated once per rollout) and RMSNorm as torch's fused `rms_norm` (in float32, as
+transformers computes it); anything else (adapters, quantised layers) is called as a module.
 
 The prompt is encoded by the model's regular forward (prefill); its cache is copied once into the
 static buffers. `decode_supported(model)` says whether a model can use this loop;
@@ -49,6 +52,7 @@ class StaticDecoder:
             v[:, :, :P] = pv
             self.k.append(k)
             self.v.append(v)
+        self.fused = [_FusedLayer(layer) for layer in layers]
         self.key_valid = torch.zeros((n, capacity), dtype=torch.bool, device=key_valid.device)
         self.key_valid[:, :P] = key_valid.bool()
         self.length = P  # columns in use
@@ -70,13 +74,10 @@ class StaticDecoder:
         x = self.inner.embed_tokens(tokens[:, None])  # (n, 1, H)
         cos, sin = self.inner.rotary_emb(x, positions[:, None])
         mask = self.key_valid[:, None, None, : t + 1]  # (n, 1, 1, t + 1)
-        for i, layer in enumerate(self.inner.layers):
+        for i, (layer, fused) in enumerate(zip(self.inner.layers, self.fused)):
             attn = layer.self_attn
-            h = layer.input_layernorm(x)
-            shape = (x.shape[0], 1, -1, attn.head_dim)
-            q = attn.q_proj(h).view(shape).transpose(1, 2)
-            k = attn.k_proj(h).view(shape).transpose(1, 2)
-            v = attn.v_proj(h).view(shape).transpose(1, 2)
+            q, k, v = fused.qkv(fused.norm(layer.input_layernorm, x))
+            q, k, v = (t.view(x.shape[0], 1, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
             q, k = _rotary(q, k, cos, sin)
             self.k[i][:, :, t:t + 1] = k
             self.v[i][:, :, t:t + 1] = v
@@ -87,8 +88,61 @@ class StaticDecoder:
             out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
             out = out.transpose(1, 2).reshape(x.shape[0], 1, -1)
             x = x + attn.o_proj(out)
-            x = x + layer.mlp(layer.post_attention_layernorm(x))
+            x = x + fused.mlp(fused.norm(layer.post_attention_layernorm, x))
         return self.model.lm_head(self.inner.norm(x))[:, -1, :]
+
+
+class _FusedLayer:
+    """One decoder layer's projections for the token loop: q/k/v and gate/up each as one matrix
+    product over concatenated weights (the same dot products as the separate layers), when the
+    projections are plain `nn.Linear`s; otherwise the layer's own modules."""
+
+    _MLPS = ("LlamaMLP", "Qwen2MLP", "MistralMLP")  # down(act(gate(x)) * up(x)), nothing else
+
+    def __init__(self, layer):
+        attn, mlp = layer.self_attn, layer.mlp
+        projs = (attn.q_proj, attn.k_proj, attn.v_proj)
+        self.split = [p.out_features if type(p) is torch.nn.Linear else -1 for p in projs]
+        self.w_qkv, self.b_qkv = _concat(projs)
+        self.attn = attn
+        self.mlp_module = mlp
+        gate_up = (getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None))
+        self.w_gu, self.b_gu = _concat(gate_up) if type(mlp).__name__ in self._MLPS else (None, None)
+
+    def qkv(self, h):
+        if self.w_qkv is None:
+            return self.attn.q_proj(h), self.attn.k_proj(h), self.attn.v_proj(h)
+        return F.linear(h, self.w_qkv, self.b_qkv).split(self.split, dim=-1)
+
+    def mlp(self, h):
+        if self.w_gu is None:
+            return self.mlp_module(h)
+        gate, up = F.linear(h, self.w_gu, self.b_gu).chunk(2, dim=-1)
+        return self.mlp_module.down_proj(self.mlp_module.act_fn(gate) * up)
+
+    @staticmethod
+    def norm(module, x):
+        """transformers' RMSNorm (weight * normalise(x in float32) cast back), by torch's fused kernel."""
+        eps = getattr(module, "variance_epsilon", None)
+        if type(module).__name__ not in _RMS_NORMS or eps is None:
+            return module(x)
+        h = F.rms_norm(x.to(torch.float32), (x.shape[-1],), eps=eps)
+        return module.weight * h.to(x.dtype)
+
+
+_RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+
+
+def _concat(linears):
+    """(weight, bias) of plain `nn.Linear`s stacked along their outputs; (None, None) if any is not one."""
+    if not linears or any(type(p) is not torch.nn.Linear for p in linears):
+        return None, None
+    weight = torch.cat([p.weight for p in linears])
+    biases = [p.bias for p in linears]
+    if all(b is None for b in biases):
+        return weight, None
+    bias = torch.cat([b if b is not None else p.weight.new_zeros(p.out_features) for p, b in zip(linears, biases)])
+    return weight, bias
 
 
 def _rotary(q, k, cos, sin):
