@@ -662,9 +662,16 @@ def report(args, sides, ready, results, load_before) -> None:
         print(f"| {part} | " + " | ".join(cells) + " |")
     if "ours" in sides:
         perf = {k: statistics.median(r["perf"][k] for r in results["ours"]) for k in results["ours"][0]["perf"]
-                if k in ("perf/rollout_seconds", "perf/update_seconds", "perf/step_seconds", "perf/total_seconds")}
+                if k.endswith("_seconds") and k != "perf/eval_seconds" and not k.startswith("perf/cumulative")}
         print("(ours, the module's own perf/ metrics, medians: "
               + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in perf.items()) + ")")
+    if "ours" in sides and len(sides) > 1:
+        # The passes after the rollout (values, critic and actor forward/backward) run the same
+        # matrix products on the same tokens on every side; if they are compute-bound, no sampler
+        # can lift the ratio above this.
+        rest = med["ours"] - split_med["ours"]["rollout"]
+        print(f"ceiling if our rollout took no time (ours minus its rollout = {rest:.3f} s): "
+              + ", ".join(f"{s} {med[s] / rest:.2f}x" for s in sides if s != "ours"))
     if "ours" in sides and "trl" in sides:
         ours_update = split_med["ours"]["critic update"] + split_med["ours"]["actor update"]
         print(f"(update, critic + actor: ours {ours_update:.3f} s, TRL joint {split_med['trl']['update (joint)']:.3f} s)")

@@ -159,6 +159,13 @@ def test_pretrained_critic_is_cached_and_reused(tmp_path):
     assert rows_a[0]["eval/response_length"] == rows_b[0]["eval/response_length"]  # same samples
     assert rows_a[-1]["value/loss"] == rows_b[-1]["value/loss"]
     assert rows_a[-1]["loss/policy"] == rows_b[-1]["loss/policy"]
+    # the cached phase's cost counts in the second run's cumulative counters (compute-matched
+    # comparisons): the same tokens as the run that computed it, and at least its seconds
+    assert float(rows_b[0]["perf/cumulative_tokens"]) == 0.0
+    assert float(rows_b[-1]["perf/cumulative_tokens"]) == float(rows_a[-1]["perf/cumulative_tokens"]) > 0
+    phase = [float(r["perf/total_seconds"]) for r in rows_a if r.get("train/value_pretraining") == "1.0"]
+    assert len(phase) == 2
+    assert float(rows_b[-1]["perf/cumulative_seconds"]) > sum(phase) + float(rows_b[-1]["perf/total_seconds"])
 
 
 # ----------------------------------------------------------------------------- resume
@@ -175,12 +182,13 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-@pytest.mark.parametrize("crash_at,every", [(5, 2), (1, 1)])
-def test_resume_reproduces_metric_history(tmp_path, crash_at, every):
-    """(1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
-    metrics are logged with the next row (they must survive the restart)."""
-    base = dict(components=list(COMPONENTS), steps=5, eval_every=2, checkpoint_every=every,
-                vapo={"value_pretrain_steps": 1})
+@pytest.mark.parametrize("crash_at,every,pretrain_steps", [(5, 2, 1), (1, 1, 1), (2, 1, 3)])
+def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_steps):
+    """(1, 1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
+    metrics are logged with the next row (they must survive the restart). (2, 1, 3): killed in the
+    middle of value pretraining (2 of its 3 iterations done): the resumed run does the third only."""
+    base = dict(components=list(COMPONENTS), steps=5 - pretrain_steps + 1, eval_every=2, checkpoint_every=every,
+                vapo={"value_pretrain_steps": pretrain_steps})
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
     train(full, module_factory=tiny_factory)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
@@ -261,7 +269,8 @@ def test_critic_free_grpo_baseline(tmp_path):
 
 
 def test_perf_metrics_add_up(tmp_path):
-    """The per-iteration cost split: rollout + update = step <= total; cumulative seconds are the
+    """The per-iteration cost split: rollout + values + advantages + critic update + actor update
+    = step <= total, and rollout + update = step; cumulative seconds are the
     start eval plus every iteration's total (and later evals); peak memory is the process's peak
     resident set in MB (not some other unit)."""
     import resource
@@ -274,7 +283,12 @@ def test_perf_metrics_add_up(tmp_path):
     elapsed = float(rows[0]["perf/eval_seconds"])  # the base-model eval before the first iteration
     for r in it:
         f = {k[5:]: float(v) for k, v in r.items() if k.startswith("perf/") and v}
-        assert f["rollout_seconds"] > 0 and f["update_seconds"] > 0
+        parts = ("rollout", "values", "advantages", "critic_update", "actor_update")
+        assert all(f[f"{p}_seconds"] >= 0 for p in parts) and f["rollout_seconds"] > 0 and f["update_seconds"] > 0
+        assert f["critic_update_seconds"] > 0 and f["values_seconds"] > 0
+        # no actor update while the critic is pretrained (row 0): only the clock's own cost
+        assert (f["actor_update_seconds"] > 0.05 * f["critic_update_seconds"]) == (r is not it[0])
+        assert sum(f[f"{p}_seconds"] for p in parts) == pytest.approx(f["step_seconds"], rel=1e-9)
         assert f["rollout_seconds"] + f["update_seconds"] == pytest.approx(f["step_seconds"], rel=1e-9)
         assert f["step_seconds"] <= f["total_seconds"]
         elapsed += f["total_seconds"] + f.get("eval_seconds", 0.0) * (r is it[-1])

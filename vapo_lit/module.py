@@ -161,26 +161,29 @@ class VapoModule(L.LightningModule):
     # ------------------------------------------------------------------ the algorithm
     def training_step(self, problems, batch_idx):
         pretraining = self.pretrain.active
-        t0 = time.perf_counter()
+        clock = [("start", time.perf_counter())]  # (part, when it ended): logged as perf/<part>_seconds
 
         # 1. rollout (this rank's share of the prompts; the only step that samples)
         exp = self.rollout(problems)
-        t_rollout = time.perf_counter()
+        clock.append(("rollout", time.perf_counter()))
 
         # 2. score   3. values (of this rank's responses), then the whole batch on every rank
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
+        clock.append(("values", time.perf_counter()))
 
         # 4. advantages
         adv_stats = fill_advantages(exp, self.advantage_settings(pretraining))
         extra = {} if pretraining else {k: v for ext in self.extensions for k, v in ext.on_experience(self, exp).items()}
+        clock.append(("advantages", time.perf_counter()))
 
         # 5. critic update   6. actor update (never while the critic is pretrained: the policy stays fixed)
         critic_stats = None if self.critic_free else self.update_critic(exp)
+        clock.append(("critic_update", time.perf_counter()))
         actor_stats = None if pretraining else self.update_actor(exp)
-        t_update = time.perf_counter()
+        clock.append(("actor_update", time.perf_counter()))
 
         # 7. log
         self.iteration += 1
@@ -195,7 +198,7 @@ class VapoModule(L.LightningModule):
         else:
             self.ppo_updates += 1
             metrics.update(actor_stats)
-        self.log_iteration(metrics, exp, pretraining, t0, t_rollout, t_update)
+        self.log_iteration(metrics, exp, pretraining, clock)
 
     def rollout(self, problems) -> Experience:
         """prompts_per_step prompts x samples_per_prompt samples from the engine, in chunks of
@@ -404,7 +407,8 @@ class VapoModule(L.LightningModule):
             load_full_state_dict(self.critic, self._read_critic(entry) if rank_and_world()[0] == 0 else None)
             self._reset_critic_optimizer()
             self.pretrain = pretrain.PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"],
-                                                   from_cache=str(entry), finished=True)
+                                                   from_cache=str(entry), finished=True,
+                                                   seconds=stats["seconds"], tokens=stats["tokens"])
             self.iteration = stats["steps_done"]  # the same prompt stream as a run that pretrained
 
     def end_value_pretraining(self) -> None:
@@ -416,7 +420,8 @@ class VapoModule(L.LightningModule):
         state = full_state_dict(self.critic)  # (a collective under FSDP)
         if rank_and_world()[0] == 0:
             pretrain.save(self.pretrain_key(), self.cfg.cache_dir, self.critic,
-                          {"steps_done": ph.steps_done, "last_ev": ph.last_ev}, state_dict=state)
+                          {"steps_done": ph.steps_done, "last_ev": ph.last_ev, "seconds": ph.seconds,
+                           "tokens": ph.tokens}, state_dict=state)
         barrier()
 
     def pretrain_key(self) -> dict:
@@ -440,10 +445,13 @@ class VapoModule(L.LightningModule):
             group["lr"] = base * fn(0)
 
     # ------------------------------------------------------------------ logging and evaluation
-    def log_iteration(self, metrics: dict, exp: Experience, pretraining: bool, t0, t_rollout, t_update) -> None:
+    def log_iteration(self, metrics: dict, exp: Experience, pretraining: bool, clock: list) -> None:
+        """`clock`: (part, perf_counter at its end) in order, from ("start", t0) to the actor update."""
         tokens = float(exp.mask.sum())
+        t0, t_rollout, t_update = clock[0][1], dict(clock)["rollout"], clock[-1][1]
+        metrics.update({f"perf/{part}_seconds": end - before for (_, before), (part, end) in zip(clock, clock[1:])})
         metrics.update({
-            "perf/rollout_seconds": t_rollout - t0, "perf/update_seconds": t_update - t_rollout,
+            "perf/update_seconds": t_update - t_rollout,
             "perf/step_seconds": t_update - t0, "perf/tokens_per_second": tokens / max(t_update - t0, 1e-9),
             "train/iteration": self.iteration, "train/ppo_update": self.ppo_updates,
             "train/value_pretraining": float(pretraining), "train/actor_lr": self._opt(0)[0].param_groups[0]["lr"],
@@ -458,6 +466,9 @@ class VapoModule(L.LightningModule):
         metrics["perf/total_seconds"] = time.perf_counter() - t0
         self.elapsed_seconds += metrics["perf/total_seconds"]
         self.generated_tokens += tokens
+        if pretraining:  # the phase's own cost, cached with the critic
+            self.pretrain.seconds += metrics["perf/total_seconds"]
+            self.pretrain.tokens += tokens
         metrics.update({"perf/cumulative_seconds": self.elapsed_seconds, "perf/cumulative_tokens": self.generated_tokens,
                         "perf/peak_memory_mb": peak_memory_mb(exp.mask.device)})
         self.last_metrics = metrics
@@ -473,6 +484,9 @@ class VapoModule(L.LightningModule):
             self.elapsed_seconds += metrics["perf/eval_seconds"]
             metrics.update({"perf/cumulative_seconds": self.elapsed_seconds, "perf/cumulative_tokens": 0.0})
             self._log(metrics, step=0)
+            if self.pretrain.from_cache:  # the cached phase's cost counts as this run's, as if computed here
+                self.elapsed_seconds += self.pretrain.seconds
+                self.generated_tokens += self.pretrain.tokens
 
     def _log(self, metrics: dict, step: int) -> None:
         for logger in self.loggers:

@@ -16,8 +16,8 @@ from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
 from vapo_lit.config import to_dict
 
 CACHE_NAME = "pretrained-critic"
-CACHE_VERSION = 2
-"""Bump when the pretraining code changes what it produces."""
+CACHE_VERSION = 3
+"""Bump when the pretraining code changes what it produces (3: entries carry the phase's cost)."""
 
 CANNOT_AFFECT_PRETRAINING = (
     # where and how a run is recorded
@@ -45,6 +45,10 @@ class PretrainPhase:
     from_cache: str | None = None
     """The cache entry the pretrained critic was loaded from, if it was."""
     finished: bool = False
+    seconds: float = 0.0
+    """Wall time of the phase's iterations (that of the run that computed it, for a cached critic)."""
+    tokens: float = 0.0
+    """Response tokens the phase sampled (likewise)."""
 
     def state_dict(self) -> dict:
         return asdict(self)
