@@ -269,6 +269,28 @@ def test_fast_decode_calls_modules_it_cannot_fuse(task):
     torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-6)
 
 
+def test_fast_decode_fuses_only_under_the_memory_cap(task, monkeypatch):
+    """The concatenated q/k/v and gate/up copy is made only while it fits FUSE_MAX_BYTES; above
+    the cap the loop calls the modules and samples the same responses."""
+    import vapo_lit.engines.fast_decode as fd
+
+    tok = task.tokenizer
+    model = tiny_model("qwen2", len(tok), tok).double()  # q/k/v with biases
+    calls = []
+    real = fd._concat
+    monkeypatch.setattr(fd, "_concat", lambda linears: calls.append(len(linears)) or real(linears))
+    prompts, seeds = PROMPTS * 2, [sample_seed(5, i) for i in range(len(PROMPTS) * 2)]
+    fused = generate(model, tok, prompts, max_new_tokens=12, seeds=seeds)
+    assert calls == [3, 2] * len(model.model.layers)
+    assert 0 < fd._fused_bytes(model.model.layers) <= fd.FUSE_MAX_BYTES
+    calls.clear()
+    monkeypatch.setattr(fd, "FUSE_MAX_BYTES", fd._fused_bytes(model.model.layers) - 1)
+    unfused = generate(model, tok, prompts, max_new_tokens=12, seeds=seeds)
+    assert calls == []
+    assert torch.equal(fused.response_ids, unfused.response_ids)
+    torch.testing.assert_close(fused.logprobs, unfused.logprobs, rtol=0, atol=1e-9)
+
+
 def test_fast_decode_not_used_where_unsupported(task):
     from vapo_lit.engines.fast_decode import decode_supported
 

@@ -7,6 +7,9 @@ generic dispatch), which dominates small models' sampling time. Where a layer's 
 plain `nn.Linear`s, q/k/v and the MLP's gate/up are applied as one matrix product each (their
 weights concatenated once per rollout) and RMSNorm as torch's fused `rms_norm` (in float32, as
 transformers computes it); anything else (adapters, quantised layers) is called as a module.
+The concatenated copy lives for the rollout, so it is made only while it stays under
+`FUSE_MAX_BYTES`: small models, whose token step is dominated by per-call costs; a large model's
+matrix products dwarf those, and its memory is better spent on the KV cache.
 
 The prompt is encoded by the model's regular forward (prefill); its cache is copied once into the
 static buffers. `decode_supported(model)` says whether a model can use this loop;
@@ -19,6 +22,8 @@ import torch
 import torch.nn.functional as F
 
 SUPPORTED = ("LlamaForCausalLM", "Qwen2ForCausalLM", "MistralForCausalLM")
+FUSE_MAX_BYTES = 256 * 2**20
+"""Largest concatenated copy of the q/k/v and gate/up weights (all layers) the loop makes."""
 
 
 def decode_supported(model) -> bool:
@@ -52,7 +57,8 @@ class StaticDecoder:
             v[:, :, :P] = pv
             self.k.append(k)
             self.v.append(v)
-        self.fused = [_FusedLayer(layer) for layer in layers]
+        fuse = _fused_bytes(layers) <= FUSE_MAX_BYTES
+        self.fused = [_FusedLayer(layer, fuse) for layer in layers]
         self.key_valid = torch.zeros((n, capacity), dtype=torch.bool, device=key_valid.device)
         self.key_valid[:, :P] = key_valid.bool()
         self.length = P  # columns in use
@@ -99,15 +105,14 @@ class _FusedLayer:
 
     _MLPS = ("LlamaMLP", "Qwen2MLP", "MistralMLP")  # down(act(gate(x)) * up(x)), nothing else
 
-    def __init__(self, layer):
+    def __init__(self, layer, fuse: bool = True):
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
-        self.split = [p.out_features if type(p) is torch.nn.Linear else -1 for p in projs]
-        self.w_qkv, self.b_qkv = _concat(projs)
+        self.w_qkv, self.b_qkv = _concat(projs) if fuse else (None, None)
+        self.split = [p.out_features for p in projs] if self.w_qkv is not None else None
         self.attn = attn
         self.mlp_module = mlp
-        gate_up = (getattr(mlp, "gate_proj", None), getattr(mlp, "up_proj", None))
-        self.w_gu, self.b_gu = _concat(gate_up) if type(mlp).__name__ in self._MLPS else (None, None)
+        self.w_gu, self.b_gu = _concat(_gate_up(mlp)) if fuse else (None, None)
 
     def qkv(self, h):
         if self.w_qkv is None:
@@ -131,6 +136,20 @@ class _FusedLayer:
 
 
 _RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+
+
+def _gate_up(mlp) -> tuple:
+    """(gate_proj, up_proj) of an MLP computing down(act(gate(x)) * up(x)) and nothing else; () otherwise."""
+    if type(mlp).__name__ not in _FusedLayer._MLPS:
+        return ()
+    return mlp.gate_proj, mlp.up_proj
+
+
+def _fused_bytes(layers) -> int:
+    """Bytes of the q/k/v and gate/up weights of all layers (what fusing would copy)."""
+    return sum(p.weight.numel() * p.weight.element_size() for layer in layers
+               for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, *_gate_up(layer.mlp))
+               if hasattr(p, "weight"))
 
 
 def _concat(linears):
