@@ -83,7 +83,7 @@ class StaticDecoder:
         for i, (layer, fused) in enumerate(zip(self.inner.layers, self.fused)):
             attn = layer.self_attn
             q, k, v = fused.qkv(fused.norm(layer.input_layernorm, x))
-            q, k, v = (t.view(x.shape[0], 1, -1, attn.head_dim).transpose(1, 2) for t in (q, k, v))
+            q, k, v = (p.view(x.shape[0], 1, -1, attn.head_dim).transpose(1, 2) for p in (q, k, v))
             q, k = _rotary(q, k, cos, sin)
             self.k[i][:, :, t:t + 1] = k
             self.v[i][:, :, t:t + 1] = v
