@@ -40,8 +40,10 @@ order that rotates every repetition, and collects each side's own timing of that
 Printed: seconds per step and generated tokens per second (median [min-max] over the timed
 repetitions), each side's split of its step (rollout, verifier or reward model, reference
 forward, values, advantages, critic update, actor update, gc.collect, the rest) with the ratio
-to ours, and as the last line ``speedup vs plain: X.XXx; vs TRL: Y.YYx`` (median step time of the
-other side / ours). The split is measured by wrapping each side's stages in this script
+to ours, the ceiling a rollout that took no time would give (each other side's median step over
+ours minus our rollout: the passes after the rollout are the same matrix products on every side),
+and as the last line ``speedup vs plain: X.XXx; vs TRL: Y.YYx`` (median step time of the other
+side / ours). The split is measured by wrapping each side's stages in this script
 (`ours`: `VapoModule.rollout`, the task's verifier, `fill_values`, `fill_advantages`,
 `update_critic`, `update_actor`; nothing in vapo_lit is changed).
 """
