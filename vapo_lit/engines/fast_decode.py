@@ -103,8 +103,6 @@ class _FusedLayer:
     product over concatenated weights (the same dot products as the separate layers), when the
     projections are plain `nn.Linear`s; otherwise the layer's own modules."""
 
-    _MLPS = ("LlamaMLP", "Qwen2MLP", "MistralMLP")  # down(act(gate(x)) * up(x)), nothing else
-
     def __init__(self, layer, fuse: bool = True):
         attn, mlp = layer.self_attn, layer.mlp
         projs = (attn.q_proj, attn.k_proj, attn.v_proj)
@@ -136,11 +134,12 @@ class _FusedLayer:
 
 
 _RMS_NORMS = ("LlamaRMSNorm", "Qwen2RMSNorm", "MistralRMSNorm")
+_MLPS = ("LlamaMLP", "Qwen2MLP", "MistralMLP")  # down(act(gate(x)) * up(x)), nothing else
 
 
 def _gate_up(mlp) -> tuple:
     """(gate_proj, up_proj) of an MLP computing down(act(gate(x)) * up(x)) and nothing else; () otherwise."""
-    if type(mlp).__name__ not in _FusedLayer._MLPS:
+    if type(mlp).__name__ not in _MLPS:
         return ()
     return mlp.gate_proj, mlp.up_proj
 
