@@ -1,12 +1,20 @@
 """Golden metric histories: short fixed-seed runs of the full VAPO recipe and of vanilla PPO on a
-shrunken built-in chain task, with a tiny policy SFT'd in float64 inside the test (seconds, and
-reproducible across machines: float64 leaves no rounding that could flip a sampled token).
+shrunken built-in chain task, with a tiny policy SFT'd in float64 inside the test (seconds).
 
     python tests/golden.py --record     # rewrite tests/data/golden_*.csv (say why in the commit)
+    python tests/golden.py --check      # rerun both and compare (exit 1 with the first difference)
 
-`tests/test_golden.py` reruns both and compares every non-`perf/` column. The histories were
-first recorded on the code before the `Experience` redesign; a change that alters them on
-purpose re-records them and says so.
+`tests/test_golden.py` reruns both and compares every non-`perf/` column, in its own process and,
+in subprocesses, under the other CPU instruction sets this machine has (`ATEN_CPU_CAPABILITY`).
+
+Why the histories hold on any CPU: the models are float64 and so is everything the run computes
+from them (sampling, behaviour log-probs, values, GAE, losses). torch's vectorised kernels differ
+between instruction sets (default, AVX2, AVX-512, NEON/SVE) in their last bits; in float64 that is
+~1e-16 relative, which leaves no rounding that could flip a sampled token and moves no logged
+number by more than ~1e-13 relative (measured: default vs AVX2 vs AVX-512 on one machine, largest
+difference 1e-13 relative, 2e-17 absolute). A float32 result anywhere in the chain moves the
+histories by 1e-7 to 4e-5 relative between instruction sets (measured before the sampler kept
+float64: behaviour log-probs were rounded to float32), which `TOLERANCE` refuses.
 """
 from __future__ import annotations
 
@@ -73,6 +81,48 @@ def comparable(rows: list[dict]) -> list[dict]:
     return [{k: v for k, v in r.items() if not k.startswith("perf/") and v != ""} for r in rows]
 
 
+TOLERANCE = {"rel": 1e-9, "abs": 1e-12}
+"""Four orders of magnitude above the measured spread across instruction sets (1e-13 relative),
+three below what one float32 step in the chain causes (1e-7 relative and up, 9e-9 absolute)."""
+
+
+def differences(got: list[dict], want: list[dict]) -> list[tuple]:
+    """(step, column, got, recorded) for every value outside TOLERANCE (NaN equals NaN), and a
+    step or column that one side lacks."""
+    import math
+
+    if [r["step"] for r in got] != [r["step"] for r in want]:
+        return [("steps", "step", [r["step"] for r in got], [r["step"] for r in want])]
+    out = []
+    for g, w in zip(got, want):
+        if sorted(g) != sorted(w):
+            out.append((w["step"], "columns", sorted(set(g) - set(w)), sorted(set(w) - set(g))))
+            continue
+        for key, expected in w.items():
+            a, b = float(g[key]), float(expected)
+            if math.isnan(a) and math.isnan(b):
+                continue
+            if math.isnan(a) or math.isnan(b) or abs(a - b) > TOLERANCE["abs"] + TOLERANCE["rel"] * abs(b):
+                out.append((w["step"], key, a, b))
+    return out
+
+
+def recorded(label: str) -> list[dict]:
+    with open(path_of(label), newline="") as f:
+        return [{k: v for k, v in r.items() if v != ""} for r in csv.DictReader(f)]
+
+
+def check(tmp: Path) -> int:
+    """Rerun every golden run and compare; print the CPU capability and the first differences."""
+    capability = torch.backends.cpu.get_cpu_capability()
+    bad = 0
+    for label in RUNS:
+        diffs = differences(comparable(run(tmp / label, label)), recorded(label))
+        bad += len(diffs)
+        print(f"{label}: capability {capability}: {len(diffs)} differences {diffs[:5]}")
+    return 1 if bad else 0
+
+
 def path_of(label: str) -> Path:
     return DATA / f"golden_{label}.csv"
 
@@ -93,7 +143,10 @@ if __name__ == "__main__":
     import tempfile
 
     torch.set_num_threads(1)
-    if sys.argv[1:] != ["--record"]:
-        sys.exit("usage: python tests/golden.py --record")
+    if sys.argv[1:] not in (["--record"], ["--check"]):
+        sys.exit("usage: python tests/golden.py --record | --check")
     with tempfile.TemporaryDirectory() as d:
-        record(Path(d))
+        if sys.argv[1] == "--record":
+            record(Path(d))
+        else:
+            sys.exit(check(Path(d)))

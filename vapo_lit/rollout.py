@@ -173,8 +173,10 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
 def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
                 u: torch.Tensor | None) -> tuple[torch.LongTensor, torch.Tensor]:
     """One token per row of `logits` (N, V) by inverse-CDF sampling with the uniforms `u` (N,)
-    (see vapo_lit.rng); returns (tokens, behaviour log-probs). Greedy when temperature is 0."""
-    logits = logits.float()
+    (see vapo_lit.rng); returns (tokens, behaviour log-probs). Greedy when temperature is 0.
+    Computed in at least float32 (a float64 model samples and records in float64, so its samples and
+    log-probs carry no float32 rounding, whose last bits differ between CPU instruction sets)."""
+    logits = at_least_float32(logits)
     if temperature <= 0:
         logp = torch.log_softmax(logits, -1)
         tok = logits.argmax(-1)
@@ -239,17 +241,19 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
         cache_kw = None if static is not None else _cache_kwarg(model)
 
         tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
-        logps = torch.zeros((n, max_new_tokens), dtype=torch.float32, device=device)
+        logps = None  # (n, max_new_tokens), in the sampler's dtype (at least float32), made at the first token
         done = torch.zeros(n, dtype=torch.bool, device=device)
         lengths = torch.zeros(n, dtype=torch.long, device=device)
         active = torch.arange(n, device=device)  # rows whose logits we hold (all rows on the plain path)
         steps = 0
         for step in range(max_new_tokens):
             tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, u=uniforms(row_seeds[active], step))
+            if logps is None:
+                logps = torch.zeros((n, max_new_tokens), dtype=lp.dtype, device=device)
             live = ~done[active]
             rows = active[live]
             tokens[rows, step] = tok[live]
-            logps[rows, step] = lp[live].float()
+            logps[rows, step] = lp[live]
             lengths[rows] += 1
             done[rows] |= torch.isin(tok[live], eos)
             steps = step + 1

@@ -33,6 +33,7 @@ from typing import ClassVar
 
 import torch
 
+from vapo_lit.algos.losses import at_least_float32
 from vapo_lit.rng import uniforms
 from vapo_lit.rollout import (Rollout, as_seeds, encode_prompts, eos_ids_of, pad_id_of, sample_next,
                               sequence_logprobs)
@@ -232,7 +233,8 @@ class ContinuousBatchingEngine:
                        truncated=~terminated, texts=list(texts))
 
     def _behaviour_logprobs(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature) -> torch.Tensor:
-        """(N, R) float32 log softmax(logits / T) of each response token, one forward pass per chunk of rows."""
+        """(N, R) log softmax(logits / T) of each response token (at least float32: a float64 model keeps
+        float64, as `hf` does), one forward pass per chunk of rows."""
         device = next(self.model.parameters()).device
         self.model.eval()
         P = prompt_ids.shape[1]
@@ -244,5 +246,5 @@ class ContinuousBatchingEngine:
         for i in range(0, ids.shape[0], rows):
             lp = sequence_logprobs(self.model, ids[i: i + rows].to(device), mask[i: i + rows].to(device),
                                    temperature=temperature)
-            out.append(lp[:, P - 1:].float().cpu())
+            out.append(at_least_float32(lp[:, P - 1:]).cpu())
         return torch.cat(out) * response_mask
