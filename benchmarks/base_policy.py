@@ -32,7 +32,7 @@ def main() -> None:
     from vapo_lit.evaluation import evaluate, format_table
     from vapo_lit.models import load_critic, load_policy
     from vapo_lit.models.builtin import explained_variance, sample_scored, train_value
-    from vapo_lit.rollout import generate
+    from vapo_lit.engines.hf import generate
     from vapo_lit.tasks import get_task
 
     cache = args.cache_dir or tempfile.mkdtemp(prefix="vapo-lit-bench-")

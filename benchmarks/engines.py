@@ -6,7 +6,7 @@
 
 Engines timed (`engine.generate`, one torch thread, the built-in SFT policy in float32):
 
-* ``hf``  -- HFEngine, the KV-cached token loop (vapo_lit.rollout.generate).
+* ``hf``  -- HFEngine, the KV-cached token loop (vapo_lit.engines.hf.generate).
 * ``cb``  -- ContinuousBatchingEngine: transformers' continuous batching with vapo-lit's per-sample
   sampler; its seconds include the behaviour log-prob recomputation (printed apart).
 * ``cb-native`` -- transformers' own `generate_batch` with its own sampler and `return_logprobs`
@@ -34,7 +34,8 @@ from vapo_lit.engines import ContinuousBatchingEngine, SamplingParams, make_engi
 from vapo_lit.models import load_policy
 from vapo_lit.presets import PRESETS
 from vapo_lit.rng import sample_seed
-from vapo_lit.rollout import encode_prompts, eos_ids_of, pad_id_of, sequence_logprobs
+from vapo_lit.passes import sequence_logprobs
+from vapo_lit.rollout import encode_prompts, eos_ids_of, pad_id_of
 from vapo_lit.tasks import get_task
 
 

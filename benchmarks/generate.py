@@ -24,16 +24,16 @@ def main() -> None:
     torch.set_num_threads(args.threads)
 
     from vapo_lit.models import load_policy
-    from vapo_lit.rollout import generate
+    from vapo_lit.engines.hf import generate
     from vapo_lit.tasks import get_task
 
     task = get_task("chain")
     model, tok = load_policy("builtin", task)
     max_new = args.fixed or task.max_new_tokens
     if args.fixed:  # no token counts as EOS: every response runs to the limit
-        import vapo_lit.rollout as rollout
+        import vapo_lit.engines.hf as hf
 
-        rollout.eos_ids_of = lambda model, tokenizer: [-1]
+        hf.eos_ids_of = lambda model, tokenizer: [-1]
     prompts = [p.prompt for p in task.train_problems(args.responses, seed=123)]
     import vapo_lit.engines.fast_decode as fast_decode
 

@@ -20,7 +20,8 @@ from vapo_lit.experience import Experience, fill_values
 from vapo_lit.models import enable_gradient_checkpointing
 from vapo_lit.models.value import ValueModel
 from vapo_lit.presets import PRESETS
-from vapo_lit.rollout import concat_rollouts, generate
+from vapo_lit.engines.hf import generate
+from vapo_lit.rollout import concat_rollouts
 from vapo_lit.tasks import get_task
 
 

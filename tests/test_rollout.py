@@ -2,8 +2,10 @@
 import pytest
 import torch
 
-from vapo_lit.rollout import (Rollout, encode_prompts, generate, sample_next, sequence_logprobs,
-                              top_p_filter)
+from vapo_lit.engines.hf import generate
+from vapo_lit.engines.sampling import sample_next, top_p_filter
+from vapo_lit.passes import sequence_logprobs
+from vapo_lit.rollout import Rollout, encode_prompts
 from vapo_lit.rng import sample_seed, uniforms
 from vapo_lit.tasks import get_task
 

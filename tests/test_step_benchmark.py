@@ -17,7 +17,7 @@ import step
 
 from vapo_lit import algos, passes
 from vapo_lit.experience import AdvantageSettings, Experience, fill_advantages, fill_values, score
-from vapo_lit.rollout import generate
+from vapo_lit.engines.hf import generate
 from vapo_lit.tasks.base import Verdict
 
 SMALL = SimpleNamespace(hidden=32, layers=2, heads=2, intermediate=64, seed=3)

@@ -22,7 +22,7 @@ import torch
 from torch.utils.checkpoint import checkpoint
 
 from vapo_lit import algos
-from vapo_lit.rollout import next_token_logits, position_ids_from_mask
+from vapo_lit.algos.losses import at_least_float32
 
 
 def state_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
@@ -86,3 +86,30 @@ def output_layer_split(model):
     if head is None or backbone is None or backbone is model:
         return None
     return backbone, head
+
+
+def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.LongTensor:
+    """Positions over real tokens only (left padding gets position 0)."""
+    return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
+
+
+def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """(N, L-1, V) logits / T (at least float32) predicting token t+1 from tokens <= t, with the same positions
+    as the rollout engines (``cumsum(mask) - 1``). Gradients flow (no no_grad). The PPO update reads
+    its log-probs and entropy from these, so the ratio compares like with like."""
+    pos = position_ids_from_mask(attention_mask)
+    logits = model(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).logits
+    logits = at_least_float32(logits[:, :-1])
+    return logits / temperature if temperature > 0 else logits
+
+
+def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
+                      temperature: float = 1.0) -> torch.Tensor:
+    """(N, L-1) log-prob of token t+1 given tokens <= t under ``log_softmax(logits / T)``.
+
+    For a :class:`Rollout` ``ro``: ``sequence_logprobs(model, ro.input_ids, ro.attention_mask)[:,
+    P - 1:]`` lines up with ``ro.logprobs`` (P = prompt width).
+    """
+    logp = torch.log_softmax(next_token_logits(model, input_ids, attention_mask, temperature=temperature), -1)
+    return logp.gather(-1, input_ids[:, 1:, None]).squeeze(-1)

@@ -12,7 +12,7 @@ response by its own seed (vapo_lit.rng), and must pass the contract tests in `te
 Backends:
 
 * ``hf`` -- :class:`HFEngine`, a KV-cached token loop over any transformers causal LM, sharing the
-  actor's weights in place (``load_weights`` only checks it is the same module).
+  actor's weights in place (``load_weights`` points it at the module it is given).
 * ``cb`` -- :class:`ContinuousBatchingEngine`, transformers' continuous batching (paged KV cache,
   finished responses leave the batch) with vapo-lit's per-sample sampler and behaviour log-probs
   recomputed by one forward pass (see its module docstring; README "Rollout engines" has the

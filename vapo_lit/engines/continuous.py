@@ -17,7 +17,7 @@ transformers 5.24 (README "Rollout engines"):
 * **behaviour log-probs**: its `return_logprobs` gives log softmax of the *processed* scores,
   i.e. after its own top-p renormalisation (and here they would be 0, since only the drawn
   token stays finite). The engine recomputes them with one teacher-forced forward pass of the same
-  module (``vapo_lit.rollout.sequence_logprobs``: log softmax(logits / T) of the sampled token,
+  module (``vapo_lit.passes.sequence_logprobs``: log softmax(logits / T) of the sampled token,
   before top-p), the numerics of the training update itself.
 
 `load_weights`: the manager runs the actor module itself (built afresh for each `generate`
@@ -35,8 +35,9 @@ import torch
 
 from vapo_lit.algos.losses import at_least_float32
 from vapo_lit.rng import uniforms
-from vapo_lit.rollout import (Rollout, as_seeds, encode_prompts, eos_ids_of, pad_id_of, sample_next,
-                              sequence_logprobs)
+from vapo_lit.engines.sampling import sample_next
+from vapo_lit.passes import sequence_logprobs
+from vapo_lit.rollout import Rollout, as_seeds, encode_prompts, eos_ids_of, pad_id_of
 
 _SEED, _PROMPT_LEN = "vapo_seed", "vapo_prompt_len"  # per-request keyword arguments of the sampler
 

@@ -13,7 +13,7 @@ matrix products dwarf those, and its memory is better spent on the KV cache.
 
 The prompt is encoded by the model's regular forward (prefill); its cache is copied once into the
 static buffers. `decode_supported(model)` says whether a model can use this loop;
-`vapo_lit.rollout.generate` falls back to transformers' forward otherwise. Equality with that
+`vapo_lit.engines.hf.generate` falls back to transformers' forward otherwise. Equality with that
 forward (tokens, behaviour log-probs) is tested in tests/test_rollout.py.
 """
 from __future__ import annotations

@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from vapo_lit.algos import at_least_float32
-from vapo_lit.rollout import position_ids_from_mask
+from vapo_lit.passes import position_ids_from_mask
 
 VALUE_MARKER = "value_model.json"
 HEAD_FILE = "value_head.safetensors"
@@ -22,7 +22,7 @@ class ValueModel(torch.nn.Module):
     column P + j - 1, the token just before it; the value after the last response token (EOS) is
     the terminal state's, which PPO treats as 0 and never reads from here.
 
-    Positions are ``cumsum(attention_mask) - 1`` (as in :mod:`vapo_lit.rollout`), so left-padded
+    Positions are ``cumsum(attention_mask) - 1`` (as in :mod:`vapo_lit.passes`), so left-padded
     prompts are handled. The output is unbounded (no sigmoid), in float32 or float64 (the head's dtype).
     """
 
