@@ -66,11 +66,6 @@ def _seeds(text: str):
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seeds or 'auto'") from None
 
 
-def make_plan(args):
-    """Validate the command line into a Plan (ValueError on anything wrong; nothing is written)."""
-    return make_plans(args)(args.seeds)
-
-
 def make_plans(args):
     """Validate the command line; returns n_seeds -> Plan (ValueError on anything wrong; nothing is written)."""
     from vapo_lit.ablate.grid import grid_from_drop, load_grid
