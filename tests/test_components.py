@@ -295,19 +295,6 @@ def test_one_rule_one_place_config_and_callback_ask_the_same_check(tmp_path, mon
     config.validate(merge(RunConfig(), {"components": [], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}}))  # off: no rule
 
 
-def test_the_engine_names_are_the_engine_registry(monkeypatch):
-    """config.validate takes the valid rollout engines from engines.ENGINES, not from a list of its own."""
-    from vapo_lit import engines
-    from vapo_lit.config import validate
-
-    for name in engines.ENGINES:
-        validate(merge(RunConfig(), {"rollout_engine": name}))
-    with pytest.raises(ValueError, match=r"^rollout_engine='vllm' is not valid; choose one of: hf, cb$"):
-        validate(merge(RunConfig(), {"rollout_engine": "vllm"}))
-    monkeypatch.setitem(engines.ENGINES, "vllm", engines.HFEngine)
-    validate(merge(RunConfig(), {"rollout_engine": "vllm"}))
-
-
 def test_a_component_joins_the_iteration_once(tmp_path):
     """Only components with iteration hooks are added to module.extensions, once however often
     Lightning runs their setup."""
