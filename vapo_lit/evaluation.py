@@ -53,12 +53,13 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     * ``eval/truncated_frac``: share of responses that hit the length limit;
     * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
       in tokens (NaN when none).
-    The arguments are `sample_responses`'; the samples themselves: call it, then `summarize`.
+    The arguments are `sample_responses`'; for the samples or the typed `EvalStats`, call it, then
+    `summarize`.
     """
     samples = sample_responses(model, task, problems, k=k, sampling=sampling, temperature=temperature, top_p=top_p,
                                max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, tokenizer=tokenizer,
                                shard=shard)
-    return summarize(task, problems, samples, k)
+    return summarize(task, problems, samples, k).log()
 
 
 @torch.no_grad()
@@ -104,29 +105,57 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     return [s for part in gather_objects(samples) for s in part] if world > 1 else samples
 
 
-def summarize(task, problems, samples: list[Sample], k: int) -> dict[str, float]:
-    """The eval/... metrics of `samples` (k per problem, in problem order; see `evaluate`)."""
+@dataclass(frozen=True)
+class EvalStats:
+    """avg@k and what comes with it (each explained in `evaluate`); `log()` gives the eval/... metrics."""
+
+    k: int
+    avg: float
+    by_bucket: dict[str, float]
+    """Bucket -> avg@k within it, in the task's bucket order; buckets without problems left out."""
+    strict_avg: float | None
+    """None when the task has no independent check."""
+    response_length: float
+    distinct_per_prompt: float
+    verifier_errors: int
+    truncated_frac: float
+    correct_len_min: float
+    correct_len_max: float
+
+    def log(self) -> dict[str, float]:
+        k = self.k
+        out = {f"eval/avg@{k}": self.avg, **{f"eval/avg@{k}/{b}": v for b, v in self.by_bucket.items()}}
+        if self.strict_avg is not None:
+            out[f"eval/strict_avg@{k}"] = self.strict_avg
+        out.update({"eval/response_length": self.response_length, "eval/distinct_per_prompt": self.distinct_per_prompt,
+                    "eval/verifier_errors": float(self.verifier_errors), "eval/truncated_frac": self.truncated_frac,
+                    "eval/correct_len_min": self.correct_len_min, "eval/correct_len_max": self.correct_len_max})
+        return out
+
+
+def summarize(task, problems, samples: list[Sample], k: int) -> EvalStats:
+    """The statistics of `samples` (k per problem, in problem order; see `evaluate`)."""
     problems = list(problems)
     per_problem = [samples[i * k:(i + 1) * k] for i in range(len(problems))]
     scores = [sum(s.reward for s in group) / k for group in per_problem]
     by_bucket: dict[str, list[float]] = defaultdict(list)
     for p, score in zip(problems, scores):
         by_bucket[task.bucket(p)].append(score)
-    out = {f"eval/avg@{k}": sum(scores) / len(problems)}
     names = list(task.bucket_names())
     names += sorted(b for b in by_bucket if b not in names)
-    out.update({f"eval/avg@{k}/{b}": sum(by_bucket[b]) / len(by_bucket[b]) for b in names if by_bucket.get(b)})
+    strict = None
     if any(s.strict is not None for s in samples):
-        strict = [sum(1.0 if s.strict else 0.0 for s in group) / k for group in per_problem]
-        out[f"eval/strict_avg@{k}"] = sum(strict) / len(strict)
-    out["eval/response_length"] = sum(s.length for s in samples) / len(samples)
-    out["eval/distinct_per_prompt"] = sum(len({s.text for s in group}) for group in per_problem) / len(problems)
-    out["eval/verifier_errors"] = float(sum(s.error for s in samples))
-    out["eval/truncated_frac"] = sum(s.truncated for s in samples) / len(samples)
+        per = [sum(1.0 if s.strict else 0.0 for s in group) / k for group in per_problem]
+        strict = sum(per) / len(per)
     correct = [s.length for s in samples if s.reward > 0]
-    out["eval/correct_len_min"] = float(min(correct)) if correct else float("nan")
-    out["eval/correct_len_max"] = float(max(correct)) if correct else float("nan")
-    return out
+    return EvalStats(
+        k=k, avg=sum(scores) / len(problems), strict_avg=strict,
+        by_bucket={b: sum(by_bucket[b]) / len(by_bucket[b]) for b in names if by_bucket.get(b)},
+        response_length=sum(s.length for s in samples) / len(samples),
+        distinct_per_prompt=sum(len({s.text for s in group}) for group in per_problem) / len(problems),
+        verifier_errors=sum(s.error for s in samples), truncated_frac=sum(s.truncated for s in samples) / len(samples),
+        correct_len_min=float(min(correct)) if correct else float("nan"),
+        correct_len_max=float(max(correct)) if correct else float("nan"))
 
 
 def format_table(metrics: dict[str, float], task=None, *, k: int | None = None) -> str:

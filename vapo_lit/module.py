@@ -34,7 +34,7 @@ from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_ob
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
-from vapo_lit.evaluation import eval_subset
+from vapo_lit.evaluation import eval_subset, sample_responses, summarize
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
                                  score_stats, value_stats)
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, mean
@@ -472,20 +472,17 @@ class VapoModule(L.LightningModule):
     @torch.no_grad()
     def evaluate(self, at: int | None = None) -> EvalResult:
         """eval/... of the current actor; sampling seeded by iteration `at` (default: the current one)."""
-        from vapo_lit.evaluation import evaluate
-
         t0 = time.perf_counter()
         seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, 3)
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
                                   top_p=self.cfg.eval_top_p)
         batch = self.cfg.ppo.rollout_batch_size or 256
         with self.sampling_context():
-            raw = evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,
-                           sampling=sampling, seed=seed, batch_size=batch, shard=rank_and_world())
-        metrics = {k: float(v) for k, v in raw.items()}
-        metrics["perf/eval_seconds"] = time.perf_counter() - t0
-        value = metrics.get(f"eval/avg@{self.cfg.eval_k}", float("nan"))
-        is_best = value > self.best_eval
+            samples = sample_responses(self.engine, self.task, self.eval_set, k=self.cfg.eval_k, sampling=sampling,
+                                       seed=seed, batch_size=batch, shard=rank_and_world())
+        stats = summarize(self.task, self.eval_set, samples, self.cfg.eval_k)
+        metrics = {**stats.log(), "perf/eval_seconds": time.perf_counter() - t0}
+        value, is_best = stats.avg, stats.avg > self.best_eval
         if is_best:
             self.best_eval = value
             metrics["eval/is_best"] = 1.0
