@@ -161,7 +161,7 @@ class VapoModule(L.LightningModule):
         # 1. rollout (this rank's share of the prompts; the only step that samples)
         exp = self.rollout(problems)
         clock.append(("rollout", time.perf_counter()))
-        # 2. score   3. values (of this rank's responses), then the whole batch on every rank
+        # 2. score   3. values (of this rank's responses; their stats, step 7, are the whole batch's)
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
