@@ -274,6 +274,27 @@ def test_component_checks_run_in_trainer_setup(tmp_path):
         _trainer_setup(tmp_path, REGISTRY["clip_higher"](eps_high=0.25), ppo={"eps": 0.3})
 
 
+def test_one_rule_one_place_config_and_callback_ask_the_same_check(tmp_path, monkeypatch):
+    """config.validate and the callback's setup both ask config.COMPONENT_CHECKS: the same
+    message from each, and a changed rule changes both (no second copy of eps_high >= eps)."""
+    from vapo_lit import config
+
+    cfg = merge(RunConfig(), {"components": ["clip_higher"], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}})
+    with pytest.raises(ValueError, match=r"^vapo\.eps_high=0.25 is below eps_low=ppo.eps=0.3; valid: eps_high >= eps_low$"):
+        config.validate(cfg)
+    with pytest.raises(ValueError, match=r"^clip_higher\.eps_high=0.25 is below eps_low=ppo.eps=0.3; valid"):
+        REGISTRY["clip_higher"](eps_high=0.25).check(build_module(merge(merge(RunConfig(), PRESETS["smoke"]), {
+            "model": "random", "out_dir": str(tmp_path), "ppo": {"eps": 0.3}})))
+    monkeypatch.setitem(config.COMPONENT_CHECKS, "clip_higher", lambda values, c: "eps_high=changed rule")
+    ok = merge(RunConfig(), {"components": ["clip_higher"]})
+    with pytest.raises(ValueError, match="vapo.eps_high=changed rule"):
+        config.validate(ok)
+    with pytest.raises(ValueError, match="clip_higher.eps_high=changed rule"):
+        REGISTRY["clip_higher"]().check(build_module(merge(merge(RunConfig(), PRESETS["smoke"]), {
+            "model": "random", "out_dir": str(tmp_path)})))
+    config.validate(merge(RunConfig(), {"components": [], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}}))  # off: no rule
+
+
 def test_a_component_joins_the_iteration_once(tmp_path):
     """Only components with iteration hooks are added to module.extensions, once however often
     Lightning runs their setup."""

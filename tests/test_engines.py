@@ -145,10 +145,18 @@ def test_bad_sampling_params():
         make_engine("nope", None, None)
 
 
-def test_config_choices_are_the_registry():
-    field = {f.name: f for f in dataclasses.fields(RunConfig)}["rollout_engine"]
-    assert set(field.metadata["choices"]) == set(ENGINES)
-    assert field.default in ENGINES
+def test_config_engine_names_are_the_registry(monkeypatch):
+    """config.validate takes the valid rollout engines from ENGINES itself (no second list of names)."""
+    from vapo_lit import engines
+    from vapo_lit.config import merge, validate
+
+    assert {f.name: f for f in dataclasses.fields(RunConfig)}["rollout_engine"].default in ENGINES
+    for name in ENGINES:
+        validate(merge(RunConfig(), {"rollout_engine": name}))
+    with pytest.raises(ValueError, match=r"^rollout_engine='vllm' is not valid; choose one of: hf, cb$"):
+        validate(merge(RunConfig(), {"rollout_engine": "vllm"}))
+    monkeypatch.setitem(engines.ENGINES, "vllm", engines.HFEngine)
+    validate(merge(RunConfig(), {"rollout_engine": "vllm"}))
 
 
 # ---- the continuous-batching backend ("cb") -------------------------------------------------

@@ -4,7 +4,7 @@ import math
 import pytest
 import torch
 
-from vapo_lit.evaluation import evaluate, format_table
+from vapo_lit.evaluation import evaluate, format_table, sample_responses, summarize
 from vapo_lit.rollout import Rollout
 from vapo_lit.tasks import get_task
 from vapo_lit.tasks.base import Verdict
@@ -116,8 +116,10 @@ def test_real_tiny_model_is_deterministic(task):
         assert key in a
     assert 1 <= a["eval/distinct_per_prompt"] <= 3
     assert a["eval/response_length"] <= 12
-    out, samples = evaluate(model, task, probs[:2], k=2, max_new_tokens=5, return_samples=True)
-    assert len(samples) == 4 and samples[0]["problem"] == probs[0]
+    samples = sample_responses(model, task, probs[:2], k=2, max_new_tokens=5)
+    assert len(samples) == 4 and samples[0].problem == probs[0] and samples[3].problem == probs[1]
+    got, want = summarize(task, probs[:2], samples, 2).log(), evaluate(model, task, probs[:2], k=2, max_new_tokens=5)
+    assert got.keys() == want.keys() and all(got[k] == want[k] or math.isnan(got[k]) and math.isnan(want[k]) for k in got)
 
 
 def test_bad_arguments(task):

@@ -324,6 +324,27 @@ def test_synthetic_regenerates_byte_for_byte(syn, tmp_path, monkeypatch):
     assert pd.read_csv(copy / "mine" / "seeds.csv")["run"].str.startswith("../runs/").all()
 
 
+def test_a_new_column_is_one_tracked_metric_and_one_spec_line(tmp_path, monkeypatch):
+    """The README's "adding a report column": TRACKED gets the metric, DIAGNOSTICS the column."""
+    from vapo_lit.report import collect, render
+
+    monkeypatch.setitem(collect.TRACKED, "prompts", "rollout/prompts")
+    monkeypatch.setitem(render.TABLES, "diagnostics", [*render.DIAGNOSTICS, (
+        "prompts (final / last {n})", lambda r, c: render.pair_of(r, "prompts", 1))])
+    out = make_synthetic(tmp_path / "syn")
+    assert report([str(out), "--grid", "syn", "--last-n", "3", "--no-figures"]) == 0
+    folder = out / "reports" / "syn"
+    table = pd.read_csv(folder / "table.csv").set_index("row")
+    assert (table["prompts_final_mean"] == 4).all() and (table["prompts_last_mean"] == 4).all()
+    md = (folder / "table.md").read_text()
+    diag = md[md.index("## Diagnostics"):]
+    head = next(line for line in diag.splitlines() if line.startswith("| row"))
+    assert head.endswith("| attempts / crashes | prompts (final / last 3) |")
+    lines = [line for line in diag.splitlines() if line.startswith("| ") and not line.startswith("| row")]
+    assert len(lines) == len(ROWS) and all(line.endswith("| 4.0 / 4.0 |") for line in lines)
+    assert "prompts (final / last 3)" in (folder / "table.tex").read_text()
+
+
 def test_manifest_sets_order_and_labels_without_it_configs_do(tmp_path):
     out = make_synthetic(tmp_path / "o", manifest=False)
     cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]

@@ -257,3 +257,43 @@ def test_the_critic_targets_are_what_it_learns(runs):
             assert gap(step.grads, critic_reference(run, step)["grads"]) > 100 * TOL
     finally:
         exp.returns = saved
+
+
+# ----------------------------------------------------------------------------- MicroBatchSums
+def _cut(n: int, g: torch.Generator) -> list[int]:
+    """Random micro-batch boundaries of n tokens' rows (at least one row each)."""
+    inner = sorted(torch.randperm(n - 1, generator=g)[:3].add(1).tolist())
+    return [0, *inner, n]
+
+
+def test_micro_batch_sums_are_token_weighted_whatever_the_cut():
+    """Means over micro-batches weighted by their share of the mini-batch's tokens equal the float64
+    token mean of each mini-batch, averaged over mini-batches, however the rows are cut; totals add
+    up; peaks are maxima; declared keys come first, in order."""
+    from vapo_lit.update_stats import ActorStats, MicroBatchSums
+
+    g = torch.Generator().manual_seed(0)
+    minibatches = [[torch.rand(int(n), generator=g, dtype=torch.float64) for n in torch.randint(1, 9, (10,), generator=g)]
+                   for _ in range(3)]  # 3 mini-batches of 10 rows, each row a few tokens' values
+    want = sum(float(torch.cat(rows).mean()) for rows in minibatches) / len(minibatches)
+    got = []
+    for trial in range(3):
+        sums = MicroBatchSums.declared(weighted=["a"], totals=["loss"], peaks=["top"])
+        for rows in minibatches:
+            tokens = sum(len(r) for r in rows)
+            edges = _cut(len(rows), g)
+            for lo, hi in zip(edges, edges[1:]):
+                micro = torch.cat(rows[lo:hi])
+                sums.add(len(micro) / tokens, weighted={"z": 1.0, "a": micro.mean()}, totals={"loss": micro.sum() / tokens},
+                         peaks={"top": micro.max()})
+        means, totals, peaks = sums.reduce()
+        assert list(means) == ["a", "z"] and means["z"] == pytest.approx(1.0, rel=1e-15)
+        assert means["a"] == pytest.approx(want, rel=1e-13)
+        assert totals["loss"] == pytest.approx(want * len(minibatches), rel=1e-13)
+        assert peaks["top"] == max(float(torch.cat(rows).max()) for rows in minibatches)
+        assert sums.finite()
+        got.append(means["a"])
+    assert max(got) - min(got) < 1e-15
+    sums.add(0.5, weighted={}, totals={"loss": float("nan")}, peaks={})
+    assert not sums.finite()
+    assert list(ActorStats.sums().weighted) == list(ActorStats.MEANS)  # every rank reduces the same keys

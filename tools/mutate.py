@@ -53,6 +53,8 @@ TARGETS: dict[str, tuple[tuple[str, ...] | None, list[str]]] = {
                                   "tests/test_module.py", "tests/test_golden.py"]),
     "vapo_lit/module.py": (None, ["tests/test_components.py", "tests/test_updates.py", "tests/test_module.py",
                                   "tests/test_golden.py"]),
+    "vapo_lit/update_stats.py": (None, ["tests/test_updates.py", "tests/test_components.py", "tests/test_module.py",
+                                        "tests/test_golden.py"]),
     "vapo_lit/components/*.py": (None, ["tests/test_components.py", "tests/test_updates.py", "tests/test_module.py",
                                         "tests/test_golden.py"]),
     "vapo_lit/ablate/store.py": (("CellStore.claim", "CellStore._lowest_live", "CellStore.complete", "CellStore.fail",

@@ -170,8 +170,7 @@ class RunConfig:
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
-    rollout_engine: str = _f("hf", "rollout engine: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, README 'Rollout engines')",
-                             choices=("hf", "cb"))
+    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, README 'Rollout engines')")
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})
@@ -231,6 +230,33 @@ def _range_text(meta: dict) -> str:
     return f"valid range: {'<' if meta.get('hi_open') else '<='} {hi}"
 
 
+def _clip_higher(values: dict, cfg: RunConfig) -> str | None:
+    if values["eps_high"] < cfg.ppo.eps:
+        return f"eps_high={values['eps_high']} is below eps_low=ppo.eps={cfg.ppo.eps}; valid: eps_high >= eps_low"
+    return None
+
+
+def _group_sampling(values: dict, cfg: RunConfig) -> str | None:
+    k, n = values["samples_per_prompt"], cfg.ppo.responses_per_step
+    return f"samples_per_prompt={k} must divide ppo.responses_per_step={n}" if n % k else None
+
+
+COMPONENT_CHECKS = {"clip_higher": _clip_higher, "group_sampling": _group_sampling}
+"""Each component's rule across settings (beyond the ranges of its own values): name -> (its values,
+the run config) -> what is wrong, or None. The one place each rule is written: `validate` asks it
+for every named component (values from cfg.vapo), the component's callback asks it again in
+`setup` with the values it was built with (components/base.py). Here, not in the component's file,
+because config sits below components/ (which need Lightning)."""
+
+
+def check_component(name: str, values: dict, cfg: RunConfig, where: str) -> None:
+    """ValueError `where`.<what is wrong> when component `name`'s rule refuses `values` under `cfg`."""
+    rule = COMPONENT_CHECKS.get(name)
+    problem = rule(values, cfg) if rule else None
+    if problem:
+        raise ValueError(f"{where}.{problem}")
+
+
 def validate(cfg: RunConfig) -> RunConfig:
     """Raise ValueError (naming the field, the value and what is valid) on any bad setting."""
     def walk(obj, prefix):
@@ -264,15 +290,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(
             f"ppo.micro_batch_size={p.micro_batch_size} exceeds ppo.mini_batch_size={p.mini_batch_size}"
         )
-    if "group_sampling" in cfg.components and p.responses_per_step % cfg.vapo.samples_per_prompt:
-        raise ValueError(
-            f"with group_sampling, ppo.responses_per_step={p.responses_per_step} must be a multiple of "
-            f"vapo.samples_per_prompt={cfg.vapo.samples_per_prompt}"
-        )
-    if "clip_higher" in cfg.components and cfg.vapo.eps_high < p.eps:
-        raise ValueError(
-            f"vapo.eps_high={cfg.vapo.eps_high} is below ppo.eps={p.eps}; Clip-Higher needs eps_high >= eps_low"
-        )
+    values = dataclasses.asdict(cfg.vapo)
+    for name in cfg.components:
+        check_component(name, values, cfg, where="vapo")
+    from vapo_lit.engines import ENGINES  # the registry itself (it needs torch): no second list of names here
+
+    if cfg.rollout_engine not in ENGINES:
+        raise ValueError(f"rollout_engine={cfg.rollout_engine!r} is not valid; choose one of: {', '.join(ENGINES)}")
     if cfg.advantage_estimator == "grpo":
         critic_parts = [c for c in ("value_pretraining", "decoupled_gae", "length_adaptive_gae") if c in cfg.components]
         if critic_parts:

@@ -5,6 +5,7 @@
 from __future__ import annotations
 
 from collections import defaultdict
+from dataclasses import dataclass
 
 import torch
 
@@ -18,15 +19,28 @@ def as_engine(model_or_engine, tokenizer):
     return HFEngine(model_or_engine, tokenizer)
 
 
+@dataclass(frozen=True)
+class Sample:
+    """One evaluation response and its verdict."""
+
+    problem: object
+    text: str
+    reward: float
+    """The verifier's reward (0 when it failed)."""
+    error: bool
+    """The verifier failed (scored 0, counted apart)."""
+    strict: bool | None
+    """The task's independent check, None when the task has none."""
+    length: int
+    """Response tokens, EOS included."""
+    truncated: bool
+
+
 @torch.no_grad()
 def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
              max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
-             tokenizer=None, return_samples: bool = False, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
-    """Sample `k` responses per problem and score them with ``task.verify``.
-
-    `model` is a rollout engine (`vapo_lit.engines`) or a plain HF causal LM (sampled with the
-    KV-cached engine). `sampling` (a `SamplingParams`) overrides temperature / top_p /
-    max_new_tokens. Returns (all floats):
+             tokenizer=None, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+    """Sample `k` responses per problem, score them with ``task.verify`` and summarise (all floats):
 
     * ``eval/avg@k``: mean over problems of the mean reward over its k samples;
     * ``eval/avg@k/<bucket>``: the same within each of ``task.bucket_names()`` (buckets without
@@ -39,14 +53,28 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     * ``eval/truncated_frac``: share of responses that hit the length limit;
     * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
       in tokens (NaN when none).
+    The arguments are `sample_responses`'; for the samples or the typed `EvalStats`, call it, then
+    `summarize`.
+    """
+    samples = sample_responses(model, task, problems, k=k, sampling=sampling, temperature=temperature, top_p=top_p,
+                               max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, tokenizer=tokenizer,
+                               shard=shard)
+    return summarize(task, problems, samples, k).log()
 
-    Samples are drawn in chunks of `batch_size` responses; sample j (problem j // k) is seeded
-    with ``sample_seed(seed, j)``, so the result is a deterministic function of (model, problems,
-    arguments) whatever the chunk size. With ``return_samples=True`` a second value is returned: a list of per-response dicts.
 
-    `shard` = (rank, world): under data parallelism each rank samples and verifies a contiguous
-    1/world of the samples and the per-sample results are gathered, so every rank returns the
-    same metrics as a single process would.
+@torch.no_grad()
+def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
+                     max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0, tokenizer=None,
+                     shard: tuple[int, int] = (0, 1)) -> list[Sample]:
+    """`k` verified samples per problem (problem j's are samples j*k .. j*k + k - 1).
+
+    `model` is a rollout engine (`vapo_lit.engines`) or a plain HF causal LM (sampled with the
+    KV-cached engine). `sampling` (a `SamplingParams`) overrides temperature / top_p /
+    max_new_tokens. Samples are drawn in chunks of `batch_size` responses; sample j is seeded with
+    ``sample_seed(seed, j)``, so the result is a deterministic function of (model, problems,
+    arguments) whatever the chunk size. `shard` = (rank, world): under data parallelism each rank
+    samples and verifies a contiguous 1/world of the samples and they are gathered, so every rank
+    returns what a single process would.
     """
     from vapo_lit.distributed import gather_objects
     from vapo_lit.engines import SamplingParams
@@ -56,7 +84,7 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     if not problems:
         raise ValueError("no problems to evaluate")
     if k < 1:
-        raise ValueError("k must be >= 1")
+        raise ValueError(f"k={k} is not valid: k must be >= 1")
     engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer)
     if sampling is None:
         sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
@@ -65,56 +93,69 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     rank, world = shard
     per_rank = -(-len(flat) // world)
     lo, hi = min(rank * per_rank, len(flat)), min((rank + 1) * per_rank, len(flat))
-    records = []  # (reward, error?, strict or None, length, truncated, text) of samples lo..hi-1
+    samples = []
     for i in range(lo, hi, batch_size):
         chunk = flat[i: min(i + batch_size, hi)]
         ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
-        chunk_lengths, chunk_truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
-        for j, (p, text) in enumerate(zip(chunk, ro.texts)):
+        lengths, truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
+        for p, text, n, cut in zip(chunk, ro.texts, lengths, truncated):
             v = task.verify(p, text)
-            records.append((float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
-                            int(chunk_lengths[j]), bool(chunk_truncated[j]), text))
-    if world > 1:
-        records = [r for part in gather_objects(records) for r in part]
-    rewards = [r[0] for r in records]
-    errors = sum(r[1] for r in records)
-    any_strict = any(r[2] is not None for r in records)
-    stricts = [1.0 if r[2] else 0.0 for r in records]
-    lengths = [r[3] for r in records]
-    truncs = [r[4] for r in records]
-    texts = [r[5] for r in records]
+            samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
+                                  int(n), bool(cut)))
+    return [s for part in gather_objects(samples) for s in part] if world > 1 else samples
 
-    per_problem = defaultdict(list)
+
+@dataclass(frozen=True)
+class EvalStats:
+    """avg@k and what comes with it (each explained in `evaluate`); `log()` gives the eval/... metrics."""
+
+    k: int
+    avg: float
+    by_bucket: dict[str, float]
+    """Bucket -> avg@k within it, in the task's bucket order; buckets without problems left out."""
+    strict_avg: float | None
+    """None when the task has no independent check."""
+    response_length: float
+    distinct_per_prompt: float
+    verifier_errors: int
+    truncated_frac: float
+    correct_len_min: float
+    correct_len_max: float
+
+    def log(self) -> dict[str, float]:
+        k = self.k
+        out = {f"eval/avg@{k}": self.avg, **{f"eval/avg@{k}/{b}": v for b, v in self.by_bucket.items()}}
+        if self.strict_avg is not None:
+            out[f"eval/strict_avg@{k}"] = self.strict_avg
+        out.update({"eval/response_length": self.response_length, "eval/distinct_per_prompt": self.distinct_per_prompt,
+                    "eval/verifier_errors": float(self.verifier_errors), "eval/truncated_frac": self.truncated_frac,
+                    "eval/correct_len_min": self.correct_len_min, "eval/correct_len_max": self.correct_len_max})
+        return out
+
+
+def summarize(task, problems, samples: list[Sample], k: int) -> EvalStats:
+    """The statistics of `samples` (k per problem, in problem order; see `evaluate`)."""
+    problems = list(problems)
+    per_problem = [samples[i * k:(i + 1) * k] for i in range(len(problems))]
+    scores = [sum(s.reward for s in group) / k for group in per_problem]
     by_bucket: dict[str, list[float]] = defaultdict(list)
-    strict_pp = []
-    distinct = []
-    for pi, p in enumerate(problems):
-        sl = slice(pi * k, (pi + 1) * k)
-        score = sum(rewards[sl]) / k
-        per_problem[pi] = score
+    for p, score in zip(problems, scores):
         by_bucket[task.bucket(p)].append(score)
-        strict_pp.append(sum(stricts[sl]) / k)
-        distinct.append(len(set(texts[sl])))
-    out = {f"eval/avg@{k}": sum(per_problem.values()) / len(problems)}
     names = list(task.bucket_names())
     names += sorted(b for b in by_bucket if b not in names)
-    for b in names:
-        if by_bucket.get(b):
-            out[f"eval/avg@{k}/{b}"] = sum(by_bucket[b]) / len(by_bucket[b])
-    if any_strict:
-        out[f"eval/strict_avg@{k}"] = sum(strict_pp) / len(strict_pp)
-    out["eval/response_length"] = sum(lengths) / len(lengths)
-    out["eval/distinct_per_prompt"] = sum(distinct) / len(distinct)
-    out["eval/verifier_errors"] = float(errors)
-    out["eval/truncated_frac"] = sum(truncs) / len(truncs)
-    correct_lengths = [n for n, r in zip(lengths, rewards) if r > 0]
-    out["eval/correct_len_min"] = float(min(correct_lengths)) if correct_lengths else float("nan")
-    out["eval/correct_len_max"] = float(max(correct_lengths)) if correct_lengths else float("nan")
-    if return_samples:
-        samples = [{"problem": flat[i], "text": texts[i], "reward": rewards[i], "strict": stricts[i],
-                    "length": lengths[i], "truncated": truncs[i]} for i in range(len(flat))]
-        return out, samples
-    return out
+    strict = None
+    if any(s.strict is not None for s in samples):
+        per = [sum(1.0 if s.strict else 0.0 for s in group) / k for group in per_problem]
+        strict = sum(per) / len(per)
+    correct = [s.length for s in samples if s.reward > 0]
+    return EvalStats(
+        k=k, avg=sum(scores) / len(problems), strict_avg=strict,
+        by_bucket={b: sum(by_bucket[b]) / len(by_bucket[b]) for b in names if by_bucket.get(b)},
+        response_length=sum(s.length for s in samples) / len(samples),
+        distinct_per_prompt=sum(len({s.text for s in group}) for group in per_problem) / len(problems),
+        verifier_errors=sum(s.error for s in samples), truncated_frac=sum(s.truncated for s in samples) / len(samples),
+        correct_len_min=float(min(correct)) if correct else float("nan"),
+        correct_len_max=float(max(correct)) if correct else float("nan"))
 
 
 def format_table(metrics: dict[str, float], task=None, *, k: int | None = None) -> str:

@@ -1,9 +1,10 @@
 """One PPO iteration as data: an `Experience` and the pure stages that fill it.
 
     exp = Experience.from_rollout(rollout, problems, group_size=k)   # 1. rollout
-    score_stats = score(exp, task.verify_batch(exp.problems, exp.texts))   # 2. score
+    score(exp, task.verify_batch(exp.problems, exp.texts))          # 2. score -> ScoreStats
     fill_values(exp, critic)                                        # 3. values (critic-based rows)
-    adv_stats = fill_advantages(exp, settings)                      # 4. advantages
+    adv_stats = fill_advantages(exp, settings)                      # 4. advantages -> AdvantageStats
+    rollout_stats(exp), score_stats(exp), value_stats(exp, "mc")    # the batch's typed statistics
 
 Each stage fills its fields of the `Experience` and returns its own typed statistics; nothing is
 passed through a metrics dictionary. The stages are torch only: the critic enters `fill_values`
@@ -144,14 +145,6 @@ class Experience:
                 out[f.name] = v
         return Experience(**out)
 
-    def to(self, device) -> "Experience":
-        """The same Experience with every tensor on `device`."""
-        for f in dataclasses.fields(self):
-            v = getattr(self, f.name)
-            if isinstance(v, torch.Tensor):
-                setattr(self, f.name, v.to(device))
-        return self
-
 
 # ----------------------------------------------------------------------------- 2. score
 @dataclass(frozen=True)
@@ -288,21 +281,68 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
 
 
 # ----------------------------------------------------------------------------- diagnostics
-def rollout_stats(exp: Experience) -> dict[str, float]:
-    """Length and shape of the batch (`rollout/...`)."""
+@dataclass(frozen=True)
+class RolloutStats:
+    """Length and shape of the batch."""
+
+    response_length: float
+    response_length_min: float
+    response_length_max: float
+    response_length_p90: float
+    truncated_frac: float
+    prompts: int
+    samples_per_prompt: int
+
+    def log(self) -> dict[str, float]:
+        return {"rollout/response_length": self.response_length,
+                "rollout/response_length_min": self.response_length_min,
+                "rollout/response_length_max": self.response_length_max,
+                "rollout/response_length_p90": self.response_length_p90,
+                "rollout/truncated_frac": self.truncated_frac, "rollout/prompts": float(self.prompts),
+                "rollout/samples_per_prompt": float(self.samples_per_prompt)}
+
+
+def rollout_stats(exp: Experience) -> RolloutStats:
     lf = exp.mask.sum(1).float()
-    return {
-        "rollout/response_length": float(lf.mean()),
-        "rollout/response_length_min": float(lf.min()),
-        "rollout/response_length_max": float(lf.max()),
-        "rollout/response_length_p90": float(torch.quantile(lf, 0.9)),
-        "rollout/truncated_frac": float(exp.truncated.float().mean()),
-        "rollout/prompts": float(exp.n // exp.group_size),
-        "rollout/samples_per_prompt": float(exp.group_size),
-    }
+    return RolloutStats(response_length=float(lf.mean()), response_length_min=float(lf.min()),
+                        response_length_max=float(lf.max()), response_length_p90=float(torch.quantile(lf, 0.9)),
+                        truncated_frac=float(exp.truncated.float().mean()), prompts=exp.n // exp.group_size,
+                        samples_per_prompt=exp.group_size)
 
 
-def value_stats(exp: Experience, reference: str = "targets") -> dict[str, float]:
+@dataclass(frozen=True)
+class ValueStats:
+    """The critic at sampling time against a reference return (see `value_stats`)."""
+
+    explained_variance: float
+    explained_variance_pos: float
+    """Over the correct responses' tokens (and `_neg` over the wrong ones')."""
+    explained_variance_neg: float
+    mean: float
+    return_mean: float
+    bias: float
+    """Mean of V - return over valid tokens (and at the first token, by position, by length)."""
+    bias_first_token: float
+    bias_by_position: dict[str, float]
+    """Bucket label (POSITION_EDGES, `bucket_labels`) -> bias; buckets without a token left out."""
+    bias_by_length: dict[str, float]
+    """Likewise by response length (LENGTH_EDGES)."""
+    explained_variance_target: float
+    """Against the critic's own lambda_critic targets, whatever the reference."""
+
+    def log(self) -> dict[str, float]:
+        out = {"value/explained_variance": self.explained_variance,
+               "value/explained_variance_pos": self.explained_variance_pos,
+               "value/explained_variance_neg": self.explained_variance_neg,
+               "value/mean": self.mean, "value/return_mean": self.return_mean, "value/bias": self.bias,
+               "value/bias_first_token": self.bias_first_token}
+        out.update({f"value/bias_pos_{lab}": b for lab, b in self.bias_by_position.items()})
+        out.update({f"value/bias_len_{lab}": b for lab, b in self.bias_by_length.items()})
+        out["value/explained_variance_target"] = self.explained_variance_target
+        return out
+
+
+def value_stats(exp: Experience, reference: str = "targets") -> ValueStats:
     """The critic at sampling time against `reference` returns ('targets': its own lambda_critic
     targets; 'mc': Monte-Carlo returns): explained variance overall / correct / wrong responses,
     mean value and return, bias overall, at the first token, by response position and by length."""
@@ -310,23 +350,22 @@ def value_stats(exp: Experience, reference: str = "targets") -> dict[str, float]
     returns = exp.returns if reference == "targets" else exp.mc_returns
     pos = exp.positive[:, None].to(mask.dtype) * mask
     neg = (exp.scores == 0)[:, None].to(mask.dtype) * mask
-    out = {
-        "value/explained_variance": float(algos.explained_variance(values, returns, mask)),
-        "value/explained_variance_pos": float(algos.explained_variance(values, returns, pos)),
-        "value/explained_variance_neg": float(algos.explained_variance(values, returns, neg)),
-        "value/mean": float(algos.masked_mean(values, mask)),
-        "value/return_mean": float(algos.masked_mean(returns, mask)),
-        "value/bias": float(algos.masked_mean(values - returns, mask)),
-    }
     first = torch.zeros_like(mask)
     first[:, 0] = mask[:, 0]
-    out["value/bias_first_token"] = float(algos.masked_mean(values - returns, first))
-    for name, edges, by in (("pos", POSITION_EDGES, "position"), ("len", LENGTH_EDGES, "length")):
+
+    def by_bucket(edges, by):
         bias, counts = algos.value_bias(values, returns, mask, edges, by=by)
-        for lab, b, c in zip(bucket_labels(edges), bias.tolist(), counts.tolist()):
-            if c:
-                out[f"value/bias_{name}_{lab}"] = b
-    return out
+        return {lab: b for lab, b, c in zip(bucket_labels(edges), bias.tolist(), counts.tolist()) if c}
+
+    return ValueStats(
+        explained_variance=float(algos.explained_variance(values, returns, mask)),
+        explained_variance_pos=float(algos.explained_variance(values, returns, pos)),
+        explained_variance_neg=float(algos.explained_variance(values, returns, neg)),
+        mean=float(algos.masked_mean(values, mask)), return_mean=float(algos.masked_mean(returns, mask)),
+        bias=float(algos.masked_mean(values - returns, mask)),
+        bias_first_token=float(algos.masked_mean(values - returns, first)),
+        bias_by_position=by_bucket(POSITION_EDGES, "position"), bias_by_length=by_bucket(LENGTH_EDGES, "length"),
+        explained_variance_target=float(algos.explained_variance(values, exp.returns, mask)))
 
 
 def bucket_labels(edges) -> list[str]:

@@ -15,6 +15,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vapo_lit import faults
 from vapo_lit.config import COMPONENTS, RunConfig, run_label
+from vapo_lit.secrets import scrub_argv
 
 SUMMARY_ENV = "VAPO_LIT_WANDB_SUMMARY"
 """Set to 1 to get W&B's console header and end-of-run summary (sparklines) back."""
@@ -172,8 +173,6 @@ def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | N
     if mode == "disabled":
         return None
     from lightning.pytorch.loggers import WandbLogger
-
-    from vapo_lit.ablate.urls import scrub_argv
 
     scrub_argv()  # W&B records sys.argv (its "args"): no database password may be in it
     dropped = [c for c in COMPONENTS if c not in cfg.components]

@@ -6,7 +6,10 @@
     4. advantages   decoupled GAE: actor advantages (lambda_policy), critic targets (lambda_critic)
     5. critic       value-loss updates over mini-batches (the only update during value pretraining)
     6. actor        clipped policy loss (+ mu * positive NLL) over mini-batches; weights to the engine
-    7. log          metrics -> CSV + W&B, eval/avg@k every `eval_every` PPO updates
+    7. statistics   typed, stage by stage (`IterationStats`, vapo_lit/update_stats.py); counters
+    8. evaluate     eval/avg@k every `eval_every` PPO updates and after the last
+    9. log          the statistics as metrics -> CSV + W&B (the only place a metrics dict is built)
+   10. stop         after `steps` PPO updates
 
 The iteration's data is one `Experience` (vapo_lit/experience.py) filled by pure stages. The seven
 VAPO components are not branches hidden in here: they are callbacks that set `self.switches` in
@@ -31,9 +34,10 @@ from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_ob
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
-from vapo_lit.evaluation import eval_subset
+from vapo_lit.evaluation import eval_subset, sample_responses, summarize
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
                                  score_stats, value_stats)
+from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, mean
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
 
@@ -83,15 +87,6 @@ class EvalResult:
     score: float
     is_best: bool
     metrics: dict
-
-
-@dataclass(frozen=True)
-class CriticUpdateStats:
-    loss: float
-    grad_norm: float
-
-    def log(self) -> dict[str, float]:
-        return {"value/loss": self.loss, "value/grad_norm": self.grad_norm}
 
 
 class VapoModule(L.LightningModule):
@@ -166,39 +161,43 @@ class VapoModule(L.LightningModule):
         # 1. rollout (this rank's share of the prompts; the only step that samples)
         exp = self.rollout(problems)
         clock.append(("rollout", time.perf_counter()))
-
-        # 2. score   3. values (of this rank's responses), then the whole batch on every rank
+        # 2. score   3. values (of this rank's responses; their stats, step 7, are the whole batch's)
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
         clock.append(("values", time.perf_counter()))
-
         # 4. advantages
-        adv_stats = fill_advantages(exp, self.advantage_settings(pretraining))
+        adv = fill_advantages(exp, self.advantage_settings(pretraining))
         extra = {} if pretraining else {k: v for ext in self.extensions for k, v in ext.on_experience(self, exp).items()}
         clock.append(("advantages", time.perf_counter()))
-
         # 5. critic update   6. actor update (never while the critic is pretrained: the policy stays fixed)
-        critic_stats = None if self.critic_free else self.update_critic(exp)
+        critic = None if self.critic_free else self.update_critic(exp)
         clock.append(("critic_update", time.perf_counter()))
-        actor_stats = None if pretraining else self.update_actor(exp)
+        actor = None if pretraining else self.update_actor(exp)
+        if actor is not None:
+            self.engine.load_weights(self.actor)  # the next rollout samples from the updated policy
         clock.append(("actor_update", time.perf_counter()))
-
-        # 7. log
+        # 7. the iteration's statistics (the whole batch's), and where the run stands
+        stats = IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, critic=critic, actor=actor,
+                               value=None if self.critic_free else value_stats(exp, reference="mc"))
         self.iteration += 1
-        metrics = {**rollout_stats(exp), **score_stats(exp).log(), **adv_stats.log(), **extra}
-        if not self.critic_free:  # the critic against Monte-Carlo returns in every row (SPEC), and its own targets
-            metrics.update(value_stats(exp, reference="mc"))
-            metrics["value/explained_variance_target"] = value_stats(exp, reference="targets")["value/explained_variance"]
-            metrics.update(critic_stats.log())
-        if pretraining:
+        if pretraining:  # what the phase's stopping rule reads (components/value_pretraining.py)
             self.pretrain.steps_done += 1
-            self.pretrain.last_ev = metrics["value/explained_variance"]
+            self.pretrain.last_ev = stats.value.explained_variance
         else:
             self.ppo_updates += 1
-            metrics.update(actor_stats)
-        self.log_iteration(metrics, exp, pretraining, clock)
+        # 8. evaluate (every eval_every PPO updates and after the last)   9. log   10. stop after cfg.steps
+        if not pretraining and self.eval_due():
+            self._carry.update(self.evaluate().metrics)
+        self.log_iteration(stats, exp, pretraining, clock)
+        if self.ppo_updates >= self.cfg.steps:
+            self.trainer.should_stop = True
+
+    def eval_due(self) -> bool:
+        """After a PPO update: every `eval_every` of them, and after the last (`steps`)."""
+        return self.ppo_updates >= self.cfg.steps or bool(self.cfg.eval_every and
+                                                           self.ppo_updates % self.cfg.eval_every == 0)
 
     def rollout(self, problems) -> Experience:
         """prompts_per_step prompts x samples_per_prompt samples from the engine, in chunks of
@@ -224,112 +223,93 @@ class VapoModule(L.LightningModule):
     def actor_logprobs(self, exp: Experience, chunk_rows: int) -> torch.Tensor:
         """(N, R) log-probs of the sampled tokens under the current actor, `chunk_rows` rows per pass."""
         P, p = exp.prompt_width, self.cfg.ppo
-        ids, attn = exp.input_ids, exp.attention_mask
-        scorer = self._trained("actor")
+        ids, attn, scorer = exp.input_ids, exp.attention_mask, self._trained("actor")
         return torch.cat([scorer(ids[s:s + chunk_rows], attn[s:s + chunk_rows], P, exp.response_ids[s:s + chunk_rows],
-                                 p.temperature, False, p.logits_chunk)[0].to(exp.behaviour_logprobs.dtype)
+                                 temperature=p.temperature, entropy=False,
+                                 chunk=p.logits_chunk)[0].to(exp.behaviour_logprobs.dtype)
                           for s in range(0, exp.n, chunk_rows)])
 
-    def update_critic(self, exp: Experience) -> CriticUpdateStats:
+    def update_critic(self, exp: Experience) -> CriticStats:
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
         normalised by its own valid-token count, summed over its micro-batches (and ranks)."""
-        opt, sch = self._opt(1)
-        world = rank_and_world()[1]
+        world, p = rank_and_world()[1], self.cfg.ppo
         losses, norms = [], []
-        for epoch in range(self.cfg.ppo.critic_epochs):
+        for epoch in range(p.critic_epochs):
             for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu()):
-                den = exp.mask[idx].sum()
-                total, finite = 0.0, True
+                den, total = exp.mask[idx].sum(), 0.0
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
                     with self._grad_sync("critic", last=j == len(micros) - 1):
                         v = passes.state_values(self._trained("critic"), mb.input_ids, mb.attention_mask,
                                                 mb.prompt_width)[:, :-1]
                         loss = algos.value_loss(v, mb.returns, mb.mask, old_values=mb.values,
-                                                clip_range=self.cfg.ppo.value_clip, denominator=den)
+                                                clip_range=p.value_clip, denominator=den)
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     total += loss.item()
-                    finite = finite and math.isfinite(total)
-                self._agree_finite("value/loss", finite, total)
-                norms.append(self._clip(opt, self.critic))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                sch.step()
-                self.critic_steps += 1
+                norms.append(self._optimizer_step("critic", total, finite=math.isfinite(total)))
                 losses.append(total)
         loss_sum = all_reduce(torch.tensor(losses, dtype=torch.float64)) if losses else torch.zeros(0)
-        return CriticUpdateStats(loss=_mean(loss_sum.tolist()), grad_norm=_mean(norms))
+        return CriticStats(loss=mean(loss_sum.tolist()), grad_norm=mean(norms))
 
-    def update_actor(self, exp: Experience) -> dict[str, float]:
+    def update_actor(self, exp: Experience) -> ActorStats:
         """ppo_epochs passes of clipped-policy steps over mini-batches. The token-level and the
         positive-NLL denominators count the whole mini-batch, so micro-batches (and ranks) add up
         exactly."""
-        sw, p = self.switches, self.cfg.ppo
-        opt, sch = self._opt(0)
         world = rank_and_world()[1]
-        eps_high = sw.eps_high if sw.clip_higher else p.eps
-        aggregation = "token" if sw.token_level_loss else "sample"
-        weighted: dict[str, list] = {k: [0.0, 0.0] for k in ("policy/entropy", "policy/clipfrac_low", "policy/clipfrac_high",
-                                                           "policy/approx_kl", "policy/ratio_mean")}
-        loss_sums = {k: 0.0 for k in ("loss/policy", "loss/nll", "loss/total")}
-        norms, ratio_max, n_minibatches = [], 0.0, 0
-        for epoch in range(p.ppo_epochs):
+        sums, norms = ActorStats.sums(), []
+        for epoch in range(self.cfg.ppo.ppo_epochs):
             for idx, micros in self._minibatches(exp.n, salt=20 + epoch, lengths=exp.lengths.cpu()):
                 m = exp.mask[idx]
-                den = m.sum() if aggregation == "token" else (m.sum(1) > 0).sum()
+                tokens = m.sum()
+                den = tokens if self.switches.token_level_loss else (m.sum(1) > 0).sum()
                 pos_den = (m * exp.positive[idx, None]).sum()
-                finite = True
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
                     with self._grad_sync("actor", last=j == len(micros) - 1):
-                        logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, mb.prompt_width,
-                                                           mb.response_ids, p.temperature, True, p.logits_chunk)
-                        pg_loss, st = algos.policy_loss(
-                            logp, mb.behaviour_logprobs, mb.advantages, mb.mask,
-                            eps_low=p.eps, eps_high=eps_high, aggregation=aggregation, denominator=den)
-                        loss = pg_loss
-                        nll = torch.zeros((), device=logp.device, dtype=logp.dtype)
-                        if sw.positive_lm_loss:
-                            nll, _, _ = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)
-                            loss = loss + sw.mu * nll
-                        # token share of this micro-batch, for the diagnostics: a ratio of exact token
-                        # counts taken in float64 (a float32 quotient made the logged means depend on
-                        # how the mini-batch was cut into micro-batches, e.g. per rank under DDP)
-                        w = float(mb.mask.sum()) / float(m.sum())
-                        for ext in self.extensions:
-                            term = ext.loss_term(self, mb, logp, m.sum())
-                            if term is not None:
-                                loss = loss + term[0]
-                                for k, val in term[1].items():
-                                    acc = weighted.setdefault(k, [0.0, 0.0])
-                                    acc[0] += float(val) * w
-                                    acc[1] += w
+                        loss, stats = self.actor_loss(mb, den=den, pos_den=pos_den, tokens=tokens)
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
-                    for k, val in (("loss/policy", pg_loss), ("loss/nll", nll), ("loss/total", loss)):
-                        loss_sums[k] += float(val.detach())
-                    finite = finite and all(math.isfinite(loss_sums[k]) for k in loss_sums)
-                    for k, val in (("policy/entropy", algos.masked_mean(ent, mb.mask)),
-                                   ("policy/clipfrac_low", st.clipfrac_low), ("policy/clipfrac_high", st.clipfrac_high),
-                                   ("policy/approx_kl", st.approx_kl), ("policy/ratio_mean", st.ratio_mean)):
-                        weighted[k][0] += float(val) * w
-                        weighted[k][1] += w
-                    ratio_max = max(ratio_max, float(st.ratio_max))
-                self._agree_finite("loss/policy", finite, loss_sums["loss/policy"])
-                norms.append(self._clip(opt, self.actor))
-                opt.step()
-                opt.zero_grad(set_to_none=True)
-                sch.step()
-                self.actor_steps += 1
-                n_minibatches += 1
-        self.engine.load_weights(self.actor)  # the next rollout samples from the updated policy
-        keys = list(weighted)
-        sums = all_reduce(torch.tensor([x for k in keys for x in weighted[k]] + [loss_sums[k] for k in loss_sums],
-                                       dtype=torch.float64))
-        out = {k: float(sums[2 * i] / max(float(sums[2 * i + 1]), 1e-12)) for i, k in enumerate(keys)}
-        out.update({k: float(sums[2 * len(keys) + i]) / max(n_minibatches, 1) for i, k in enumerate(loss_sums)})
-        out["policy/grad_norm"] = _mean(norms)
-        out["policy/ratio_max"] = float(all_reduce(torch.tensor(ratio_max, dtype=torch.float64), "max"))
-        return out
+                    sums.add(float(mb.mask.sum()) / float(tokens), **stats)  # its share of the tokens (float64)
+                norms.append(self._optimizer_step("actor", sums.totals["loss/policy"], finite=sums.finite()))
+        return ActorStats.reduce(sums, norms)
+
+    def actor_loss(self, mb: Experience, *, den, pos_den, tokens) -> tuple[torch.Tensor, dict]:
+        """One micro-batch's actor loss: the clipped policy loss normalised by `den` (+ mu * the
+        positive NLL over `pos_den` tokens, + the components' terms over the mini-batch's
+        `tokens`), and its statistics as `MicroBatchSums.add` takes them."""
+        sw, p = self.switches, self.cfg.ppo
+        logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
+                                           temperature=p.temperature, entropy=True, chunk=p.logits_chunk)
+        pg_loss, st = algos.policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.mask, eps_low=p.eps,
+                                        eps_high=sw.eps_high if sw.clip_higher else p.eps,
+                                        aggregation="token" if sw.token_level_loss else "sample", denominator=den)
+        loss, nll = pg_loss, torch.zeros((), device=logp.device, dtype=logp.dtype)
+        if sw.positive_lm_loss:
+            nll = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)[0]
+            loss = loss + sw.mu * nll
+        weighted = {"policy/entropy": algos.masked_mean(ent, mb.mask), "policy/clipfrac_low": st.clipfrac_low,
+                    "policy/clipfrac_high": st.clipfrac_high, "policy/approx_kl": st.approx_kl,
+                    "policy/ratio_mean": st.ratio_mean}
+        for ext in self.extensions:
+            term = ext.loss_term(self, mb, logp, tokens)
+            if term is not None:
+                loss = loss + term[0]
+                weighted.update(term[1])
+        totals = {"loss/policy": pg_loss.detach(), "loss/nll": nll.detach(), "loss/total": loss.detach()}
+        return loss, {"weighted": weighted, "totals": totals, "peaks": {"policy/ratio_max": st.ratio_max}}
+
+    def _optimizer_step(self, name: str, loss: float, finite: bool) -> float:
+        """The step after a mini-batch's backward passes ("actor" or "critic"): every rank stops if
+        any rank's loss is not `finite`; then clip (returns the norm before clipping, for the
+        logs), step, zero the gradients, advance the schedule and the step counter."""
+        i, model, metric = (0, self.actor, "loss/policy") if name == "actor" else (1, self.critic, "value/loss")
+        opt, sch = self._opt(i)
+        self._agree_finite(metric, finite, loss)
+        norm = self._clip(opt, model)
+        opt.step()
+        opt.zero_grad(set_to_none=True)
+        sch.step()
+        setattr(self, f"{name}_steps", getattr(self, f"{name}_steps") + 1)  # actor_steps / critic_steps
+        return norm
 
     # ------------------------------------------------------------------ data parallel
     def configure_model(self) -> None:
@@ -445,9 +425,10 @@ class VapoModule(L.LightningModule):
             group["lr"] = base * fn(0)
 
     # ------------------------------------------------------------------ logging and evaluation
-    def log_iteration(self, metrics: dict, exp: Experience, pretraining: bool, clock: list) -> None:
-        """`clock`: (part, perf_counter at its end) in order, from ("start", t0) to the actor update."""
-        tokens = float(exp.mask.sum())
+    def log_iteration(self, stats: IterationStats, exp: Experience, pretraining: bool, clock: list) -> None:
+        """One row: the iteration's statistics, its timings (`clock`: (part, perf_counter at its end)
+        in order, from ("start", t0) to the actor update), the run's counters and what `_carry` holds."""
+        metrics, tokens = stats.log(), float(exp.mask.sum())
         t0, t_rollout, t_update = clock[0][1], dict(clock)["rollout"], clock[-1][1]
         metrics.update({f"perf/{part}_seconds": end - before for (_, before), (part, end) in zip(clock, clock[1:])})
         metrics.update({
@@ -458,9 +439,6 @@ class VapoModule(L.LightningModule):
         })
         if not self.critic_free:
             metrics["train/critic_lr"] = self._opt(1)[0].param_groups[0]["lr"]
-        done = self.ppo_updates >= self.cfg.steps
-        if not pretraining and (done or (self.cfg.eval_every and self.ppo_updates % self.cfg.eval_every == 0)):
-            self._carry.update(self.evaluate().metrics)
         metrics.update(self._carry)
         self._carry = {}
         metrics["perf/total_seconds"] = time.perf_counter() - t0
@@ -473,8 +451,6 @@ class VapoModule(L.LightningModule):
                         "perf/peak_memory_mb": peak_memory_mb(exp.mask.device)})
         self.last_metrics = metrics
         self._log(metrics, step=self.iteration)
-        if done:
-            self.trainer.should_stop = True
 
     def on_train_start(self) -> None:
         if not self._resumed:  # the initial policy's eval: its own row, step 0
@@ -496,20 +472,17 @@ class VapoModule(L.LightningModule):
     @torch.no_grad()
     def evaluate(self, at: int | None = None) -> EvalResult:
         """eval/... of the current actor; sampling seeded by iteration `at` (default: the current one)."""
-        from vapo_lit.evaluation import evaluate
-
         t0 = time.perf_counter()
         seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, 3)
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
                                   top_p=self.cfg.eval_top_p)
         batch = self.cfg.ppo.rollout_batch_size or 256
         with self.sampling_context():
-            raw = evaluate(self.engine, self.task, self.eval_set, k=self.cfg.eval_k,
-                           sampling=sampling, seed=seed, batch_size=batch, shard=rank_and_world())
-        metrics = {k: float(v) for k, v in raw.items()}
-        metrics["perf/eval_seconds"] = time.perf_counter() - t0
-        value = metrics.get(f"eval/avg@{self.cfg.eval_k}", float("nan"))
-        is_best = value > self.best_eval
+            samples = sample_responses(self.engine, self.task, self.eval_set, k=self.cfg.eval_k, sampling=sampling,
+                                       seed=seed, batch_size=batch, shard=rank_and_world())
+        stats = summarize(self.task, self.eval_set, samples, self.cfg.eval_k)
+        metrics = {**stats.log(), "perf/eval_seconds": time.perf_counter() - t0}
+        value, is_best = stats.avg, stats.avg > self.best_eval
         if is_best:
             self.best_eval = value
             metrics["eval/is_best"] = 1.0
@@ -624,7 +597,3 @@ def peak_memory_mb(device) -> float:
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
 
-
-def _mean(xs) -> float:
-    xs = list(xs)
-    return sum(xs) / len(xs) if xs else float("nan")

@@ -1,11 +1,12 @@
-"""Storage URLs: the password kept out of sight, the database driver found or named.
+"""Storage URLs: the password put in from outside the command line, the database driver found or named.
 
 Passwords. A password written into ``--storage postgresql://user:PASS@host/db`` is visible to
 anyone running `ps` on that machine. Keep it out of the command line: `VAPO_LIT_STORAGE_PASSWORD`
 (environment) or ``--storage-password-file PATH`` (first line of the file) is put into the URL
 inside the process; PostgreSQL's own ``PGPASSWORD`` and ``~/.pgpass`` work too (libpq reads them).
-Wherever a URL or an error text is printed or recorded it goes through `mask_text` / `mask_url`,
-and `scrub_argv` masks any URL password left in ``sys.argv`` before W&B records it.
+Wherever a URL or an error text is printed or recorded it goes through `vapo_lit.secrets`
+(`mask_text` / `mask_url`), and `scrub_argv` masks any URL password left in ``sys.argv`` before
+W&B records it.
 
 Drivers. SQLAlchemy 2.1 maps a plain ``postgresql://`` to psycopg 3 (``pip install
 "psycopg[binary]"``, or ``pip install "vapo-lit[postgres]"``); ``postgresql+psycopg2://`` needs
@@ -17,8 +18,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import re
-import sys
 from pathlib import Path
+
+from vapo_lit.secrets import mask_text, mask_url
 
 PASSWORD_ENV = "VAPO_LIT_STORAGE_PASSWORD"
 
@@ -32,40 +34,6 @@ DRIVER_PACKAGES = {
     "mysqlconnector": "mysql-connector-python",
 }
 """SQLAlchemy driver name -> the pip package that provides it."""
-
-
-# ----------------------------------------------------------------------------- masking
-def mask_url(url: str) -> str:
-    """The URL with any password (user:PASSWORD@ and ?password=...) replaced by ***."""
-    url = re.sub(r"(://[^/@:\s]*:)[^/@\s]*@", r"\1***@", str(url))
-    return re.sub(r"(?i)([?&](?:password|passwd|pwd)=)[^&\s]*", r"\1***", url)
-
-
-def mask_text(text, url: str | None) -> str:
-    """`text` with the storage URL's password masked wherever it occurs (raw or URL-escaped)."""
-    text = str(text)
-    if url:
-        text = text.replace(url, mask_url(url))
-        m = re.search(r"://[^/@:]*:([^/@]+)@", url)
-        secrets = {m.group(1)} if m and m.group(1) else set()
-        try:
-            import sqlalchemy
-
-            raw = sqlalchemy.engine.make_url(url).password
-            if raw:
-                secrets.add(str(raw))
-        except Exception:  # noqa: BLE001 - not a parsable URL: the regex above is all we have
-            pass
-        for s in sorted(secrets, key=len, reverse=True):
-            if len(s) >= 3:  # a one- or two-character "password" would mask half the text
-                text = text.replace(s, "***")
-    return mask_url(text)
-
-
-def scrub_argv(argv=None) -> None:
-    """Mask URL passwords in `argv` (default ``sys.argv``) in place: W&B records ``sys.argv``."""
-    argv = sys.argv if argv is None else argv
-    argv[:] = [mask_url(a) for a in argv]
 
 
 # ----------------------------------------------------------------------------- password sources

@@ -66,11 +66,6 @@ def _seeds(text: str):
         raise argparse.ArgumentTypeError(f"{text!r}: give a number of seeds or 'auto'") from None
 
 
-def make_plan(args):
-    """Validate the command line into a Plan (ValueError on anything wrong; nothing is written)."""
-    return make_plans(args)(args.seeds)
-
-
 def make_plans(args):
     """Validate the command line; returns n_seeds -> Plan (ValueError on anything wrong; nothing is written)."""
     from vapo_lit.ablate.grid import grid_from_drop, load_grid
@@ -132,7 +127,8 @@ def reporter(args):
 
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    from vapo_lit.ablate.urls import mask_text, scrub_argv, with_password
+    from vapo_lit.ablate.urls import with_password
+    from vapo_lit.secrets import mask_text, scrub_argv
 
     scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:
@@ -168,7 +164,7 @@ def main(argv=None) -> int:
 
 def failure(e: Exception, out: Path, url: str) -> str:
     """The one line for a fault that stopped the grid (the cells' own crashes are retried instead)."""
-    from vapo_lit.ablate.urls import mask_text
+    from vapo_lit.secrets import mask_text
     from vapo_lit.ablate.worker import WorkerStopped
 
     if isinstance(e, WorkerStopped):

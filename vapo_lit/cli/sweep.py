@@ -84,9 +84,10 @@ def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from vapo_lit.ablate.store import check_url, mask_text
     from vapo_lit.ablate.sweep import load_sweep, run_sweep
-    from vapo_lit.ablate.urls import scrub_argv, with_password
+    from vapo_lit.ablate.urls import with_password
     from vapo_lit.config import merge
     from vapo_lit.preflight import check_writable, preflight
+    from vapo_lit.secrets import scrub_argv
 
     scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:

@@ -19,7 +19,7 @@ from typing import ClassVar
 
 from lightning.pytorch.callbacks import Callback
 
-from vapo_lit.config import Switches, check_range
+from vapo_lit.config import Switches, check_component, check_range
 
 
 class Component(Callback):
@@ -45,7 +45,9 @@ class Component(Callback):
             setattr(switches, key, value)
 
     def check(self, pl_module) -> None:
-        """Validate against the module's settings; raise ValueError with what is valid."""
+        """Validate against the module's settings: the component's rule in `config.COMPONENT_CHECKS`
+        (the one `config.validate` asks too), with this callback's values; ValueError with what is valid."""
+        check_component(self.name, self.values, pl_module.cfg, where=self.name)
 
     def setup(self, trainer, pl_module, stage: str) -> None:
         self.check(pl_module)

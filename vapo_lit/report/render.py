@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import pandas as pd
 
@@ -116,55 +117,76 @@ def marked(rec) -> str:
 
 
 # ----------------------------------------------------------------------------- the four tables
-def main_table(table: pd.DataFrame, ctx: Context):
-    k = ctx.k
-    head = ["row", "n", f"base avg@{k}", f"final avg@{k}", f"peak avg@{k}", "Δ final (paired, 95% CI)", "Holm p",
-            f"updates to {threshold(ctx)}", f"AUC avg@{k}", "strict final"]
-    body = [[marked(r), str(r["n"]), num(r["base_mean"]), spread(r, "final"), spread(r, "peak"), delta(r, "final", ctx),
-             pval(r["delta_final_p_holm"]), reach(r), spread(r, "auc"), spread(r, "strict_final")]
-            for r in table.to_dict("records")]
-    return head, body
+Column = tuple[str, Callable[[dict, Context], str]]
+"""(header, formatter): the header may name {k}, {n}, {threshold}, {tokens} and {time} (see
+`headers`); the formatter turns one table.csv line (a dict) into the cell's text."""
 
 
-def paired_table(table: pd.DataFrame, ctx: Context):
-    head = ["row", "pairs", "Δ final [95% CI]", "Holm p", "Δ peak [95% CI]", "Holm p", "Δ AUC [95% CI]", "Holm p",
-            f"Δ updates to {threshold(ctx)} [95% CI]", "unpaired Δ final [Welch 95% CI]"]
-    body = []
-    for r in table.to_dict("records"):
-        if r["row"] == ctx.reference:
-            continue
-        body.append([marked(r), num(r["delta_final_pairs"], 0), delta(r, "final", ctx), pval(r["delta_final_p_holm"]),
-                     delta(r, "peak", ctx), pval(r["delta_peak_p_holm"]), delta(r, "auc", ctx),
-                     pval(r["delta_auc_p_holm"]), delta(r, "updates_to_threshold", ctx), welch(r, "final", ctx)])
-    return head, body
+def final_range(r, c) -> str:
+    return DASH if r["n"] == 0 else f"{num(r['final_min'])}–{num(r['final_max'])}"
 
 
-def compute_table(table: pd.DataFrame, ctx: Context):
-    k = ctx.k
-    head = ["row", "generated tokens", "wall time", f"avg@{k} at {tokens(ctx.token_budget)} tokens",
-            "Δ (paired, 95% CI)", f"avg@{k} at {duration(ctx.time_budget)}", "Δ (paired, 95% CI)"]
-    body = [[marked(r), tokens(r["cumulative_tokens_mean"]), duration(r["cumulative_seconds_mean"]),
-             spread(r, "score_at_tokens"), delta(r, "score_at_tokens", ctx), spread(r, "score_at_seconds"),
-             delta(r, "score_at_seconds", ctx)] for r in table.to_dict("records")]
-    return head, body
+MAIN: list[Column] = [
+    ("row", lambda r, c: marked(r)),
+    ("n", lambda r, c: str(r["n"])),
+    ("base avg@{k}", lambda r, c: num(r["base_mean"])),
+    ("final avg@{k}", lambda r, c: spread(r, "final")),
+    ("peak avg@{k}", lambda r, c: spread(r, "peak")),
+    ("Δ final (paired, 95% CI)", lambda r, c: delta(r, "final", c)),
+    ("Holm p", lambda r, c: pval(r["delta_final_p_holm"])),
+    ("updates to {threshold}", lambda r, c: reach(r)),
+    ("AUC avg@{k}", lambda r, c: spread(r, "auc")),
+    ("strict final", lambda r, c: spread(r, "strict_final")),
+]
+PAIRED: list[Column] = [  # rows other than the reference
+    ("row", lambda r, c: marked(r)),
+    ("pairs", lambda r, c: num(r["delta_final_pairs"], 0)),
+    ("Δ final [95% CI]", lambda r, c: delta(r, "final", c)),
+    ("Holm p", lambda r, c: pval(r["delta_final_p_holm"])),
+    ("Δ peak [95% CI]", lambda r, c: delta(r, "peak", c)),
+    ("Holm p", lambda r, c: pval(r["delta_peak_p_holm"])),
+    ("Δ AUC [95% CI]", lambda r, c: delta(r, "auc", c)),
+    ("Holm p", lambda r, c: pval(r["delta_auc_p_holm"])),
+    ("Δ updates to {threshold} [95% CI]", lambda r, c: delta(r, "updates_to_threshold", c)),
+    ("unpaired Δ final [Welch 95% CI]", lambda r, c: welch(r, "final", c)),
+]
+COMPUTE: list[Column] = [
+    ("row", lambda r, c: marked(r)),
+    ("generated tokens", lambda r, c: tokens(r["cumulative_tokens_mean"])),
+    ("wall time", lambda r, c: duration(r["cumulative_seconds_mean"])),
+    ("avg@{k} at {tokens} tokens", lambda r, c: spread(r, "score_at_tokens")),
+    ("Δ (paired, 95% CI)", lambda r, c: delta(r, "score_at_tokens", c)),
+    ("avg@{k} at {time}", lambda r, c: spread(r, "score_at_seconds")),
+    ("Δ (paired, 95% CI)", lambda r, c: delta(r, "score_at_seconds", c)),
+]
+DIAGNOSTICS: list[Column] = [  # a TRACKED metric (report/collect.py) NAME gives NAME_final_mean, NAME_last_mean
+    ("row", lambda r, c: marked(r)),
+    ("entropy (final / last {n})", lambda r, c: pair_of(r, "entropy", 3)),
+    ("response length (final / last {n})", lambda r, c: pair_of(r, "response_length", 1)),
+    ("EV vs MC (final / median last {n})", lambda r, c: pair_of(r, "ev_mc", 3)),
+    ("EV vs targets (final / median last {n})", lambda r, c: pair_of(r, "ev_target", 3)),
+    ("wall time", lambda r, c: duration(r["cumulative_seconds_mean"])),
+    ("tokens/s", lambda r, c: num(r["tokens_per_second_mean"], 0)),
+    ("peak memory (MB)", lambda r, c: num(r["peak_memory_mb_max"], 0)),
+    ("final range", final_range),
+    ("attempts / crashes", lambda r, c: f"{r['attempts']} / {r['crashes']}"),
+]
+TABLES: dict[str, list[Column]] = {"main": MAIN, "paired": PAIRED, "compute": COMPUTE, "diagnostics": DIAGNOSTICS}
+WITHOUT_REFERENCE = ("paired",)
+"""Tables of differences to the reference row: the reference itself has no line in them."""
 
 
-def diagnostics_table(table: pd.DataFrame, ctx: Context):
-    n = ctx.last_n
-    head = ["row", f"entropy (final / last {n})", f"response length (final / last {n})",
-            f"EV vs MC (final / median last {n})", f"EV vs targets (final / median last {n})", "wall time",
-            "tokens/s", "peak memory (MB)", "final range", "attempts / crashes"]
-    body = []
-    for r in table.to_dict("records"):
-        rng = DASH if r["n"] == 0 else f"{num(r['final_min'])}–{num(r['final_max'])}"
-        body.append([marked(r), pair_of(r, "entropy", 3), pair_of(r, "response_length", 1), pair_of(r, "ev_mc", 3),
-                     pair_of(r, "ev_target", 3), duration(r["cumulative_seconds_mean"]),
-                     num(r["tokens_per_second_mean"], 0), num(r["peak_memory_mb_max"], 0), rng,
-                     f"{r['attempts']} / {r['crashes']}"])
-    return head, body
+def headers(columns: list[Column], ctx: Context) -> list[str]:
+    names = {"k": ctx.k, "n": ctx.last_n, "threshold": threshold(ctx), "tokens": tokens(ctx.token_budget),
+             "time": duration(ctx.time_budget)}
+    return [head.format(**names) for head, _ in columns]
 
 
-TABLES = {"main": main_table, "paired": paired_table, "compute": compute_table, "diagnostics": diagnostics_table}
+def rows(name: str, table: pd.DataFrame, ctx: Context) -> tuple[list[str], list[list[str]]]:
+    """(header, body) of the table `name` (in TABLES): one line per table.csv row."""
+    columns = TABLES[name]
+    recs = [r for r in table.to_dict("records") if not (name in WITHOUT_REFERENCE and r["row"] == ctx.reference)]
+    return headers(columns, ctx), [[cell(r, ctx) for _, cell in columns] for r in recs]
 
 
 def markdown(head, body) -> str:
@@ -189,8 +211,8 @@ def latex(head, body) -> str:
 
 def latex_all(table: pd.DataFrame, ctx: Context) -> str:
     parts = []
-    for name, fn in TABLES.items():
-        head, body = fn(table, ctx)
+    for name in TABLES:
+        head, body = rows(name, table, ctx)
         if body:
             parts.append(f"% {name}\n" + latex(head, body))
     return "\n\n".join(parts)

@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import math
 import os
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
@@ -143,12 +144,46 @@ def _write(path: Path, text: str) -> None:
     os.replace(tmp, path)
 
 
+@dataclass
+class GridReport:
+    """What one grid's report shows, computed from the logs (nothing written yet)."""
+
+    name: str
+    folder: Path
+    """Where it is written; run folders are given relative to it."""
+    description: str
+    logs: list
+    order: list[str]
+    """The rows with a log, in table order."""
+    no_log_rows: list[str]
+    missing: dict
+    seeds: pd.DataFrame
+    table: pd.DataFrame
+    calibration: pd.DataFrame
+    cal_plot: dict
+    ks: list[int]
+    budgets: dict
+    ctx: render.Context
+    threshold_given: bool
+
+
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
                 reference: str | None = REFERENCE, threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
     """Build one grid's report from its runs' logs; returns the Markdown text.
     Raises LogError for a malformed log or when there is no run log at all."""
     out = Path(out)
-    name = grid_id or "runs"
+    folder = Path(to) if to is not None else out / "reports" / (grid_id or "runs")
+    rep = compute(out, grid_id, folder, last_n, reference=reference, threshold=threshold, max_seeds=max_seeds)
+    folder.mkdir(parents=True, exist_ok=True)  # only now: every input has been read and checked
+    write_files(rep, figures=figures)
+    text = render_markdown(rep)
+    _write(folder / "table.md", text + "\n")
+    return text
+
+
+def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, reference: str | None, threshold,
+            max_seeds: int) -> GridReport:
+    """Every number of the report: per-run (seeds), per-row (table) and the calibration frame."""
     found = find_runs(out, grid_id)
     if not found.runs:
         cells = sum(len(v) for v in found.missing.values())
@@ -156,16 +191,14 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
                  if grid_id else "no folder with metrics.csv and config.yaml")
         raise LogError(f"{out}: no run logs to report: {where}")
     logs = [load_run(d, row) for row, d in found.runs]
-    folder = Path(to) if to is not None else out / "reports" / name
     order = _order(found, logs)
     with_logs = {log.row for log in logs}
-    no_log_rows = [r for r in order if r not in with_logs]   # every cell failed or not run yet: named, not tabled
+    no_log_rows = [r for r in order if r not in with_logs]  # every cell failed or not run yet: named, not tabled
     order = [r for r in order if r in with_logs]
     if reference not in order:
         if reference != REFERENCE:
             raise ValueError(f"--reference {reference!r}: no such row; rows: {', '.join(order)}")
         reference = None
-    folder.mkdir(parents=True, exist_ok=True)   # only now: every input has been read and checked
     position = {r: i for i, r in enumerate(order)}
     seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
     thr = _threshold(seeds, reference, threshold)
@@ -174,78 +207,81 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
     seeds = pd.concat([seeds, eff], axis=1)
     seeds["_o"] = seeds["row"].map(position)
     seeds = seeds.sort_values(["_o", "seed", "run"], kind="stable").drop(columns="_o").reset_index(drop=True)
-    missing = found.missing
-    table = build_table(seeds, order, reference, missing, max_seeds)
     ks = sorted({log.k for log in logs})
-    k = ks[0]
-    ctx = render.Context(k, last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds)
-    cal, cal_plot = _calibration_frame(logs, order)
-
-    seeds.to_csv(folder / "seeds.csv", index=False, float_format=FLOAT, lineterminator="\n")
-    table.to_csv(folder / "table.csv", index=False, float_format=FLOAT, lineterminator="\n")
-    cal.to_csv(folder / "calibration.csv", index=False, float_format=FLOAT, lineterminator="\n")
-    _write(folder / "table.tex", render.latex_all(table, ctx) + "\n")
-    if figures:
-        plot_all(logs, order, folder, k, budgets, cal_plot)
-
-    desc = ""
+    ctx = render.Context(ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds)
     manifest = out / "grids" / f"{grid_id}.json"
-    if grid_id and manifest.is_file():
-        desc = read_json(manifest).get("description", "")
-    sources = sorted(set(seeds["cost_source"]))
+    desc = read_json(manifest).get("description", "") if grid_id and manifest.is_file() else ""
+    return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
+                      build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
+                      ks, budgets, ctx, threshold not in (None, "auto"))
+
+
+def write_files(rep: GridReport, figures: bool = True) -> None:
+    """seeds.csv, table.csv, calibration.csv, table.tex and (with `figures`) the figures."""
+    for name, frame in (("seeds", rep.seeds), ("table", rep.table), ("calibration", rep.calibration)):
+        frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
+    _write(rep.folder / "table.tex", render.latex_all(rep.table, rep.ctx) + "\n")
+    if figures:
+        plot_all(rep.logs, rep.order, rep.folder, rep.ctx.k, rep.budgets, rep.cal_plot)
+
+
+def render_markdown(rep: GridReport) -> str:
+    """table.md: the four tables, the notes under them, the W&B section and the caveats."""
+    table, ctx, seeds, k = rep.table, rep.ctx, rep.seeds, rep.ctx.k
+    reference = ctx.reference
     ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
-    intro = (f"eval avg@{k} in points (x100){' (k differs between runs: ' + str(ks) + ')' if len(ks) > 1 else ''}; "
-             f"mean ± std over seeds. Δ = paired difference to {ref_name}: the per-seed difference row − reference "
-             f"over the seeds both have, its mean and 95% t-interval; Holm p = paired t-test p-value adjusted for "
-             f"comparing every row with the same reference. Sample efficiency: PPO updates until the eval first "
-             f"reaches {render.threshold(ctx)} points (" + ("`--threshold`" if threshold not in (None, "auto") else
-             f"{int(THRESHOLD_FRACTION * 100)}% of the reference's mean peak, rounded down") + "; mean over the runs "
-             f"that reached it) and AUC = area under the eval curve from update 0 to the last eval divided by that "
-             f"range (the mean score over training). Strict = `eval/strict_avg@{k}` (the whole chain right) at the "
-             f"final eval.")
-    sections = [f"# Ablation `{name}`" + (f": {desc}" if desc else ""), intro]
-    head, body = render.main_table(table, ctx)
-    sections.append(render.markdown(head, body))
+    sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
+                render.markdown(*render.rows("main", table, ctx))]
     notes = [render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
-             render.pairing_note(table, ctx, missing), render.no_log_note(no_log_rows, missing),
+             render.pairing_note(table, ctx, rep.missing), render.no_log_note(rep.no_log_rows, rep.missing),
              render.truncation_note(seeds)]
     sections += [n for n in notes if n]
-    if reference and len(order) > 1:
-        head, body = render.paired_table(table, ctx)
-        sections += [f"## Paired deltas against {ref_name}",
-                     f"Per-seed differences to {ref_name} (points; updates for 'updates to'), mean and 95% "
-                     "t-interval, Holm-adjusted p per column; the last column is the unpaired comparison of the row "
-                     "means (Welch), for contrast: it ignores what a seed shares across rows.",
-                     render.markdown(head, body)]
-        for m, what in (("auc", "Δ AUC"),):
-            sections.append(render.holm_note(table, ctx, m, what) + " " + render.seeds_note(table, ctx, m, what))
-    head, body = render.compute_table(table, ctx)
+    if reference and len(rep.order) > 1:
+        sections += [f"## Paired deltas against {ref_name}", PAIRED_TEXT.format(ref=ref_name),
+                     render.markdown(*render.rows("paired", table, ctx)),
+                     render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
+    sources = sorted(set(seeds["cost_source"]))
+    cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
     sections += ["## Compute-matched comparison",
-                 f"The score each run had reached (its last eval) once it had generated as many response tokens, or "
-                 f"spent as much wall time (training and eval), as the cheapest complete run: "
-                 f"{render.tokens(budgets['tokens'])} tokens, {render.duration(budgets['seconds'])}. Cost "
-                 f"source: " + "; ".join(_source_text(s, int((seeds['cost_source'] == s).sum())) for s in sources)
-                 + ". Equal steps favour rows whose steps cost more (the critic's forward and backward passes); this "
-                 "table asks what each row achieves for the same compute.",
-                 render.markdown(head, body)]
-    head, body = render.diagnostics_table(table, ctx)
-    sections += ["## Diagnostics",
-                 f"Final PPO iteration / last {last_n} (mean; EV: median, robust to a single batch with no correct "
-                 f"response) over PPO iterations, then the mean over seeds. EV vs MC = explained variance of the critic "
-                 f"against Monte-Carlo returns (comparable across rows); EV vs targets = against the critic's own "
-                 f"training targets (flatters a critic when lambda < 1). Wall time and tokens/s from the logs; peak "
-                 f"memory = the largest `perf/peak_memory_mb` logged; attempts / crashes from `attempts.jsonl` (failed "
-                 f"or lost attempts, cells without a log included).",
-                 render.markdown(head, body),
-                 wandb_section(logs, name, folder),
-                 caveats(table),
+                 COMPUTE_TEXT.format(tokens=render.tokens(rep.budgets["tokens"]),
+                                     time=render.duration(rep.budgets["seconds"]), cost=cost),
+                 render.markdown(*render.rows("compute", table, ctx)),
+                 "## Diagnostics", DIAGNOSTICS_TEXT.format(n=ctx.last_n),
+                 render.markdown(*render.rows("diagnostics", table, ctx)),
+                 wandb_section(rep.logs, rep.name, rep.folder), caveats(table),
                  "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in FIGURES) + "; value bias by position in "
                  "`calibration.csv`.",
-                 f"Source: {len(logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
+                 f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
                  f"folder)."]
-    text = "\n\n".join(sections)
-    _write(folder / "table.md", text + "\n")
-    return text
+    return "\n\n".join(sections)
+
+
+def _intro(rep: GridReport, ref_name: str) -> str:
+    ks, k, ctx = rep.ks, rep.ctx.k, rep.ctx
+    return (f"eval avg@{k} in points (x100){' (k differs between runs: ' + str(ks) + ')' if len(ks) > 1 else ''}; "
+            f"mean ± std over seeds. Δ = paired difference to {ref_name}: the per-seed difference row − reference "
+            f"over the seeds both have, its mean and 95% t-interval; Holm p = paired t-test p-value adjusted for "
+            f"comparing every row with the same reference. Sample efficiency: PPO updates until the eval first "
+            f"reaches {render.threshold(ctx)} points (" + ("`--threshold`" if rep.threshold_given else
+            f"{int(THRESHOLD_FRACTION * 100)}% of the reference's mean peak, rounded down") + "; mean over the runs "
+            f"that reached it) and AUC = area under the eval curve from update 0 to the last eval divided by that "
+            f"range (the mean score over training). Strict = `eval/strict_avg@{k}` (the whole chain right) at the "
+            f"final eval.")
+
+
+PAIRED_TEXT = ("Per-seed differences to {ref} (points; updates for 'updates to'), mean and 95% t-interval, "
+               "Holm-adjusted p per column; the last column is the unpaired comparison of the row means (Welch), for "
+               "contrast: it ignores what a seed shares across rows.")
+COMPUTE_TEXT = ("The score each run had reached (its last eval) once it had generated as many response tokens, or spent "
+                "as much wall time (training and eval), as the cheapest complete run: {tokens} tokens, {time}. Cost "
+                "source: {cost}. Equal steps favour rows whose steps cost more (the critic's forward and backward "
+                "passes); this table asks what each row achieves for the same compute.")
+DIAGNOSTICS_TEXT = ("Final PPO iteration / last {n} (mean; EV: median, robust to a single batch with no correct "
+                    "response) over PPO iterations, then the mean over seeds. EV vs MC = explained variance of the "
+                    "critic against Monte-Carlo returns (comparable across rows); EV vs targets = against the critic's "
+                    "own training targets (flatters a critic when lambda < 1). Wall time and tokens/s from the logs; "
+                    "peak memory = the largest `perf/peak_memory_mb` logged; attempts / crashes from `attempts.jsonl` "
+                    "(failed or lost attempts, cells without a log included).")
 
 
 def _source_text(source: str, n: int) -> str:
