@@ -6,7 +6,8 @@ time and every optimizer step (tests/wiring.py). The tests check what a switch m
 data or the update, against plain recomputations: group sampling's prompt count and adjacency,
 V(s_0) shared by the samples of one prompt, the values/bootstrap columns, the verdict on the last
 token, the lambdas per response (length-adaptive) and per target (decoupled), value pretraining
-(actor frozen, Monte-Carlo targets, ending by its rule, a fresh critic optimiser afterwards).
+(actor frozen, Monte-Carlo targets whatever decoupled GAE says, ending by its rule, a fresh critic
+optimiser and warm-up afterwards).
 The actor's and critic's gradients under each switch are in tests/test_updates.py.
 """
 from __future__ import annotations

@@ -6,7 +6,8 @@ settings make the clip bind: three PPO epochs over one mini-batch (four micro-ba
 actor learning rate, so epochs 2 and 3 see ratios far from 1. Two runs also take the memory paths
 (sampling in chunks of 5 responses, the log-prob pass over chunks of response positions); others
 clip gradients (ppo.grad_clip 0.4), clip the critic's values (ppo.value_clip) over two critic
-epochs, or recompute the behaviour log-probs with the training pass. For every optimizer step the probe
+epochs, or recompute the behaviour log-probs with the training pass (one at T = 0.7 through the
+chunked pass); one splits the rollout into two mini-batches. For every optimizer step the probe
 records the weights and the (clipped) gradients; a plain reference recomputes the loss from the
 recorded `Experience` at those weights, with the loss the switches ask for, and its gradient must
 match. Every test also checks that the reference with the switch flipped does NOT match, so a
