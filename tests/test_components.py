@@ -246,7 +246,8 @@ def test_after_value_pretraining_a_long_warmup_starts_over(runs):
     schedule starts with its first update; Adam's moments are cleared."""
     run = runs("pretrain_decoupled")
     lr_c, lr_a = run.cfg.ppo.critic_lr, run.cfg.ppo.actor_lr
-    assert [s.lr for s in run.probe.of("critic")] == pytest.approx([lr_c / 4, lr_c / 2, lr_c / 4, lr_c / 2, 3 * lr_c / 4])
+    assert [s.lr for s in run.probe.of("critic")] == pytest.approx(
+        [lr_c / 4, lr_c / 2, lr_c / 4, lr_c / 2, 3 * lr_c / 4])
     assert [s.lr for s in run.probe.of("actor")] == pytest.approx([lr_a / 4, lr_a / 2, 3 * lr_a / 4])
     # logged after each iteration's updates (before the phase ends): the rate of the next critic step
     assert [run.row(i)["train/critic_lr"] for i in (1, 2, 3, 4, 5)] == pytest.approx(

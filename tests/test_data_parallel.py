@@ -1,8 +1,9 @@
 """Data-parallel VAPO is the single-process algorithm (issue 11): 2 CPU processes (gloo, float64
 models) over the same global batch give the same parameters (1e-10 relative), the same metric
 history and the same run folder as one process, with DDP and with FSDP (actor and critic sharded);
-2-process runs SIGKILLed and resumed equal the uninterrupted one. Plus the pieces: the gathered batch under truncation=bootstrap
-(2 forked gloo processes, seconds), mini-batch slicing per rank, validation of the global batch shape."""
+2-process runs SIGKILLed and resumed equal the uninterrupted one. Plus the pieces: the gathered batch under
+truncation=bootstrap (2 forked gloo processes, seconds), mini-batch slicing per rank, validation of
+the global batch shape."""
 from __future__ import annotations
 
 import csv

@@ -1,6 +1,6 @@
 """The rollout-engine contract: every backend in vapo_lit.engines.ENGINES must pass these.
 
-Left-padded prompts and right-padded responses, EOS vs truncation flags (several EOS ids included), behaviour log-probs equal
+Left-padded prompts and right-padded responses, EOS vs truncation flags (several EOS ids too), behaviour log-probs equal
 to a recomputation by the training actor (vapo_lit.passes, the update's own code path), seeded
 reproducibility, a response independent of its batch, the caller's RNG and train mode left alone,
 and weight updates visible after load_weights. Backend-specific checks follow the contract."""

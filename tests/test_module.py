@@ -197,7 +197,8 @@ def test_the_pretrained_critic_cache_key_ignores_what_cannot_change_it(tmp_path)
 
     base = smoke_cfg(tmp_path, components=["value_pretraining"])
     for delta in ({"name": "x", "out_dir": "/elsewhere", "wandb": "offline"}, {"steps": 99, "eval_every": 7},
-                  {"ppo": {"actor_lr": 0.5, "lam": 0.5, "eps": 0.3}}, {"components": ["value_pretraining", "clip_higher"]}):
+                  {"ppo": {"actor_lr": 0.5, "lam": 0.5, "eps": 0.3}},
+                  {"components": ["value_pretraining", "clip_higher"]}):
         assert entry(merge(base, delta)) == entry(base), delta
     for kw in ({"steps": 3}, {"min_ev": 0.5}, {"samples_per_prompt": 8}, {"max_new_tokens": 21}, {"task_version": "2"}):
         assert entry(base, **kw) != entry(base), kw

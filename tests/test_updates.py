@@ -55,18 +55,18 @@ def runs(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- references
 def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float, kl_coef: float = 0.0,
-                    grad_clip: float | None = None, minibatch: bool = True, nll_over_batch: bool = False) -> dict:
+                    grad_clip: float | None = None, rows: list | None = None, nll_over_batch: bool = False) -> dict:
     """The actor loss at the step's weights, from the recorded Experience, written out by hand;
-    its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip). With `minibatch`, over the
-    step's mini-batch rows only (every denominator counts that mini-batch); `nll_over_batch`: the
-    positive NLL divided by the whole batch's positive tokens instead (a wrong denominator)."""
+    its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip). Over the Experience rows
+    `rows` only (a mini-batch: every denominator counts those rows; None: the whole batch);
+    `nll_over_batch`: the positive NLL divided by the whole batch's positive tokens instead."""
     exp = run.probe.iterations[step.iteration].exp
     ppo = run.cfg.ppo
     actor = with_weights(run.module.actor, step.weights)
     logp = ref_logprobs(actor, exp, ppo.temperature)
-    rows = torch.zeros(exp.mask.shape[0], dtype=exp.mask.dtype)
-    rows[step.rows if minibatch else slice(None)] = 1.0
-    m = exp.mask * rows[:, None]
+    m = exp.mask
+    if rows is not None:
+        m = m * torch.zeros(m.shape[0], dtype=m.dtype).index_fill(0, torch.tensor(rows), 1.0)[:, None]
     ratio = torch.exp(logp - exp.behaviour_logprobs)
     adv = exp.advantages
     j = torch.minimum(ratio * adv, ratio.clamp(1 - ppo.eps, 1 + eps_high) * adv) * m
@@ -288,12 +288,13 @@ def test_each_minibatch_step_is_normalised_by_its_own_minibatch(runs):
     exp = run.probe.iterations[0].exp
     assert all(0 < int(exp.positive[s.rows].sum()) < 8 for s in steps)  # positives in every mini-batch
     settings = settings_of("two_minibatches", run)
-    refs = [actor_reference(run, s, **settings) for s in steps]
+    refs = [actor_reference(run, s, **settings, rows=s.rows) for s in steps]
     for k, (s, ref) in enumerate(zip(steps, refs)):
         assert gap(s.grads, ref["grads"]) < TOL, (k, gap(s.grads, ref["grads"]))
     for key in ("loss/nll", "loss/policy", "loss/total"):
         assert run.row(1)[key] == pytest.approx(sum(r[key] for r in refs) / 6, rel=1e-4, abs=1e-6), key
-    wrong = [gap(s.grads, actor_reference(run, s, **settings, nll_over_batch=True)["grads"]) for s in steps]
+    wrong = [gap(s.grads, actor_reference(run, s, **settings, rows=s.rows, nll_over_batch=True)["grads"])
+             for s in steps]
     assert max(wrong) > 100 * TOL, wrong
-    whole = [gap(s.grads, actor_reference(run, s, **settings, minibatch=False)["grads"]) for s in steps]
+    whole = [gap(s.grads, actor_reference(run, s, **settings)["grads"]) for s in steps]
     assert max(whole) > 100 * TOL, whole
