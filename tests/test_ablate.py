@@ -462,6 +462,74 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
     assert store.enqueue(cells, "g") == {"new": 1, "reused": 1, "pending": 0}  # failed cell: fresh retries
 
 
+def test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folder(tmp_path, monkeypatch):
+    """A worker paused past the grace period (SIGSTOP, a suspended laptop: every thread frozen)
+    loses its cell: another worker fails the trial as stale and claims its retry. When the paused
+    worker wakes up, its heartbeat sees the trial is no longer RUNNING and the run stops at the end
+    of that iteration: outcome 'lost', no further row, checkpoint or summary in the run folder (the
+    new owner's), and neither trial touched by the loser."""
+    import threading
+
+    from lightning.pytorch.callbacks import Callback
+
+    import vapo_lit.train
+    from vapo_lit.ablate import worker
+
+    base = merge(merge(RunConfig(), PRESETS["smoke"]),
+                 {"model": "random", "wandb": "disabled", "threads": 1, "steps": 4, "eval_every": 0,
+                  "checkpoint_every": 1, "cache_dir": str(tmp_path / "cache")})
+    cell = cells_of(grid_from_drop(["value_pretraining"]), base, [0], tmp_path / "runs")[1]  # no pretraining
+    url = f"sqlite:///{tmp_path / 'grid.db'}"
+    mine, other = (CellStore(url, heartbeat_interval=1, grace_period=1, retries=1) for _ in range(2))
+    mine.enqueue([cell], "g")
+    trial = mine.claim([cell.cell_id])
+
+    beats = []  # this worker's Heartbeat
+
+    class Recorded(worker.Heartbeat):
+        def __enter__(self):
+            beats.append(self)
+            return super().__enter__()
+
+    monkeypatch.setattr(worker, "Heartbeat", Recorded)
+    awake, real_beat = threading.Event(), mine.heartbeat
+
+    def frozen_beat(trial_id):  # the heartbeat thread sleeps with the rest of the process
+        awake.wait(60)
+        real_beat(trial_id)
+
+    seen = {}
+
+    class Pause(Callback):
+        def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+            if pl_module.iteration != 1:
+                return
+            monkeypatch.setattr(mine, "heartbeat", frozen_beat)
+            deadline = time.time() + 30
+            while not other.fail_stale() and time.time() < deadline:  # the other worker's periodic check
+                time.sleep(0.2)
+            seen["retry"] = other.claim([cell.cell_id])  # ... and it takes the cell over
+            awake.set()  # the paused worker wakes up
+            deadline = time.time() + 15
+            while not beats[0].lost and time.time() < deadline:
+                time.sleep(0.05)
+            seen["rows"] = (cell.run_dir / "metrics.csv").read_text()
+            seen["ckpt"] = (cell.run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns
+
+    real_train = vapo_lit.train.train
+    monkeypatch.setattr(vapo_lit.train, "train", lambda cfg, resume=False, extra_callbacks=(): real_train(
+        cfg, resume=resume, extra_callbacks=[Pause(), *extra_callbacks]))
+    assert worker.run_cell(mine, trial, cell, url) == "lost"
+    assert seen["retry"] is not None and seen["retry"].number == 1
+    assert (cell.run_dir / "metrics.csv").read_text() == seen["rows"]  # step 0 and iteration 1 only
+    assert len(seen["rows"].splitlines()) == 3
+    assert (cell.run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns == seen["ckpt"]
+    assert not (cell.run_dir / "summary.json").exists()
+    assert attempts(cell.run_dir)[-1]["outcome"] == "lost"
+    assert [t.state.name for t in mine.trials()] == ["FAIL", "RUNNING"]
+    assert mine.trials()[0].user_attrs["error"] == "worker stopped sending heartbeats"
+
+
 @pytest.mark.slow
 def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_url):
     grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])

@@ -6,7 +6,8 @@ time and every optimizer step (tests/wiring.py). The tests check what a switch m
 data or the update, against plain recomputations: group sampling's prompt count and adjacency,
 V(s_0) shared by the samples of one prompt, the values/bootstrap columns, the verdict on the last
 token, the lambdas per response (length-adaptive) and per target (decoupled), value pretraining
-(actor frozen, Monte-Carlo targets, ending by its rule, a fresh critic optimiser afterwards).
+(actor frozen, Monte-Carlo targets whatever decoupled GAE says, ending by its rule, a fresh critic
+optimiser and warm-up afterwards).
 The actor's and critic's gradients under each switch are in tests/test_updates.py.
 """
 from __future__ import annotations
@@ -31,6 +32,10 @@ RUNS = {
     "decoupled_mc": (["decoupled_gae"], {"vapo": {"lambda_critic": 1.0}, "ppo": {"whiten_advantages": False}}),
     "pretrain": (["value_pretraining"], {"vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": 1.0}, "steps": 2,
                                          "ppo": {"warmup_steps": 2}, "prepare": zero_value_head}),
+    # decoupled GAE asks for lambda_critic 0.5, and a warm-up longer than the phase (4 > 2 steps)
+    "pretrain_decoupled": (["value_pretraining", "decoupled_gae"],
+                           {"vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": None, "lambda_critic": 0.5},
+                            "steps": 3, "ppo": {"warmup_steps": 4}}),
     "all": (list(ALL_COMPONENTS), {"vapo": {"value_pretrain_steps": 1, "samples_per_prompt": 4, "alpha": 0.2,
                                             "lambda_critic": 0.9, "eps_high": 0.3, "mu": 0.2, "kl_coef": 0.1}}),
 }
@@ -214,6 +219,43 @@ def test_after_value_pretraining_the_critic_optimiser_starts_afresh(runs):
     for n, g in step.grads.items():
         want = -step.lr * g / (g.abs() + 1e-8)
         torch.testing.assert_close(after[n] - step.weights[n], want, rtol=1e-3, atol=1e-7)
+
+
+def test_value_pretraining_targets_are_monte_carlo_whatever_decoupled_gae_says(runs):
+    """decoupled_gae on with lambda_critic 0.5: while the critic is pretrained its targets are the
+    Monte-Carlo returns (lambda = 1, SPEC.md); from the first PPO iteration on, V + A(0.5)."""
+    run = runs("pretrain_decoupled")
+    its = run.probe.iterations
+    assert [it.pretraining for it in its] == [True, True, False, False, False]
+    for k, it in enumerate(its):
+        exp = it.exp
+        mc = (exp.values.double() + ref_advantages(exp, [1.0] * N)) * exp.mask
+        decoupled = (exp.values.double() + ref_advantages(exp, [0.5] * N)) * exp.mask
+        assert (mc - decoupled).abs().max() > 1e-2  # the two targets differ: the check below can fail
+        want = mc if it.pretraining else decoupled
+        torch.testing.assert_close(exp.returns.double(), want, rtol=1e-5, atol=1e-5, msg=f"iteration {k}")
+        torch.testing.assert_close(exp.mc_returns.double(), mc, rtol=1e-5, atol=1e-5)
+    for i in (1, 2):  # logged: the critic against its own targets is the critic against MC returns
+        assert run.row(i)["value/explained_variance_target"] == pytest.approx(run.row(i)["value/explained_variance"])
+
+
+def test_after_value_pretraining_a_long_warmup_starts_over(runs):
+    """A warm-up of 4 steps and 2 pretraining steps: the critic's PPO phase restarts the schedule at
+    1/4 of its learning rate and climbs again (a schedule carried on from the phase would jump to
+    the full rate at the second PPO step; with a warm-up <= 2 steps both look the same); the actor's
+    schedule starts with its first update; Adam's moments are cleared."""
+    run = runs("pretrain_decoupled")
+    lr_c, lr_a = run.cfg.ppo.critic_lr, run.cfg.ppo.actor_lr
+    assert [s.lr for s in run.probe.of("critic")] == pytest.approx(
+        [lr_c / 4, lr_c / 2, lr_c / 4, lr_c / 2, 3 * lr_c / 4])
+    assert [s.lr for s in run.probe.of("actor")] == pytest.approx([lr_a / 4, lr_a / 2, 3 * lr_a / 4])
+    # logged after each iteration's updates (before the phase ends): the rate of the next critic step
+    assert [run.row(i)["train/critic_lr"] for i in (1, 2, 3, 4, 5)] == pytest.approx(
+        [lr_c / 2, 3 * lr_c / 4, lr_c / 2, 3 * lr_c / 4, lr_c])
+    (step,) = run.probe.of("critic", 2)
+    after = run.probe.iterations[3].critic
+    for n, g in step.grads.items():  # a first Adam step: -lr * g / (|g| + eps)
+        torch.testing.assert_close(after[n] - step.weights[n], -step.lr * g / (g.abs() + 1e-8), rtol=1e-3, atol=1e-7)
 
 
 def test_value_pretraining_ends_by_its_rule(runs):

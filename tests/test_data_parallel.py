@@ -1,8 +1,9 @@
 """Data-parallel VAPO is the single-process algorithm (issue 11): 2 CPU processes (gloo, float64
 models) over the same global batch give the same parameters (1e-10 relative), the same metric
 history and the same run folder as one process, with DDP and with FSDP (actor and critic sharded);
-2-process runs SIGKILLed and resumed equal the uninterrupted one. Plus the pieces: mini-batch
-slicing per rank, validation of the global batch shape."""
+2-process runs SIGKILLed and resumed equal the uninterrupted one. Plus the pieces: the gathered batch under
+truncation=bootstrap (2 forked gloo processes, seconds), mini-batch slicing per rank, validation of
+the global batch shape."""
 from __future__ import annotations
 
 import csv
@@ -161,6 +162,91 @@ def test_each_rank_takes_an_equal_contiguous_slice_of_every_minibatch(monkeypatc
             mine = [torch.cat(p[j][1]) for p in parts]
             assert torch.equal(torch.cat(mine), idx)  # contiguous slices, in rank order, cover it
             assert len({len(p[j][1]) for p in parts}) == 1  # the same number of micro-batches on every rank
+
+
+# ----------------------------------------------------------------------------- the gathered batch
+GATHERED = ("lengths", "truncated", "scores", "rewards", "values", "bootstrap", "lam_policy", "advantages", "returns",
+            "mc_returns")
+
+
+def _stub_critic(ids, attn):
+    """(n, L) values that depend on the real prefix only (token and position), not on padding."""
+    return torch.sin(0.7 * ids.double() + 0.3 * attn.long().cumsum(1)) * attn
+
+
+def _batch():
+    """8 responses (float64): prompts of 2-5 tokens (rank 1's shorter, so the ranks' widths differ),
+    responses of 2-7 tokens; rows 1, 2 and 6 truncated (cut at the limit of 7), half of them correct."""
+    from vapo_lit.experience import Experience, score
+    from vapo_lit.tasks.base import Verdict
+
+    P, R = 5, 7
+    plen, rlen = [5, 3, 4, 2, 3, 2, 3, 2], [4, 7, 7, 2, 5, 3, 7, 6]
+    g = torch.Generator().manual_seed(0)
+    prompt_ids, prompt_mask = torch.zeros(8, P, dtype=torch.long), torch.zeros(8, P, dtype=torch.long)
+    response_ids, mask = torch.zeros(8, R, dtype=torch.long), torch.zeros(8, R)
+    for i, (p, r) in enumerate(zip(plen, rlen)):
+        prompt_ids[i, P - p:], prompt_mask[i, P - p:] = torch.randint(1, 30, (p,), generator=g), 1
+        response_ids[i, :r], mask[i, :r] = torch.randint(1, 30, (r,), generator=g), 1.0
+    lengths = torch.tensor(rlen)
+    exp = Experience(problems=list(range(8)), group_size=2, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
+                     response_ids=response_ids, mask=mask, behaviour_logprobs=-mask.double(), lengths=lengths,
+                     truncated=torch.tensor([False, True, True, False, False, False, True, False]),
+                     texts=[str(i) for i in range(8)])
+    score(exp, [Verdict(float(i % 3 == 0)) for i in range(8)])
+    return exp
+
+
+SETTINGS = dict(lam=0.8, lam_critic=1.0, alpha=None, gamma=1.0, whiten=True)
+
+
+def _gather_rank(rank: int, tmp: str) -> None:
+    """One of 2 gloo processes: this rank's half of the batch valued (truncation=bootstrap) on its
+    own, gathered, then the advantages of the whole batch, as VapoModule.training_step does."""
+    import datetime
+
+    import torch.distributed as dist
+
+    from vapo_lit.distributed import gather_experience
+    from vapo_lit.experience import AdvantageSettings, fill_advantages, fill_values
+
+    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2,
+                            timeout=datetime.timedelta(seconds=120))
+    try:
+        mine = _batch().select(torch.arange(4 * rank, 4 * rank + 4), trim=True)
+        fill_values(mine, _stub_critic, truncation="bootstrap")
+        whole = gather_experience(mine, pad_id=0)
+        fill_advantages(whole, AdvantageSettings(**SETTINGS))
+        torch.save({f: getattr(whole, f) for f in GATHERED} | {"problems": whole.problems}, f"{tmp}/rank{rank}.pt")
+    finally:
+        dist.destroy_process_group()
+
+
+def test_two_ranks_keep_the_bootstrap_values_of_truncated_responses(tmp_path):
+    """truncation=bootstrap under data parallelism: each rank values its own rows (its own padding),
+    the gather hands every rank the whole batch, and the advantages and critic targets are the
+    single-process ones: truncated responses keep V(state after their last token)."""
+    from vapo_lit.distributed import gather_experience  # noqa: F401  (imported before the fork)
+    from vapo_lit.experience import AdvantageSettings, fill_advantages, fill_values
+
+    ref = _batch()
+    fill_values(ref, _stub_critic, truncation="bootstrap")
+    fill_advantages(ref, AdvantageSettings(**SETTINGS))
+    terminal = _batch()
+    fill_values(terminal, _stub_critic, truncation="terminal")
+    fill_advantages(terminal, AdvantageSettings(**SETTINGS))
+    assert bool((ref.bootstrap[ref.truncated] != 0).all())  # the bootstrap matters here:
+    assert (ref.returns - terminal.returns).abs().max() > 0.1  # terminal rows would give other targets
+    assert (ref.advantages - terminal.advantages).abs().max() > 0.1
+
+    # forked (as DataLoader workers are): the children start with this process's imports, in a second
+    torch.multiprocessing.start_processes(_gather_rank, args=(str(tmp_path),), nprocs=2, join=True, start_method="fork")
+    for rank in (0, 1):
+        got = torch.load(tmp_path / f"rank{rank}.pt")
+        assert got["problems"] == list(range(8))  # rows in global order
+        for f in GATHERED:
+            assert got[f] is not None, (rank, f)
+            torch.testing.assert_close(got[f], getattr(ref, f), rtol=0, atol=1e-12, msg=f"rank {rank}: {f}")
 
 
 def test_global_batch_must_split_evenly_across_processes():

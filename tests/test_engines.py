@@ -1,9 +1,10 @@
 """The rollout-engine contract: every backend in vapo_lit.engines.ENGINES must pass these.
 
-Left-padded prompts and right-padded responses, EOS vs truncation flags, behaviour log-probs equal
+Left-padded prompts and right-padded responses, EOS vs truncation flags (several EOS ids too), behaviour log-probs equal
 to a recomputation by the training actor (vapo_lit.passes, the update's own code path), seeded
 reproducibility, a response independent of its batch, the caller's RNG and train mode left alone,
 and weight updates visible after load_weights. Backend-specific checks follow the contract."""
+import collections
 import dataclasses
 
 import pytest
@@ -76,6 +77,34 @@ def test_eos_and_truncation_flags(task, backend):
     ro = never.generate(PROMPTS, SamplingParams(max_new_tokens=9), 0)
     check_invariants(ro, 4, 9, tok)
     assert bool(ro.truncated.all()) and ro.response_ids.shape[1] == 9
+
+
+def test_every_eos_id_of_the_generation_config_ends_a_response(task, backend):
+    """Qwen and Llama-3 instruct models list several EOS ids in their generation config (e.g.
+    <|im_end|> and <|endoftext|>): a response ends at the first token that is ANY of them and counts
+    as terminated, not truncated. The stop ids here are the tokens the model samples most often
+    inside its responses, so the same seeds must give the one-EOS responses cut after their first."""
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok).double()
+    prompts, s = PROMPTS * 3, SamplingParams(max_new_tokens=16)
+    seeds = [sample_seed(3, i) for i in range(len(prompts))]
+    free = make(backend, model, tok).generate(prompts, s, seeds)  # the tokenizer's one EOS
+    inner = [t for i in range(len(prompts)) for t in free.response_ids[i, :int(free.lengths[i]) - 1].tolist()]
+    extra = [t for t, _ in collections.Counter(inner).most_common(2)]
+    model.generation_config.eos_token_id = [tok.eos_token_id, *extra]
+    ro = make(backend, model, tok).generate(prompts, s, seeds)
+    stop, cut_short = {tok.eos_token_id, *extra}, 0
+    for i in range(len(prompts)):
+        full = free.response_ids[i, :int(free.lengths[i])].tolist()
+        end = next((k + 1 for k, t in enumerate(full) if t in stop), len(full))
+        L = int(ro.lengths[i])
+        assert ro.response_ids[i, :L].tolist() == full[:end], i
+        ended = full[end - 1] in stop
+        assert bool(ro.terminated[i]) == ended and bool(ro.truncated[i]) == (not ended), i
+        assert torch.all(ro.response_ids[i, L:] == tok.pad_token_id) and ro.response_mask[i].sum() == L
+        torch.testing.assert_close(ro.logprobs[i, :L], free.logprobs[i, :L], rtol=0, atol=1e-9)
+        cut_short += end < len(full)
+    assert cut_short >= 4  # the extra ids did end responses early
 
 
 def test_seeded_reproducibility(task, backend):

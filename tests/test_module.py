@@ -168,6 +168,42 @@ def test_pretrained_critic_is_cached_and_reused(tmp_path):
     assert float(rows_b[-1]["perf/cumulative_seconds"]) > sum(phase) + float(rows_b[-1]["perf/total_seconds"])
 
 
+@pytest.mark.parametrize("delta", [
+    {"ppo": {"gamma": 0.9}}, {"truncation": "bootstrap"}, {"ppo": {"temperature": 0.7}}, {"ppo": {"top_p": 0.9}},
+    {"ppo": {"critic_lr": 3e-4}}, {"ppo": {"value_clip": 0.2}}, {"ppo": {"responses_per_step": 32}}, {"seed": 1},
+    {"task_options": {"max_n": 10}}, {"model": "other"}, {"critic_init": "actor"},
+])
+def test_the_pretrained_critic_cache_key_changes_with_what_changes_its_training(tmp_path, delta):
+    """A setting that changes the Monte-Carlo returns the critic is pretrained on (the discount,
+    bootstrapping truncated responses, the sampled responses), or how it learns them, gives another
+    cache entry: a run must never load a critic pretrained for other returns."""
+    from vapo_lit import pretrain
+
+    def entry(cfg):
+        key = pretrain.cache_key(cfg, steps=2, min_ev=None, samples_per_prompt=4, max_new_tokens=20, task_version="1")
+        return pretrain.entry_dir(key, tmp_path)
+
+    base = smoke_cfg(tmp_path, components=["value_pretraining"])
+    assert entry(merge(base, delta)) != entry(base)
+
+
+def test_the_pretrained_critic_cache_key_ignores_what_cannot_change_it(tmp_path):
+    from vapo_lit import pretrain
+
+    def entry(cfg, **kw):
+        key = pretrain.cache_key(cfg, **{"steps": 2, "min_ev": None, "samples_per_prompt": 4, "max_new_tokens": 20,
+                                         "task_version": "1", **kw})
+        return pretrain.entry_dir(key, tmp_path)
+
+    base = smoke_cfg(tmp_path, components=["value_pretraining"])
+    for delta in ({"name": "x", "out_dir": "/elsewhere", "wandb": "offline"}, {"steps": 99, "eval_every": 7},
+                  {"ppo": {"actor_lr": 0.5, "lam": 0.5, "eps": 0.3}},
+                  {"components": ["value_pretraining", "clip_higher"]}):
+        assert entry(merge(base, delta)) == entry(base), delta
+    for kw in ({"steps": 3}, {"min_ev": 0.5}, {"samples_per_prompt": 8}, {"max_new_tokens": 21}, {"task_version": "2"}):
+        assert entry(base, **kw) != entry(base), kw
+
+
 # ----------------------------------------------------------------------------- resume
 class CrashAt(Callback):
     def __init__(self, iteration):
@@ -197,10 +233,15 @@ def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_st
     partial = read_metrics(tmp_path / "runs" / "broken")
     assert len(partial) == crash_at + 1  # step 0 (base eval) and iterations 1..crash_at (1 = value pretraining)
     train(broken, resume=True, module_factory=tiny_factory)
-    a = _comparable(read_metrics(tmp_path / "runs" / "full"))
-    b = _comparable(read_metrics(tmp_path / "runs" / "broken"))
+    full_rows, resumed_rows = read_metrics(tmp_path / "runs" / "full"), read_metrics(tmp_path / "runs" / "broken")
+    a, b = _comparable(full_rows), _comparable(resumed_rows)
     assert [r["step"] for r in b] == [r["step"] for r in a]
     assert a == b
+    # the cost counters carry on across the restart (the compute-matched columns of the report):
+    # the same responses, so exactly the same cumulative token count; wall time never restarts at 0
+    assert [r["perf/cumulative_tokens"] for r in resumed_rows] == [r["perf/cumulative_tokens"] for r in full_rows]
+    seconds = [float(r["perf/cumulative_seconds"]) for r in resumed_rows]
+    assert seconds == sorted(seconds) and seconds[0] > 0
 
 
 # ----------------------------------------------------------------------------- non-finite

@@ -52,6 +52,13 @@ def test_chunked_logprob_pass_equals_the_plain_one(task, kind):
         torch.testing.assert_close(ent, results[0][1], rtol=0, atol=1e-12)
         for a, b in zip(grads, results[0][2]):
             torch.testing.assert_close(a, b, rtol=1e-10, atol=1e-12)
+    # without autograd (recomputed behaviour log-probs, the KL reference): the same numbers at T = 0.7
+    with torch.no_grad():
+        for chunk in (3, 1):
+            lp, ent = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
+                                               temperature=0.7, entropy=True, chunk=chunk)
+            torch.testing.assert_close(lp, results[0][0], rtol=0, atol=1e-12)
+            torch.testing.assert_close(ent, results[0][1], rtol=0, atol=1e-12)
 
 
 def test_chunked_value_pass_equals_the_plain_one(task):

@@ -288,6 +288,25 @@ def test_synthetic_sample_efficiency_strict_and_compute_matched(syn):
     assert "800 tokens" in md and "10.5 s" in md
 
 
+def test_strict_peak_is_the_best_strict_eval_of_the_trained_policy(tmp_path):
+    """strict_peak: the highest strict-format eval after a PPO update, in points. Not the last one
+    (strict_final), not the lenient peak, not the base policy's (here above every trained eval)."""
+    out = tmp_path / "peaks"
+    curves = [{0: 0.9, 2: 0.3, 4: 0.7, 6: 0.5}, {0: 0.8, 2: 0.6, 4: 0.4, 6: 0.3}]  # peaks mid-run
+    cells = [("vapo", seed, write_run(out / "runs" / f"vapo-s{seed}", "vapo", seed, ev, steps=6, strict_offset=0.05))
+             for seed, ev in enumerate(curves)]
+    write_manifest(out, "peaks", ["vapo"], cells)
+    assert report([str(out), "--grid", "peaks", "--no-figures"]) == 0
+    folder = out / "reports" / "peaks"
+    seeds = pd.read_csv(folder / "seeds.csv").set_index("seed")
+    assert seeds["strict_peak"].tolist() == pytest.approx([65.0, 55.0])  # 100 * (peak - 0.05)
+    assert seeds["strict_final"].tolist() == pytest.approx([45.0, 25.0])  # the last strict eval
+    assert seeds["peak"].tolist() == pytest.approx([70.0, 60.0])  # the lenient one
+    table = pd.read_csv(folder / "table.csv").set_index("row")
+    assert table.loc["vapo", "strict_peak_mean"] == pytest.approx(60.0)
+    assert table.loc["vapo", "strict_peak_std"] == pytest.approx(math.sqrt(50.0))
+
+
 def test_synthetic_diagnostics_nan_robust_crashes_and_calibration(syn):
     _, folder, table, seeds = syn
     # EV over the last 3 PPO rows (updates 8, 9, 10 -> EV[2], EV[3], EV[4] = -23, 0.4, 0.5): median 0.4

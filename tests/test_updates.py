@@ -6,7 +6,8 @@ settings make the clip bind: three PPO epochs over one mini-batch (four micro-ba
 actor learning rate, so epochs 2 and 3 see ratios far from 1. Two runs also take the memory paths
 (sampling in chunks of 5 responses, the log-prob pass over chunks of response positions); others
 clip gradients (ppo.grad_clip 0.4), clip the critic's values (ppo.value_clip) over two critic
-epochs, or recompute the behaviour log-probs with the training pass. For every optimizer step the probe
+epochs, or recompute the behaviour log-probs with the training pass (one at T = 0.7 through the
+chunked pass); one splits the rollout into two mini-batches. For every optimizer step the probe
 records the weights and the (clipped) gradients; a plain reference recomputes the loss from the
 recorded `Experience` at those weights, with the loss the switches ask for, and its gradient must
 match. Every test also checks that the reference with the switch flipped does NOT match, so a
@@ -25,8 +26,14 @@ RUNS = {
     "token_level_loss": (["token_level_loss"], {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5, "grad_clip": 0.4}}),
     "positive_lm_loss": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "ppo": {"recompute_logprobs": True}}),
     "positive_lm_loss_none": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "verifier": lambda text: 0.0}),
-    "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5}, "ppo": {"logits_chunk": 7}}),
+    # the no-grad chunked pass (reference and recomputed behaviour log-probs) at a temperature != 1
+    "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5},
+                                    "ppo": {"logits_chunk": 7, "temperature": 0.7, "recompute_logprobs": True}}),
     "critic_clip": ([], {"ppo": {"critic_epochs": 2, "critic_lr": 3e-2, "value_clip": 0.05}}),
+}
+OTHER_RUNS = {  # runs with another number of actor steps than RUNS' three
+    # two mini-batches of 8 per epoch: the batch and the mini-batch no longer coincide
+    "two_minibatches": (["positive_lm_loss", "token_level_loss"], {"vapo": {"mu": 0.5}, "ppo": {"mini_batch_size": 8}}),
 }
 
 
@@ -36,7 +43,7 @@ def runs(tmp_path_factory):
 
     def get(name):
         if name not in cache:
-            comps, delta = RUNS[name]
+            comps, delta = {**RUNS, **OTHER_RUNS}[name]
             delta = dict(delta)
             kw = {"verifier": delta.pop("verifier")} if "verifier" in delta else {}
             merged = {**LOUD, **delta, "ppo": {**LOUD["ppo"], **delta.get("ppo", {})}}
@@ -48,26 +55,31 @@ def runs(tmp_path_factory):
 
 # ----------------------------------------------------------------------------- references
 def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float, kl_coef: float = 0.0,
-                    grad_clip: float | None = None) -> dict:
+                    grad_clip: float | None = None, rows: list | None = None, nll_over_batch: bool = False) -> dict:
     """The actor loss at the step's weights, from the recorded Experience, written out by hand;
-    its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip)."""
+    its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip). Over the Experience rows
+    `rows` only (a mini-batch: every denominator counts those rows; None: the whole batch);
+    `nll_over_batch`: the positive NLL divided by the whole batch's positive tokens instead."""
     exp = run.probe.iterations[step.iteration].exp
     ppo = run.cfg.ppo
     actor = with_weights(run.module.actor, step.weights)
     logp = ref_logprobs(actor, exp, ppo.temperature)
     m = exp.mask
+    if rows is not None:
+        m = m * torch.zeros(m.shape[0], dtype=m.dtype).index_fill(0, torch.tensor(rows), 1.0)[:, None]
     ratio = torch.exp(logp - exp.behaviour_logprobs)
     adv = exp.advantages
     j = torch.minimum(ratio * adv, ratio.clamp(1 - ppo.eps, 1 + eps_high) * adv) * m
     if token_level:
         pg = -j.sum() / m.sum()
     else:
-        pg = -(j.sum(1) / m.sum(1)).sum() / (m.sum(1) > 0).sum()
+        pg = -(j.sum(1) / m.sum(1).clamp(min=1)).sum() / (m.sum(1) > 0).sum()
     loss = pg
     pos = (exp.scores > 0)[:, None] * m
+    pos_den = ((exp.scores > 0)[:, None] * exp.mask).sum() if nll_over_batch else pos.sum()
     nll = torch.zeros(())
     if mu and pos.sum() > 0:  # (the NLL is logged as 0 when the component is off)
-        nll = -(logp * pos).sum() / pos.sum()
+        nll = -(logp * pos).sum() / pos_den
     loss = loss + mu * nll
     if kl_coef:
         initial = with_weights(run.module.actor, run.probe.iterations[0].actor)
@@ -236,9 +248,12 @@ def test_value_clipping_and_gradient_clipping_bind(runs):
     assert max(gap(s.grads, r["grads"]) for s, r in zip(run.probe.of("actor"), unclipped)) > 100 * TOL
 
 
-def test_recomputed_behaviour_logprobs_are_the_training_pass(runs):
-    """ppo.recompute_logprobs: the behaviour log-probs are the initial actor's own (0 on padding)."""
-    run = runs("positive_lm_loss")
+@pytest.mark.parametrize("name", ["positive_lm_loss", "kl_penalty"])
+def test_recomputed_behaviour_logprobs_are_the_training_pass(runs, name):
+    """ppo.recompute_logprobs: the behaviour log-probs are the initial actor's own (0 on padding),
+    at the run's temperature, through the plain pass and (kl_penalty: logits_chunk 7, T = 0.7) the
+    no-grad chunked one."""
+    run = runs(name)
     it = run.probe.iterations[0]
     with torch.no_grad():
         want = ref_logprobs(with_weights(run.module.actor, it.actor), it.exp, run.cfg.ppo.temperature)
@@ -297,3 +312,29 @@ def test_micro_batch_sums_are_token_weighted_whatever_the_cut():
     sums.add(0.5, weighted={}, totals={"loss": float("nan")}, peaks={})
     assert not sums.finite()
     assert list(ActorStats.sums().weighted) == list(ActorStats.MEANS)  # every rank reduces the same keys
+
+
+# ----------------------------------------------------------------------------- several mini-batches
+def test_each_minibatch_step_is_normalised_by_its_own_minibatch(runs):
+    """Two mini-batches of 8 per rollout: every actor step is the gradient of the loss over its own
+    rows, the token-level and the positive-NLL denominators counting that mini-batch (SPEC: the NLL
+    over the correct responses in the batch the step sees, divided by their token count); the logged
+    loss/nll is the mean over the steps. The whole rollout's positive-token count as the NLL
+    denominator (what one-mini-batch runs cannot tell apart) misses."""
+    run = runs("two_minibatches")
+    steps = run.probe.of("actor")
+    assert len(steps) == 6 and all(len(s.rows) == 8 for s in steps)  # 3 epochs x 2 mini-batches
+    assert sorted(steps[0].rows + steps[1].rows) == list(range(16))  # the two halves of the rollout
+    exp = run.probe.iterations[0].exp
+    assert all(0 < int(exp.positive[s.rows].sum()) < 8 for s in steps)  # positives in every mini-batch
+    settings = settings_of("two_minibatches", run)
+    refs = [actor_reference(run, s, **settings, rows=s.rows) for s in steps]
+    for k, (s, ref) in enumerate(zip(steps, refs)):
+        assert gap(s.grads, ref["grads"]) < TOL, (k, gap(s.grads, ref["grads"]))
+    for key in ("loss/nll", "loss/policy", "loss/total"):
+        assert run.row(1)[key] == pytest.approx(sum(r[key] for r in refs) / 6, rel=1e-4, abs=1e-6), key
+    wrong = [gap(s.grads, actor_reference(run, s, **settings, rows=s.rows, nll_over_batch=True)["grads"])
+             for s in steps]
+    assert max(wrong) > 100 * TOL, wrong
+    whole = [gap(s.grads, actor_reference(run, s, **settings)["grads"]) for s in steps]
+    assert max(whole) > 100 * TOL, whole

@@ -5,8 +5,9 @@ the real `train()` (a Lightning `Trainer.fit` with the component callbacks) and 
 
 * every iteration's `Experience` as the stages filled it (captured when the rollout hands it over:
   the stages fill that same object), with the actor's and critic's weights before its updates;
-* every optimizer step: which model, the learning rate, the weights before the step and the
-  gradients it applies (after clipping), via Lightning's `on_before_optimizer_step`;
+* every optimizer step: which model, the learning rate, the weights before the step, the
+  gradients it applies (after clipping), via Lightning's `on_before_optimizer_step`, and the rows
+  of the Experience its micro-batches took (`Experience.select` calls since the previous step);
 * every time the rollout engine is handed the actor's weights;
 * the logged metric rows.
 
@@ -64,6 +65,8 @@ class Step:
     lr: float
     weights: dict
     grads: dict
+    rows: list
+    """The Experience rows the step's micro-batches selected (its mini-batch), sorted."""
 
 
 class Probe(Callback):
@@ -74,6 +77,7 @@ class Probe(Callback):
         self.steps: list[Step] = []
         self.weight_loads: list[int] = []  # the iteration of every engine.load_weights call
         self.module = None
+        self._selected: list[int] = []  # rows selected since the last optimizer step
 
     def setup(self, trainer, pl_module, stage):
         self.module = pl_module
@@ -81,6 +85,13 @@ class Probe(Callback):
 
         def recording_rollout(problems):
             exp = rollout(problems)
+            select = exp.select
+
+            def recording_select(idx, trim=False):
+                self._selected.extend(idx.tolist())
+                return select(idx, trim=trim)
+
+            exp.select = recording_select
             self.iterations.append(Iteration(exp, pl_module.pretrain.active, _weights(pl_module.actor),
                                              _weights(pl_module.critic), list(problems)))
             return exp
@@ -100,7 +111,9 @@ class Probe(Callback):
         name = "actor" if model is pl_module.actor else "critic"
         grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
                  for n, p in model.named_parameters()}
-        self.steps.append(Step(name, len(self.iterations) - 1, optimizer.param_groups[0]["lr"], _weights(model), grads))
+        rows, self._selected = sorted(self._selected), []
+        self.steps.append(Step(name, len(self.iterations) - 1, optimizer.param_groups[0]["lr"], _weights(model), grads,
+                               rows))
 
     def of(self, model: str, iteration: int | None = None) -> list[Step]:
         return [s for s in self.steps if s.model == model and (iteration is None or s.iteration == iteration)]

@@ -1,8 +1,14 @@
-"""Issue 13's four wiring bugs, planted one at a time in a scratch copy of the repository: each must
-fail at least one of its mapped tests. Prints one line per bug (exit code, seconds, the first failing
-test) and exits 1 if any bug passed its tests. The working tree is never changed.
+"""Known wiring bugs, planted one at a time in a scratch copy of the repository: each must fail at
+least one of its mapped tests. Bugs 1-4 are issue 13's; 5-14 are issue 26's ten behaviours that no
+test pinned before (each passed every relevant test when an audit planted it). Prints one line per
+bug (exit code, seconds, the first failing test) and exits 1 if any bug passed its tests. The
+working tree is never changed.
 
-    .venv/bin/python tools/plant_wiring_bugs.py
+    .venv/bin/python tools/plant_wiring_bugs.py              # all
+    .venv/bin/python tools/plant_wiring_bugs.py 5 nll        # bug 5 and the bugs whose name contains "nll"
+
+A plant's `old` text must occur exactly once in its file; after a refactor of that file, update the
+plant (the module.py ones are single short lines on purpose).
 """
 import os, shutil, subprocess, sys, tempfile, time
 from pathlib import Path
@@ -25,9 +31,53 @@ BUGS = [
      "                     .filter(cols.trial_id == trial_id, cols.state == frm)\n",
      "                     .filter(cols.trial_id == trial_id)\n",
      ["tests/test_claim.py"]),
+    # ---- issue 26
+    ("5 data-parallel gather drops the bootstrap values", "vapo_lit/distributed.py",
+     '    for name in ("lengths", "truncated", "scores", "bootstrap"):\n',
+     '    for name in ("lengths", "truncated", "scores"):\n',
+     ["tests/test_data_parallel.py::test_two_ranks_keep_the_bootstrap_values_of_truncated_responses"]),
+    ("6 no-grad chunked log-probs ignore the temperature", "vapo_lit/passes.py",
+     "            lp = _chunk_logprobs(head, hs, ys, temperature)\n",
+     "            lp = _chunk_logprobs(head, hs, ys, 1.0)\n",
+     ["tests/test_one_gpu.py::test_chunked_logprob_pass_equals_the_plain_one",
+      "tests/test_updates.py::test_recomputed_behaviour_logprobs_are_the_training_pass"]),
+    ("7 critic warm-up carries on after value pretraining", "vapo_lit/module.py",
+     "        sch.last_epoch = 0\n", "",
+     ["tests/test_components.py::test_after_value_pretraining_a_long_warmup_starts_over"]),
+    ("8 gamma left out of the pretrained-critic cache key", "vapo_lit/pretrain.py",
+     '    "ppo.actor_lr", "ppo.lam", "ppo.eps",',
+     '    "ppo.actor_lr", "ppo.lam", "ppo.gamma", "ppo.eps",',
+     ["tests/test_module.py::test_the_pretrained_critic_cache_key_changes_with_what_changes_its_training"]),
+    ("9 value pretraining on lambda_critic when decoupled", "vapo_lit/module.py",
+     "            lam_critic = 1.0\n",
+     "            lam_critic = sw.lambda_critic if sw.decoupled_gae else 1.0\n",
+     ["tests/test_components.py::test_value_pretraining_targets_are_monte_carlo_whatever_decoupled_gae_says"]),
+    ("10 positive NLL over the whole rollout's positive tokens", "vapo_lit/module.py",
+     "pos_den = (m * exp.positive[idx, None]).sum()",
+     "pos_den = (exp.mask * exp.positive[:, None]).sum()",
+     ["tests/test_updates.py::test_each_minibatch_step_is_normalised_by_its_own_minibatch"]),
+    ("11 only the first generation-config EOS id stops", "vapo_lit/rollout.py",
+     "        ids.update(int(i) for i in extra)\n",
+     "        ids.add(int(extra[0]))\n",
+     ["tests/test_engines.py::test_every_eos_id_of_the_generation_config_ends_a_response"]),
+    ("12 strict_peak counts the base eval", "vapo_lit/report/collect.py",
+     '"strict_peak": max(strict_trained) if strict_trained else NAN,',
+     '"strict_peak": max(strict) if strict else NAN,',
+     ["tests/test_report.py::test_strict_peak_is_the_best_strict_eval_of_the_trained_policy"]),
+    ("13 heartbeat notices only a completed trial", "vapo_lit/ablate/store.py",
+     'if self.store.trial_state(self.trial_id).name != "RUNNING":',
+     'if self.store.trial_state(self.trial_id).name == "COMPLETE":',
+     ["tests/test_ablate.py::test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folder"]),
+    ("14 resume restarts the generated-token counter", "vapo_lit/module.py",
+     's.get("generated_tokens", 0.0)', "0.0",
+     ["tests/test_module.py::test_resume_reproduces_metric_history[5-2-1]"]),
 ]
+words = sys.argv[1:]  # a number picks that bug, another word the bugs whose name contains it
+chosen = [b for b in BUGS if not words or any(w == b[0].split()[0] if w.isdigit() else w in b[0] for w in words)]
+if not chosen:
+    sys.exit(f"no bug matches {' '.join(words)}; the bugs are: {'; '.join(b[0] for b in BUGS)}")
 survived = []
-for name, path, old, new, tests in BUGS:
+for name, path, old, new, tests in chosen:
     tmp = Path(tempfile.mkdtemp()) / "p"
     shutil.copytree(SRC, tmp, ignore=shutil.ignore_patterns(".venv", "runs", ".git", "__pycache__"))
     f = tmp / path
