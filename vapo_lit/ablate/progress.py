@@ -156,6 +156,8 @@ class LiveView:
             if self.tty:  # the block below the cursor, the cursor back at its first line
                 width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would break the redraw
                 block = [x[:width] for x in lines]
+                if not block and not self._drawn:
+                    return
                 up = f"\x1b[{len(block) - 1}F" if len(block) > 1 else "\r"
                 self.stream.write(CLEAR + "\n".join(block) + (up if block else ""))
                 self._drawn = bool(block)
