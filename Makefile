@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow bench mutate clean
+.PHONY: demo test test-slow test-lower bench mutate clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -27,6 +27,25 @@ test: $(STAMP)
 test-slow: $(STAMP)
 	$(BIN)/python -m pytest -m slow
 
+# The lower bounds, tested: a venv of its own (.venv-lower) with every dependency of pyproject.toml
+# (and the dev and postgres extras, as .venv) pinned to its lower bound (tools/lower_bounds.py writes the constraints), then
+# the fast suite. torch's lower bound comes from PyPI: a CUDA build with its nvidia-* wheels (about
+# 3 GB; it runs on the CPU as well).
+LOWER       := .venv-lower
+LOWER_STAMP := $(LOWER)/.installed
+
+$(LOWER_STAMP): pyproject.toml tools/lower_bounds.py
+	rm -rf $(LOWER)
+	$(PYTHON) -m venv $(LOWER)
+	$(PYTHON) tools/lower_bounds.py dev postgres > $(LOWER)/constraints.txt
+	$(LOWER)/bin/python -m pip install --quiet --upgrade "pip<26.2"
+	$(LOWER)/bin/python -m pip install --quiet -c $(LOWER)/constraints.txt -e ".[dev,postgres]"
+	$(LOWER)/bin/python -m pip check
+	touch $(LOWER_STAMP)
+
+test-lower: $(LOWER_STAMP)
+	$(LOWER)/bin/python -m pytest -m "not slow" -p no:cacheprovider
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gae.py
 
@@ -36,4 +55,4 @@ mutate: $(STAMP)
 	$(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 clean:
-	rm -rf $(VENV)
+	rm -rf $(VENV) $(LOWER)

@@ -7,8 +7,10 @@ table, crashing cells retried then failed, storage passwords masked.
 """
 from __future__ import annotations
 
+import io
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -205,6 +207,71 @@ def test_progress_line_and_eta():
     assert eta_seconds(st, workers=1) == pytest.approx(35.0)
     assert "2/7 done · 1 running · 3 waiting · 1 failed · ETA 35s" in line("g", st, 1)
 
+
+
+class _Terminal(io.StringIO):
+    def isatty(self):
+        return True
+
+
+def test_live_view_reads_each_running_cell_from_its_own_files(tmp_path, monkeypatch):
+    """Issue 20: the running cells' iteration, phase, last eval and ETA, from attempts.jsonl (running
+    since) and metrics.csv's last row; finished cells are not shown; plain stamped lines into a pipe,
+    a block redrawn in place (erase, lines, cursor back up) on a terminal."""
+    from vapo_lit.ablate.progress import CLEAR, LiveView, live_every
+
+    cells = _cells(tmp_path, seeds=(0, 1, 2))[:3]
+    busy, starting, finished = cells
+    cfg = busy.cfg
+    total = cfg.steps + (cfg.vapo.value_pretrain_steps if "value_pretraining" in cfg.components else 0)
+    for c in cells:
+        c.run_dir.mkdir(parents=True)
+    for c, events in ((busy, ["start"]), (starting, ["end", "start"]), (finished, ["start", "end"])):
+        (c.run_dir / "attempts.jsonl").write_text("".join(json.dumps({"event": e, "mode": "fresh", "start": 100.0}) + "\n"
+                                                          for e in events))
+    key = f"eval/avg@{cfg.eval_k}"
+    head = ["step", "train/iteration", "train/ppo_update", "train/value_pretraining", key, "perf/cumulative_seconds"]
+    rows = [[0, 1, 0, 1, 0.25, 2.0], [1, 2, 1, 0, "", 5.0], [2, 3, 2, 0, 0.5, 7.5], [3, 4, 3, 0, "", 10.0]]
+    (busy.run_dir / "metrics.csv").write_text("\n".join(",".join(map(str, r)) for r in [head, *rows]) + "\n")
+    view = LiveView("g", cells, stream=io.StringIO(), every=30)
+    eta = f"{int(round(2.5 * (total - 4)))}s" if 2.5 * (total - 4) < 60 else None
+    got = view.lines(now=165.0)
+    assert len(got) == 2, got  # the finished cell is not running
+    assert got[0].startswith(f"[g] running {cfg.name}: it 4/{total} · ppo 3/{cfg.steps} · phase ppo · "
+                             f"eval avg@{cfg.eval_k} 0.50 @2 · 2.5 s/it · ETA "), got[0]
+    if eta:
+        assert got[0].endswith(f"ETA {eta}"), got[0]
+    assert got[1] == f"[g] running {starting.cfg.name}: starting (models, first rollout) · 1m05s so far"
+    view.draw()
+    piped = view.stream.getvalue().splitlines()
+    assert len(piped) == 2 and all(re.match(r"\d\d:\d\d:\d\d \[g\] running ", x) for x in piped), piped
+    tty = LiveView("g", cells, stream=_Terminal(), every=30)
+    tty.draw()
+    drawn = tty.stream.getvalue()
+    assert drawn.startswith(CLEAR) and drawn.endswith("\x1b[1F") and "\n" in drawn and tty._drawn
+    tty.around(lambda text: tty.stream.write(text + "\n"))("a cell finished")
+    assert tty.stream.getvalue().endswith(CLEAR + "a cell finished\n") and not tty._drawn  # the line replaces the block
+    monkeypatch.delenv("VAPO_LIT_LIVE_EVERY", raising=False)
+    assert live_every() == 30.0
+    for bad in ("0", "-1", "soon", "inf"):
+        monkeypatch.setenv("VAPO_LIT_LIVE_EVERY", bad)
+        with pytest.raises(ValueError, match="VAPO_LIT_LIVE_EVERY=.*seconds > 0"):
+            live_every()
+
+
+def test_a_grid_piped_to_a_file_says_what_its_running_cells_do(tmp_path):
+    """Issue 20: vapo-ablate printed nothing between the start and the first finished cell. Into a
+    pipe it prints each running cell's line every VAPO_LIT_LIVE_EVERY seconds (30 by default)."""
+    env = {**os.environ, "PYTHONWARNINGS": "ignore", "VAPO_LIT_LIVE_EVERY": "0.2"}
+    proc = subprocess.run([PY, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "out", "--drop=clip_higher", "--no-report")],
+                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    live = re.findall(r"^\d\d:\d\d:\d\d \[drop-clip_higher\] running (\S+): it (\d+)/(\d+) · ppo \d+/\d+ · "
+                      r"phase (?:ppo|value-pretrain) · eval avg@\d+ \S+(?: @\d+)? · (?:[\d.]+|-) s/it · ETA \S+$",
+                      proc.stdout, re.M)
+    assert live, proc.stdout[-3000:]
+    names = {name for name, *_ in live}
+    assert names and all(n.startswith(("vapo-s0-", "vapo-no-clip_higher-s0-")) for n in names), names
 
 # ----------------------------------------------------------------------------- running
 def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):

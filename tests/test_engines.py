@@ -3,7 +3,10 @@
 Left-padded prompts and right-padded responses, EOS vs truncation flags (several EOS ids too), behaviour log-probs equal
 to a recomputation by the training actor (vapo_lit.passes, the update's own code path), seeded
 reproducibility, a response independent of its batch, the caller's RNG and train mode left alone,
-and weight updates visible after load_weights. Backend-specific checks follow the contract."""
+and weight updates visible after load_weights. Backend-specific checks follow the contract.
+Every equality here compares two computations in this process (same kernels, so it holds on any CPU;
+issue 20: passed under ATEN_CPU_CAPABILITY=default, avx2 and avx512); the one against a recorded
+history, the cb golden, shares tests/golden.py's float64 runs and tolerance."""
 import collections
 import dataclasses
 
@@ -14,9 +17,24 @@ from test_rollout import PROMPTS, check_invariants, tiny_model
 from vapo_lit import passes
 from vapo_lit.config import RunConfig
 from vapo_lit.engines import ENGINES, RolloutEngine, SamplingParams, make_engine
-from vapo_lit.engines.continuous import ContinuousBatchingEngine, bits_to_uniform, uniform_bits
+from vapo_lit.engines.continuous import ContinuousBatchingEngine, _import_cb, bits_to_uniform, uniform_bits
 from vapo_lit.rng import sample_seed, uniforms
 from vapo_lit.tasks import get_task
+
+
+def _has_cb() -> bool:
+    try:
+        _import_cb()
+        return True
+    except ImportError:
+        return False
+
+
+# The "cb" engine is optional: it needs transformers' continuous batching (5.2x) and says so when it is
+# missing (make test-lower runs the suite with transformers 4.56, which has none); the Makefile's
+# .venv has it, so `make test` runs every cb test.
+NEEDS_CB = pytest.mark.skipif(not _has_cb(), reason="rollout engine 'cb' needs transformers' continuous batching "
+                                                     "(transformers 5.2x); not in the installed transformers")
 
 
 @pytest.fixture(scope="module")
@@ -24,7 +42,7 @@ def task():
     return get_task("chain", max_n=12, n_buckets=2)
 
 
-@pytest.fixture(params=sorted(ENGINES))
+@pytest.fixture(params=[pytest.param(b, marks=NEEDS_CB) if b == "cb" else b for b in sorted(ENGINES)])
 def backend(request):
     return request.param
 
@@ -190,6 +208,7 @@ def test_config_engine_names_are_the_registry(monkeypatch):
 
 # ---- the continuous-batching backend ("cb") -------------------------------------------------
 
+@NEEDS_CB
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.8, 0.7), (0.0, 1.0)])
 def test_cb_draws_the_hf_engines_responses(task, temperature, top_p):
     """"cb" draws token t of response i with the same counter-based uniform (rounded down to 32
@@ -205,6 +224,7 @@ def test_cb_draws_the_hf_engines_responses(task, temperature, top_p):
     torch.testing.assert_close(a.logprobs, b.logprobs, rtol=0, atol=1e-6)
 
 
+@NEEDS_CB
 def test_cb_pre_empted_requests_keep_their_streams(task):
     """With a KV cache too small for all requests at once, transformers pre-empts some and re-runs
     them with their tokens so far moved into the prompt: the sampler must still count their steps
@@ -235,6 +255,7 @@ def test_cb_uniform_bits_round_down_the_stream():
     assert float(got.min()) >= 0 and float(got.max()) < 1 and got.dtype == torch.float64
 
 
+@NEEDS_CB
 def test_cb_needs_a_transformers_model(task):
     tok = task.tokenizer
     wrapped = torch.nn.Sequential(tiny_model("llama", len(tok), tok))
@@ -243,6 +264,7 @@ def test_cb_needs_a_transformers_model(task):
 
 
 @pytest.mark.slow
+@NEEDS_CB
 def test_cb_training_reproduces_the_golden_history(tmp_path, monkeypatch):
     """The full recipe trained with rollout_engine='cb' gives the metric history recorded with the
     default engine (tests/golden.py, float64 model): the same responses, so every rollout/,

@@ -7,6 +7,9 @@ left behind, and the user sees one line with the command that continues.
 The kill points are reached through VAPO_LIT_FAULT=<point>:<n>[:enospc] (vapo_lit/faults.py); n is
 drawn from a seeded RNG over the run's iterations (FAULT_SEED, printed on failure). Only the SIGKILLs
 need a process of their own; the other runs go through the same command in this process (faster).
+The histories are compared exactly, which holds on any CPU: the reference and the killed and resumed
+runs are processes of this machine under one instruction set (a subprocess inherits the environment,
+ATEN_CPU_CAPABILITY included); issue 20: passed under default, avx2 and avx512.
 
     .venv/bin/python -m pytest tests/test_faults.py
 """

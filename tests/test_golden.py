@@ -42,7 +42,8 @@ def test_metric_histories_hold_under_another_instruction_set(capability):
     proc = subprocess.run([sys.executable, str(HERE / "golden.py"), "--check"], env=env, capture_output=True,
                           text=True, timeout=600)
     out = proc.stdout + proc.stderr[-3000:]
-    assert f"capability {capability.upper()}" in proc.stdout, out  # torch took the setting
+    names = {"default": ("DEFAULT", "NO AVX")}.get(capability, (capability.upper(),))  # older torch says "NO AVX"
+    assert any(f"capability {n}" in proc.stdout for n in names), out  # torch took the setting
     assert proc.returncode == 0, out
 
 

@@ -178,6 +178,27 @@ def test_load_policy_local_dirs(task, tmp_path):
         load_policy("builtin", Other())
 
 
+def test_builds_loads_and_exports_draw_no_transformers_progress_bars(task, cache_dir, tmp_path, capfd):
+    """The built-in cache and the exports print none of transformers' "Loading weights" / "Writing model
+    shards" bars (issue 20: they landed between the demo's lines), and leave the user's setting as it was."""
+    from transformers.utils import logging as hf_logging
+
+    from vapo_lit.models import export
+
+    hf_logging.enable_progress_bar()
+    try:
+        policy, tok = load_policy("builtin", task, cache_dir=cache_dir, **POLICY_OPTS)  # build, save, load
+        rm = load_critic("reward_model", task, cache_dir=cache_dir, **TINY)
+        export(policy, tmp_path / "policy", tok)
+        export(rm, tmp_path / "critic", tok)
+        load_policy(str(tmp_path / "policy"), task)
+        load_critic(str(tmp_path / "critic"), task)
+        assert hf_logging.is_progress_bar_enabled()  # turned off around our calls only
+    finally:
+        hf_logging.enable_progress_bar()
+    err = capfd.readouterr().err
+    assert "Loading weights" not in err and "Writing model shards" not in err and "%|" not in err, err[-2000:]
+
 @pytest.mark.slow
 def test_real_default_build_meets_targets(tmp_path):
     """The default base policy + reward model from an empty cache: build time and eval targets."""

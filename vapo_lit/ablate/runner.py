@@ -142,11 +142,25 @@ def prepare_models(cells, log=print) -> None:
         log(f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)")
 
 
-def run(p: Plan, *, workers: int = 1, report=None, log=print) -> int:
+def run(p: Plan, *, workers: int = 1, report=None, log=progress.say) -> int:
     """Enqueue the grid, work on it with `workers` local processes, then `report(plan)` (a callable
     returning the report's text, given by the CLI: the runner does not import the report).
-    Returns 0 when every cell finished, 1 when some failed (after their retries)."""
+    Returns 0 when every cell finished, 1 when some failed (after their retries). While the cells
+    run, `progress.LiveView` shows what each running one is doing."""
     t0 = time.time()
+    with progress.LiveView(p.grid.grid_id, p.cells) as view:
+        code, status = _work(p, workers, view, view.around(log))
+    for cid, err in (status.errors or {}).items():
+        name = next(c.cfg.name for c in p.cells if c.cell_id == cid)
+        log(f"FAILED {name}: {err.strip().splitlines()[0] if err.strip() else err}")
+    if report is not None:
+        log(report(p))
+    log(f"[{p.grid.grid_id}] finished in {progress.fmt_seconds(time.time() - t0)}")
+    return code
+
+
+def _work(p: Plan, workers: int, view: progress.LiveView, log):
+    """Enqueue, build the models, run the local workers; (exit code, the grid's status)."""
     store = open_store(p)
     write_manifest(p)
     counts = store.enqueue(p.cells, p.grid.grid_id)
@@ -154,7 +168,10 @@ def run(p: Plan, *, workers: int = 1, report=None, log=print) -> int:
         f"{len({c.seed for c in p.cells})} seeds): {counts['new']} queued, {counts['reused']} already finished "
         f"(reused), {counts['pending']} queued or running from before · storage {mask_url(p.url)} · W&B group "
         f"{p.grid.grid_id}")
+    if any(c.cfg.model == "builtin" for c in p.cells):
+        view.note = "building or loading the built-in models (no cell running yet)"
     prepare_models(p.cells, log=log)
+    view.note = None
     specs = [WorkerSpec(p.url, p.study, p.grid.grid_id, p.cells, p.heartbeat_interval, p.grace_period, p.retries,
                         workers, gpus=p.gpu_slices[i] if p.gpu_slices else None) for i in range(workers)]
     spec = specs[0]
@@ -173,10 +190,4 @@ def run(p: Plan, *, workers: int = 1, report=None, log=print) -> int:
     if crashed:
         log(f"[{p.grid.grid_id}] {len(crashed)} local worker process(es) exited with codes {crashed}")
     status = store.status([c.cell_id for c in p.cells])
-    for cid, err in (status.errors or {}).items():
-        name = next(c.cfg.name for c in p.cells if c.cell_id == cid)
-        log(f"FAILED {name}: {err.strip().splitlines()[0] if err.strip() else err}")
-    if report is not None:
-        log(report(p))
-    log(f"[{p.grid.grid_id}] finished in {progress.fmt_seconds(time.time() - t0)}")
-    return 0 if status.failed == 0 and not crashed else 1
+    return (0 if status.failed == 0 and not crashed else 1), status

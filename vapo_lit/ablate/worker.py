@@ -221,7 +221,7 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
                         "checkpoint)") from e
 
 
-def work(spec: WorkerSpec, log=print) -> None:
+def work(spec: WorkerSpec, log=progress.say) -> None:
     """Claim and run cells of the grid until none is waiting or running."""
     if spec.gpus is not None:  # before anything touches CUDA in this process
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpus
@@ -258,7 +258,7 @@ def work(spec: WorkerSpec, log=print) -> None:
             retries_left = spec.retries - len(trial.system_attrs.get("retry_history", []))
             note += f" ({'retrying' if retries_left > 0 else 'no retries left'})"
         log(f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] {note}")
-        progress.show(spec.grid_id, store.status(by_id), spec.workers)
+        progress.show(spec.grid_id, store.status(by_id), spec.workers, log=log)
 
 
 def work_in_subprocess(spec: WorkerSpec) -> None:

@@ -12,6 +12,7 @@ from pathlib import Path
 
 import torch
 
+from vapo_lit.models.quiet import quiet_transformers
 from vapo_lit.models.value import ValueModel
 
 BUILTIN = "builtin"
@@ -50,6 +51,7 @@ def resolve_critic_init(init: str, policy_spec: str) -> str:
     return "reward_model" if policy_spec == BUILTIN else "actor"
 
 
+@quiet_transformers()
 def load_policy(spec: str, task, *, seed: int = 0, cache_dir=None, dtype: str = "float32", **builtin_options):
     """Return ``(model, tokenizer)`` in eval mode.
 
@@ -151,6 +153,7 @@ def enable_gradient_checkpointing(model) -> None:
     model.train()
 
 
+@quiet_transformers()
 def export(model, directory, tokenizer=None, state_dict: dict | None = None) -> None:
     """`model` (a causal LM or a ValueModel) as a loadable HF directory, with the tokenizer,
     written to a temporary sibling and renamed into place (a reader never sees half of it).
@@ -159,9 +162,6 @@ def export(model, directory, tokenizer=None, state_dict: dict | None = None) -> 
     import shutil
     import tempfile
 
-    from transformers.utils import logging as hf_logging
-
-    hf_logging.disable_progress_bar()  # one "Writing model shards" bar per export otherwise
     directory = Path(directory)
     directory.parent.mkdir(parents=True, exist_ok=True)
     tmp = Path(tempfile.mkdtemp(prefix=f".{directory.name}.tmp-", dir=directory.parent))

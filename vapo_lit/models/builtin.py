@@ -13,6 +13,7 @@ from pathlib import Path
 
 import torch
 
+from vapo_lit.models.quiet import quiet_transformers
 from vapo_lit.tasks.chain import ChainTask, DemoConfig
 
 CODE_VERSION = "builtin-v2"  # v2: per-sample counter-based sampling streams (vapo_lit.rng)
@@ -330,6 +331,7 @@ class _Threads:
         torch.set_num_threads(self.old)
 
 
+@quiet_transformers()
 def _load_policy_dir(path: Path):
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
@@ -339,6 +341,7 @@ def _load_policy_dir(path: Path):
     return model, tok
 
 
+@quiet_transformers()
 def builtin_policy_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
                        model_config: TinyModelConfig | None = None, sft_config: SFTConfig | None = None,
                        log=None) -> Path:
@@ -358,6 +361,7 @@ def builtin_policy_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     return cached_build("policy", config, build, cache_dir=cache_dir, load=_load_policy_dir)
 
 
+@quiet_transformers()
 def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
                              model_config: TinyModelConfig | None = None, sft_config: SFTConfig | None = None,
                              rm_config: RewardModelConfig | None = None, log=None) -> Path:

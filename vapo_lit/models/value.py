@@ -7,6 +7,7 @@ from pathlib import Path
 import torch
 
 from vapo_lit.algos import at_least_float32
+from vapo_lit.models.quiet import quiet_transformers
 from vapo_lit.passes import position_ids_from_mask
 
 VALUE_MARKER = "value_model.json"
@@ -48,6 +49,7 @@ class ValueModel(torch.nn.Module):
         return at_least_float32(self.head(h.to(self.head.weight.dtype)).squeeze(-1))
 
     # ----------------------------------------------------------------- persistence
+    @quiet_transformers()
     def save_pretrained(self, directory: str | Path, state_dict: dict | None = None) -> None:
         """Backbone as an HF model dir (config.json + model.safetensors) + head + marker JSON.
         `state_dict`: this model's full weights to write instead of the live ones (a sharded model)."""
@@ -64,6 +66,7 @@ class ValueModel(torch.nn.Module):
             json.dump({"format": "vapo-lit ValueModel", "version": 1, "head": HEAD_FILE}, f)
 
     @classmethod
+    @quiet_transformers()
     def from_pretrained(cls, directory: str | Path, dtype=torch.float32) -> "ValueModel":
         """Load a saved ValueModel dir, or an HF causal-LM dir (backbone + fresh head), in `dtype`
         ('auto': the checkpoint's)."""
