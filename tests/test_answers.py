@@ -179,7 +179,9 @@ def test_one_megabyte_response(pool):
     t0 = time.perf_counter()
     assert check_answer("42", text, pool=pool).reward == 0.0
     assert check_answer("42", text + r" \boxed{42}", pool=pool).reward == 1.0
-    assert time.perf_counter() - t0 < 5.0
+    # a super-linear extraction on 1 MB runs for minutes; the bound only has to tell that apart from a
+    # linear pass (~0.5 s idle) on a loaded 2-core machine (5 s failed at load average 10)
+    assert time.perf_counter() - t0 < 30.0
 
 
 def test_check_batch_matches_single(pool):
@@ -398,7 +400,9 @@ def test_timeout_is_a_verifier_error(pathological):
         v = check_answer("1", pathological, pool=p, timeout=1.0)
         elapsed = time.perf_counter() - t0
         assert v.reward == 0.0 and v.error is not None and v.error.startswith("timeout:"), v
-        assert elapsed < 4.0, elapsed
+        # unguarded, this check never ends: the bound tells 'deadline enforced' from 'hung', with room
+        # for a loaded machine (4 s failed at load average 10)
+        assert elapsed < 20.0, elapsed
         assert p.timeouts == 1
         # the pool recovers: a fresh worker answers the next call
         assert check_answer("0.5", r"\boxed{\frac{2}{4}+0}", pool=p, timeout=10.0) == A.Verdict(1.0)
@@ -413,7 +417,7 @@ def test_timeout_in_a_batch_does_not_spoil_the_others():
         resps = [r"\boxed{1+x}", r"\boxed{9^{9^{9^{9}}}}", r"\boxed{\sqrt{2}/2}", r"\boxed{x+x}"]
         t0 = time.perf_counter()
         got = check_batch(golds, resps, pool=p, timeout=1.5)
-        assert time.perf_counter() - t0 < 8.0
+        assert time.perf_counter() - t0 < 25.0  # not hung on the pathological one (see above)
         assert [v.reward for v in got] == [1.0, 0.0, 1.0, 1.0]
         assert [bool(v.error) for v in got] == [False, True, False, False]
         assert got[1].error.startswith("timeout:")
@@ -439,7 +443,7 @@ def test_worker_killed_mid_check_is_an_exception_error():
         threading.Timer(0.5, proc.kill).start()
         t0 = time.perf_counter()
         v = check_answer("1", r"\boxed{9^{9^{9^{9}}}}", pool=p, timeout=20.0)
-        assert time.perf_counter() - t0 < 5.0
+        assert time.perf_counter() - t0 < 15.0  # the kill is noticed, not the 20 s deadline waited out
         assert v.reward == 0.0 and v.error.startswith("exception:"), v
         assert check_answer("x+1", r"\boxed{1+x}", pool=p, timeout=10.0) == A.Verdict(1.0)
     finally:
