@@ -27,6 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
+from vapo_lit.devices import autocast_off, recompute_logprobs
 from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_object, full_state_dict,
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
@@ -216,7 +217,7 @@ class VapoModule(L.LightningModule):
             parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
                                           seeds[s:s + step]) for s in range(0, len(per_response), step)]
         exp = Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
-        if self.cfg.ppo.recompute_logprobs:  # the update's own numerics instead of the sampler's
+        if self.recompute_logprobs:  # the update's own numerics instead of the sampler's
             exp.behaviour_logprobs = self.actor_logprobs(exp, chunk_rows=self.cfg.ppo.micro_batch_size) * exp.mask
         return exp
 
@@ -354,10 +355,20 @@ class VapoModule(L.LightningModule):
                 if is_sharded(m):
                     m.reshard()
 
+    @contextlib.contextmanager
     def sampling_context(self):
-        """Sampling token by token needs the whole actor: gathered for the rollout under FSDP."""
+        """Sampling (rollouts and every eval) runs outside Lightning's autocast, in the weights' own
+        dtype; token by token it needs the whole actor: gathered for it under FSDP."""
         dp = getattr(self, "_dp", None)
-        return gathered_for_sampling(dp["actor"]) if dp and is_sharded(dp["actor"]) else contextlib.nullcontext()
+        with autocast_off(), (gathered_for_sampling(dp["actor"]) if dp and is_sharded(dp["actor"])
+                              else contextlib.nullcontext()):
+            yield
+
+    @property
+    def recompute_logprobs(self) -> bool:
+        """ppo.recompute_logprobs, None ('auto') resolved: on under any reduced precision (devices.py)."""
+        precision = self._trainer.precision if self._trainer is not None else None
+        return recompute_logprobs(self.cfg, precision, next(self.actor.parameters()).dtype)
 
     def set_data_parallel(self, wrap) -> None:
         """Called by a data-parallel strategy: `wrap(module)` returns its DDP/FSDP wrapper. The
