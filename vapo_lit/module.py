@@ -336,7 +336,7 @@ class VapoModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under FSDP the policy and the critic are sharded here, before the optimizers exist."""
         if is_fsdp_strategy(self.trainer.strategy) and not getattr(self, "_dp", None):
-            self.set_data_parallel(shard_model)
+            self.set_data_parallel(lambda m: shard_model(m, self.trainer.precision))
 
     def _fsdp_lazy_init(self) -> None:
         """FSDP initialises on the first forward through each ROOT unit; sampling calls the actor's
