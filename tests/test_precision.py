@@ -133,3 +133,23 @@ def test_logprobs_are_float32_log_softmax_under_autocast(task, chunk):
     assert logits.dtype == torch.bfloat16 and lp.dtype == torch.float32
     want = torch.log_softmax(logits.double() / 0.7, -1).gather(-1, ro.response_ids[..., None]).squeeze(-1)
     torch.testing.assert_close(lp.double(), want, rtol=0, atol=1e-5)
+
+
+def test_micro_batch_logprobs_are_the_full_pass_per_row(task):
+    """float64: each listed micro-batch's rows (trimmed as the update trims them) get the log-probs
+    of the untrimmed full pass; rows in no micro-batch (another rank's share) stay 0."""
+    from vapo_lit.distributed import ActorScorer
+    from vapo_lit.experience import Experience
+
+    model = tiny_model("llama", len(task.tokenizer), task.tokenizer).double()
+    ro = generate(model, task.tokenizer, PROMPTS * 2, max_new_tokens=8, seeds=3)
+    exp = Experience.from_rollout(ro, list(range(len(PROMPTS) * 2)))
+    micros = [torch.tensor([5, 0]), torch.tensor([3]), torch.tensor([7, 2, 6])]  # row 1 and 4: another rank's
+    got = passes.micro_batch_logprobs(ActorScorer(model), exp, micros, temperature=0.7, chunk=2)
+    with torch.no_grad():
+        full, _ = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_ids.shape[1],
+                                           ro.response_ids, temperature=0.7)
+    want = full * ro.response_mask
+    want[[1, 4]] = 0.0
+    assert got.dtype == torch.float64
+    torch.testing.assert_close(got, want, rtol=0, atol=1e-12)

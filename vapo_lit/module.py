@@ -173,8 +173,10 @@ class VapoModule(L.LightningModule):
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
-        if self.recompute_logprobs:  # the update's own numerics instead of the sampler's
-            self.recompute_behaviour_logprobs(exp)
+        if self.recompute_logprobs:  # the update's own numerics, in its own epoch-0 micro-batches (update_actor's salt)
+            micros = [mi for _, ms in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()) for mi in ms]
+            exp.behaviour_logprobs = all_reduce(passes.micro_batch_logprobs(
+                self._trained("actor"), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
         clock.append(("values", time.perf_counter()))
 
         # 4. advantages
@@ -219,21 +221,6 @@ class VapoModule(L.LightningModule):
             parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
                                           seeds[s:s + step]) for s in range(0, len(per_response), step)]
         return Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
-
-    @torch.no_grad()
-    def recompute_behaviour_logprobs(self, exp: Experience) -> None:
-        """The behaviour log-probs from the update's own pass, in the first actor epoch's micro-batches
-        (the same rows, trimmed widths and padding as the update: bf16 kernels round a row differently
-        at another width), so the first mini-batch's ratio is exactly 1. Each rank computes the rows of
-        its own micro-batches; a sum over ranks of the disjoint shares gives every rank all rows."""
-        p, out = self.cfg.ppo, torch.zeros_like(exp.behaviour_logprobs)
-        for _, micros in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()):  # update_actor's epoch 0
-            for mi in micros:
-                mb = exp.select(mi, trim=True)
-                lp = self._trained("actor")(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
-                                            p.temperature, False, p.logits_chunk)[0]
-                out[mi.to(out.device), :lp.shape[1]] = lp.to(out.dtype) * mb.mask
-        exp.behaviour_logprobs = all_reduce(out)
 
     def update_critic(self, exp: Experience) -> CriticUpdateStats:
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
