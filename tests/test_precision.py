@@ -153,3 +153,22 @@ def test_micro_batch_logprobs_are_the_full_pass_per_row(task):
     want[[1, 4]] = 0.0
     assert got.dtype == torch.float64
     torch.testing.assert_close(got, want, rtol=0, atol=1e-12)
+
+
+def test_no_forward_after_an_optimizer_step_reads_weights_cast_before_it(tmp_path):
+    """Lightning < 2.6 autocasts with the weight-cast cache on, over the whole training_step: the
+    module's optimizers empty that cache at every step, so the next forward sees the new weights
+    (without it, the second forward here reuses the pre-step bf16 casts)."""
+    from vapo_lit.build import build_module
+
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "cache_dir": str(tmp_path), "threads": 1})
+    module = build_module(cfg)
+    (actor_opt, _), _ = module.configure_optimizers()
+    ids = torch.tensor([[5, 6, 7, 8]])
+    with torch.autocast("cpu", dtype=torch.bfloat16, cache_enabled=True):
+        module.actor(input_ids=ids).logits.float().square().mean().backward()
+        actor_opt.step()
+        after = module.actor(input_ids=ids).logits.detach()
+    with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
+        fresh = module.actor(input_ids=ids).logits
+    assert torch.equal(after, fresh)

@@ -99,3 +99,12 @@ def autocast_off():
             if torch.is_autocast_enabled(kind):
                 stack.enter_context(torch.autocast(kind, enabled=False))
         yield
+
+
+def clear_autocast_cache_after_steps(optimizers) -> None:
+    """Every step of these optimizers empties autocast's cache of weight casts. Lightning < 2.6
+    autocasts with that cache on, and one training_step (several optimizer steps) is one autocast
+    region, so a forward after a step would otherwise compute with bf16 casts of the weights as
+    they were before it (Lightning >= 2.6 turns the cache off; then this costs nothing)."""
+    for opt in optimizers:
+        opt.register_step_post_hook(lambda *_: torch.clear_autocast_cache())

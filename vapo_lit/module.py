@@ -27,7 +27,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
-from vapo_lit.devices import autocast_off, recompute_logprobs
+from vapo_lit.devices import autocast_off, clear_autocast_cache_after_steps, recompute_logprobs
 from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_object, full_state_dict,
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
@@ -526,6 +526,7 @@ class VapoModule(L.LightningModule):
         opts = [torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)]
         if not self.critic_free:
             opts.append(torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay))
+        clear_autocast_cache_after_steps(opts)
         return opts, [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in opts]
 
     def _opt(self, i: int):
