@@ -29,7 +29,7 @@ class KLPenalty(Component):
         # the forward) instead of one full copy per device; under DDP every rank holds a full copy,
         # as it holds the actor.
         self.reference = ActorScorer(copy.deepcopy(pl_module.actor).eval().requires_grad_(False))
-        self.sharded = is_fsdp_strategy(trainer.strategy)
+        self.sharded = is_fsdp_strategy(getattr(trainer, "strategy", None))
         if self.sharded:
             shard_model(self.reference, trainer.precision)
 
