@@ -299,3 +299,54 @@ def test_fast_decode_not_used_where_unsupported(task):
     tok = task.tokenizer
     assert not decode_supported(tiny_model("gpt2", len(tok), tok))
     assert not decode_supported(EosBiased(tiny_model("llama", len(tok), tok), tok.eos_token_id, 1.0))
+
+
+def test_fast_decode_cache_in_the_compute_dtype_and_gqa_without_copies(task, monkeypatch):
+    """Under bf16 autocast the K/V cache is bf16 (the dtype SDPA computes in; the float32 rotary
+    tables would make it float32), grouped K/V are never copied per query head (SDPA's
+    enable_gqa), and the loop still samples what transformers' forward samples under autocast."""
+    from vapo_lit.engines.fast_decode import StaticDecoder
+
+    tok = task.tokenizer
+    model = tiny_model("llama", len(tok), tok)
+    assert model.config.num_attention_heads // model.config.num_key_value_heads == 2  # grouped-query
+    made, copies = [], []
+    real_init, real_repeat = StaticDecoder.__init__, torch.Tensor.repeat_interleave
+    monkeypatch.setattr(StaticDecoder, "__init__", lambda self, *a: made.append(self) or real_init(self, *a))
+    prompts, seeds = PROMPTS * 3, [sample_seed(6, i) for i in range(len(PROMPTS) * 3)]
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        plain = generate(model, tok, prompts, max_new_tokens=16, seeds=seeds, fast=False)
+        monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **k: copies.append(t.shape) or real_repeat(t, *a, **k))
+        fast = generate(model, tok, prompts, max_new_tokens=16, seeds=seeds)
+    monkeypatch.undo()
+    assert [t.dtype for t in made[0].k + made[0].v] == [torch.bfloat16] * 4
+    assert copies == []
+    assert torch.equal(fast.response_ids, plain.response_ids)
+    torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-6)
+    with torch.no_grad():  # without autocast: the weights' own dtype
+        fp32 = StaticDecoder(model, model(input_ids=torch.ones((2, 3), dtype=torch.long), use_cache=True).past_key_values,
+                             torch.ones((2, 3)), 8)
+    assert fp32.k[0].dtype == torch.float32
+
+
+def test_fast_decode_keep_compacts_in_place(task):
+    """keep() moves the kept rows to the front of each layer's own storage (no second cache), and
+    the cache then holds exactly the kept rows' keys and values."""
+    from vapo_lit.engines.fast_decode import StaticDecoder
+
+    tok = task.tokenizer
+    model = tiny_model("qwen2", len(tok), tok).double()
+    n, P = 6, 4
+    ids = torch.randint(3, len(tok), (n, P))
+    with torch.no_grad():
+        dec = StaticDecoder(model, model(input_ids=ids, use_cache=True).past_key_values, torch.ones((n, P)), 10)
+        for t in range(2):
+            dec.step(torch.randint(3, len(tok), (n,)), torch.full((n,), P + t))
+    keep = torch.tensor([True, False, False, True, True, False])
+    before = [(t.data_ptr(), t[keep].clone()) for t in dec.k + dec.v]
+    dec.keep(keep)
+    assert torch.equal(dec.rows, torch.tensor([0, 3, 4]))
+    for t, (ptr, want) in zip(dec.k + dec.v, before):
+        assert t.data_ptr() == ptr and torch.equal(t, want)
+    with torch.no_grad():  # and decoding goes on from the compacted cache
+        assert dec.step(torch.randint(3, len(tok), (3,)), torch.full((3,), P + 2)).shape == (3, len(tok))

@@ -149,8 +149,10 @@ class PPOConfig:
     rollout_batch_size: int | None = _f(None, "responses per generate call, rollouts and evals (None: all at once); bounds sampling memory", lo=1)
     logits_chunk: int | None = _f(None, "response positions per output-layer chunk in the update's log-prob pass (None: all); "
                                         "bounds logits memory to micro_batch x chunk x vocab", lo=1)
-    recompute_logprobs: bool = _f(False, "recompute the behaviour log-probs with the training forward pass (one extra actor "
-                                         "pass) instead of taking the sampler's; for bf16 sampling or a remote engine")
+    recompute_logprobs: bool | None = _f(None, "recompute the behaviour log-probs with the training forward pass (one extra "
+                                                "actor pass) instead of taking the sampler's; None (auto): on under any "
+                                                "precision below 32 bits (bf16-mixed, bf16 weights), where the sampler's "
+                                                "rounding differs from the update's; also for a remote engine")
     top_p: float = _f(1.0, "rollout nucleus sampling (1.0: off)", lo=0.0, hi=1.0, lo_open=True)
 
 

@@ -181,13 +181,33 @@ def _blocks(model: torch.nn.Module) -> list:
     return [m for m in model.modules() if type(m).__name__ in names]
 
 
-def shard_model(module: torch.nn.Module) -> torch.nn.Module:
+def mixed_precision_policy(precision: str | None):
+    """FSDP2's policy for a Lightning precision: under bf16-mixed (16-mixed) the parameters are
+    all-gathered in bf16 (fp16), half the traffic and half the unsharded memory of float32, and the
+    gradients reduced in float32; None otherwise (gathered in the weights' own dtype). The
+    sharded master weights and the optimizer stay float32 either way."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
+    low = {"bf16-mixed": torch.bfloat16, "16-mixed": torch.float16}.get(str(precision))
+    return None if low is None else MixedPrecisionPolicy(param_dtype=low, reduce_dtype=torch.float32)
+
+
+def shard_model(module: torch.nn.Module, precision: str | None = None) -> torch.nn.Module:
     """fully_shard every transformer block of `module`, then `module` itself (the root unit holds
-    the embeddings, final norm, output layer or value head)."""
+    the embeddings, final norm, output layer or value head), with the mixed-precision policy of
+    the Trainer's `precision`. A value head stays float32 (its own unit): values are compared to
+    ~1e-3 (vapo_lit/models/value.py)."""
+    from torch.distributed.fsdp import MixedPrecisionPolicy
+
     fully_shard = _fsdp2()[1]
+    policy = mixed_precision_policy(precision)
+    kw = {} if policy is None else {"mp_policy": policy}
     for block in _blocks(module):
-        fully_shard(block)
-    fully_shard(module)
+        fully_shard(block, **kw)
+    head = getattr(module, "head", None)
+    if policy is not None and isinstance(head, torch.nn.Linear):
+        fully_shard(head, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
+    fully_shard(module, **kw)
     return module
 
 
@@ -257,7 +277,9 @@ def load_full_state_dict(module: torch.nn.Module, state: dict | None) -> None:
 
 class gathered_for_sampling:
     """Context: the sharded actor's parameters gathered for token-by-token sampling (every block
-    keeps its gathered parameters for the whole rollout instead of re-gathering at every token)."""
+    keeps its gathered parameters for the whole rollout instead of re-gathering at every token).
+    Under bf16-mixed they are gathered in bf16 (`mixed_precision_policy`): sampling then runs on
+    that bf16 copy, whose whole-model size is half the float32 actor's."""
 
     def __init__(self, root):
         self.units = [m for m in root.modules() if is_sharded(m)] if root is not None else []

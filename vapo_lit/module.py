@@ -30,6 +30,7 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
+from vapo_lit.devices import autocast_off, clear_autocast_cache_after_steps, recompute_logprobs
 from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_object, full_state_dict,
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
@@ -166,6 +167,8 @@ class VapoModule(L.LightningModule):
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
+        if self.recompute_logprobs:
+            self.recompute_behaviour_logprobs(exp)
         clock.append(("values", time.perf_counter()))
         # 4. advantages
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
@@ -199,6 +202,14 @@ class VapoModule(L.LightningModule):
         return self.ppo_updates >= self.cfg.steps or bool(self.cfg.eval_every and
                                                            self.ppo_updates % self.cfg.eval_every == 0)
 
+    @torch.no_grad()
+    def recompute_behaviour_logprobs(self, exp: Experience) -> None:
+        """Behaviour log-probs from the update's own numerics (kernels, padding, precision), in the first
+        actor epoch's micro-batches (update_actor's salt 20), so its first ratio is exactly 1."""
+        micros = [mi for _, ms in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()) for mi in ms]
+        exp.behaviour_logprobs = all_reduce(passes.micro_batch_logprobs(
+            self._trained("actor"), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
+
     def rollout(self, problems) -> Experience:
         """prompts_per_step prompts x samples_per_prompt samples from the engine, in chunks of
         ppo.rollout_batch_size; response i is seeded by (run seed, iteration, i), so chunking
@@ -214,20 +225,7 @@ class VapoModule(L.LightningModule):
         with self.sampling_context():
             parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
                                           seeds[s:s + step]) for s in range(0, len(per_response), step)]
-        exp = Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
-        if self.cfg.ppo.recompute_logprobs:  # the update's own numerics instead of the sampler's
-            exp.behaviour_logprobs = self.actor_logprobs(exp, chunk_rows=self.cfg.ppo.micro_batch_size) * exp.mask
-        return exp
-
-    @torch.no_grad()
-    def actor_logprobs(self, exp: Experience, chunk_rows: int) -> torch.Tensor:
-        """(N, R) log-probs of the sampled tokens under the current actor, `chunk_rows` rows per pass."""
-        P, p = exp.prompt_width, self.cfg.ppo
-        ids, attn, scorer = exp.input_ids, exp.attention_mask, self._trained("actor")
-        return torch.cat([scorer(ids[s:s + chunk_rows], attn[s:s + chunk_rows], P, exp.response_ids[s:s + chunk_rows],
-                                 temperature=p.temperature, entropy=False,
-                                 chunk=p.logits_chunk)[0].to(exp.behaviour_logprobs.dtype)
-                          for s in range(0, exp.n, chunk_rows)])
+        return Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
 
     def update_critic(self, exp: Experience) -> CriticStats:
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
@@ -315,7 +313,7 @@ class VapoModule(L.LightningModule):
     def configure_model(self) -> None:
         """Under FSDP the policy and the critic are sharded here, before the optimizers exist."""
         if is_fsdp_strategy(self.trainer.strategy) and not getattr(self, "_dp", None):
-            self.set_data_parallel(shard_model)
+            self.set_data_parallel(lambda m: shard_model(m, self.trainer.precision))
 
     def _fsdp_lazy_init(self) -> None:
         """FSDP initialises on the first forward through each ROOT unit; sampling calls the actor's
@@ -334,10 +332,20 @@ class VapoModule(L.LightningModule):
                 if is_sharded(m):
                     m.reshard()
 
+    @contextlib.contextmanager
     def sampling_context(self):
-        """Sampling token by token needs the whole actor: gathered for the rollout under FSDP."""
+        """Sampling (rollouts and every eval) runs outside Lightning's autocast, in the weights' own
+        dtype; token by token it needs the whole actor: gathered for it under FSDP."""
         dp = getattr(self, "_dp", None)
-        return gathered_for_sampling(dp["actor"]) if dp and is_sharded(dp["actor"]) else contextlib.nullcontext()
+        with autocast_off(), (gathered_for_sampling(dp["actor"]) if dp and is_sharded(dp["actor"])
+                              else contextlib.nullcontext()):
+            yield
+
+    @property
+    def recompute_logprobs(self) -> bool:
+        """ppo.recompute_logprobs, None ('auto') resolved: on under any reduced precision (devices.py)."""
+        precision = self._trainer.precision if self._trainer is not None else None
+        return recompute_logprobs(self.cfg, precision, next(self.actor.parameters()).dtype)
 
     def set_data_parallel(self, wrap) -> None:
         """Called by a data-parallel strategy: `wrap(module)` returns its DDP/FSDP wrapper. The
@@ -497,6 +505,7 @@ class VapoModule(L.LightningModule):
         opts = [torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)]
         if not self.critic_free:
             opts.append(torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay))
+        clear_autocast_cache_after_steps(opts)
         return opts, [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in opts]
 
     def _opt(self, i: int):

@@ -64,6 +64,22 @@ def response_logprobs(actor, input_ids: torch.Tensor, attention_mask: torch.Tens
     return torch.cat(logps, 1), (torch.cat(ents, 1) if entropy else None)
 
 
+@torch.no_grad()
+def micro_batch_logprobs(scorer, exp, micro_batches: list, *, temperature: float, chunk: int | None = None) -> torch.Tensor:
+    """(N, R) log-probs of `exp`'s sampled tokens by `scorer` (an ActorScorer or its DDP/FSDP
+    wrapper), 0 outside the rows of `micro_batches` and on padding. Each micro-batch is scored as
+    the update scores it (`exp.select(rows, trim=True)`: the same rows, width and padding), since
+    bf16 kernels round a row differently at another width (up to 1e-4 in the PPO ratio): with the
+    update's own micro-batches its first mini-batch's ratio is exactly 1. Rows in no micro-batch
+    (another rank's share) stay 0, so a sum over ranks fills every row."""
+    out = torch.zeros_like(exp.behaviour_logprobs)
+    for rows in micro_batches:
+        mb = exp.select(rows, trim=True)
+        lp = scorer(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids, temperature, False, chunk)[0]
+        out[rows.to(out.device), :lp.shape[1]] = lp.to(out.dtype) * mb.mask
+    return out
+
+
 def _scaled_logits(head, hs: torch.Tensor, temperature: float) -> torch.Tensor:
     logits = algos.at_least_float32(head(hs))
     return logits / temperature if temperature > 0 else logits

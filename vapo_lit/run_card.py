@@ -70,7 +70,8 @@ def run_card(cfg: RunConfig, module) -> dict:
         },
         "sampling": {
             "temperature": p.temperature, "top_p": p.top_p,
-            "behaviour_logprobs": ("recomputed by the training forward pass after sampling" if p.recompute_logprobs else
+            "recompute_logprobs": module.recompute_logprobs,  # ppo.recompute_logprobs resolved (None: auto)
+            "behaviour_logprobs": ("recomputed by the training forward pass after sampling" if module.recompute_logprobs else
                                    "recorded at sampling time: log softmax(logits / temperature) of the sampled "
                                    f"token, before top-p truncation (rollout engine {cfg.rollout_engine!r})"),
             "eval": {"k": cfg.eval_k, "temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p},

@@ -12,8 +12,9 @@ import copy
 
 import torch
 
-from vapo_lit import algos, passes
+from vapo_lit import algos
 from vapo_lit.components.base import Component
+from vapo_lit.distributed import ActorScorer, is_fsdp_strategy, is_sharded, shard_model
 
 
 class KLPenalty(Component):
@@ -24,18 +25,27 @@ class KLPenalty(Component):
         super().setup(trainer, pl_module, stage)
         # A frozen copy of the initial policy. setup runs before a checkpoint's weights are loaded,
         # so a resumed run copies the same initial policy (train() builds the module afresh).
-        self.reference = copy.deepcopy(pl_module.actor).eval().requires_grad_(False)
+        # Under FSDP it is sharded like the actor (1/W of it per rank, gathered block by block in
+        # the forward) instead of one full copy per device; under DDP every rank holds a full copy,
+        # as it holds the actor.
+        self.reference = ActorScorer(copy.deepcopy(pl_module.actor).eval().requires_grad_(False))
+        self.sharded = is_fsdp_strategy(getattr(trainer, "strategy", None))
+        if self.sharded:
+            shard_model(self.reference, trainer.precision)
 
     @torch.no_grad()
     def on_experience(self, module, exp) -> dict[str, float]:
         """Reference log-probs of the sampled tokens, once per iteration (every epoch reuses them)."""
-        ref = self.reference.to(exp.mask.device)
+        ref = self.reference if self.sharded else self.reference.to(exp.mask.device)
         p, rows = module.cfg.ppo, module.cfg.ppo.micro_batch_size
         ids, attn = exp.input_ids, exp.attention_mask
         exp.extras["ref_logprobs"] = torch.cat([
-            passes.response_logprobs(ref, ids[s:s + rows], attn[s:s + rows], exp.prompt_width,
-                                     exp.response_ids[s:s + rows], temperature=p.temperature, chunk=p.logits_chunk)[0]
+            ref(ids[s:s + rows], attn[s:s + rows], exp.prompt_width, exp.response_ids[s:s + rows], p.temperature,
+                False, p.logits_chunk)[0]
             for s in range(0, exp.n, rows)])
+        for m in ref.modules() if self.sharded else ():  # the root unit keeps its gathered parameters: shard them again
+            if is_sharded(m):
+                m.reshard()
         return {}
 
     def loss_term(self, module, mb, logprobs, token_denominator):

@@ -12,7 +12,11 @@ The concatenated copy lives for the rollout, so it is made only while it stays u
 matrix products dwarf those, and its memory is better spent on the KV cache.
 
 The prompt is encoded by the model's regular forward (prefill); its cache is copied once into the
-static buffers. `decode_supported(model)` says whether a model can use this loop;
+static buffers, kept in the compute dtype (`compute_dtype`: bf16 under bf16 autocast or bf16
+weights, not the float32 the rotary tables would promote the keys to). Grouped-query attention
+is SDPA's own (`enable_gqa`): no per-query-head copies of the grouped K/V at every layer step
+(7x the cache's size per layer for a 7:1 model). Dropping finished rows compacts each layer's
+cache in place (no second cache beside the first). `decode_supported(model)` says whether a model can use this loop;
 `vapo_lit.engines.hf.generate` falls back to transformers' forward otherwise. Equality with that
 forward (tokens, behaviour log-probs) is tested in tests/test_rollout.py.
 """
@@ -48,11 +52,12 @@ class StaticDecoder:
         self.model, self.inner = model, model.model
         layers = self.inner.layers
         n, P = key_valid.shape
+        dtype = compute_dtype(model)
         self.k, self.v = [], []
         for i, layer in enumerate(layers):
             pk, pv = _layer_kv(prefill_cache, i)
-            k = pk.new_zeros((n, pk.shape[1], capacity, pk.shape[3]))
-            v = pv.new_zeros((n, pv.shape[1], capacity, pv.shape[3]))
+            k = pk.new_zeros((n, pk.shape[1], capacity, pk.shape[3]), dtype=dtype)
+            v = pv.new_zeros((n, pv.shape[1], capacity, pv.shape[3]), dtype=dtype)
             k[:, :, :P] = pk
             v[:, :, :P] = pv
             self.k.append(k)
@@ -65,9 +70,14 @@ class StaticDecoder:
         self.rows = torch.arange(n, device=key_valid.device)  # original row of each cache row
 
     def keep(self, keep: torch.Tensor) -> None:
-        """Drop the cache rows where `keep` is False (finished responses)."""
-        self.k = [t[keep] for t in self.k]
-        self.v = [t[keep] for t in self.v]
+        """Drop the cache rows where `keep` is False (finished responses), compacting each layer in
+        place: the kept rows move to the front of the same storage, so old and new caches never
+        coexist (at most one layer's kept rows are copied at a time)."""
+        idx = keep.nonzero().squeeze(1)
+        for cache in (self.k, self.v):
+            for i, t in enumerate(cache):
+                t[:len(idx)] = t.index_select(0, idx)
+                cache[i] = t[:len(idx)]
         self.key_valid = self.key_valid[keep]
         self.rows = self.rows[keep]
 
@@ -88,14 +98,22 @@ class StaticDecoder:
             self.k[i][:, :, t:t + 1] = k
             self.v[i][:, :, t:t + 1] = v
             keys, values = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]
-            groups = q.shape[1] // keys.shape[1]
-            if groups > 1:
-                keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=attn.scaling)
+            # grouped-query attention inside SDPA: no (n, heads, t, d) copies of the grouped K/V
+            out = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask, scale=attn.scaling,
+                                                 enable_gqa=q.shape[1] != keys.shape[1])
             out = out.transpose(1, 2).reshape(x.shape[0], 1, -1)
             x = x + attn.o_proj(out)
             x = x + fused.mlp(fused.norm(layer.post_attention_layernorm, x))
         return self.model.lm_head(self.inner.norm(x))[:, -1, :]
+
+
+def compute_dtype(model) -> torch.dtype:
+    """The dtype the attention projections produce: autocast's when the caller is in an autocast
+    region, else the weights' own. The K/V cache is kept in it (the rotary tables are float32
+    under autocast and would otherwise promote the cached keys to float32, twice the memory)."""
+    weight = next(model.model.layers[0].self_attn.parameters())
+    kind = weight.device.type
+    return torch.get_autocast_dtype(kind) if torch.is_autocast_enabled(kind) else weight.dtype
 
 
 class _FusedLayer:

@@ -24,7 +24,8 @@ class ValueModel(torch.nn.Module):
     the terminal state's, which PPO treats as 0 and never reads from here.
 
     Positions are ``cumsum(attention_mask) - 1`` (as in :mod:`vapo_lit.passes`), so left-padded
-    prompts are handled. The output is unbounded (no sigmoid), in float32 or float64 (the head's dtype).
+    prompts are handled. The output is unbounded (no sigmoid), in float32 (float64 for a float64 head),
+    also under autocast.
     """
 
     def __init__(self, backbone: torch.nn.Module, head: torch.nn.Linear | None = None):
@@ -46,7 +47,14 @@ class ValueModel(torch.nn.Module):
             attention_mask = torch.ones_like(input_ids)
         pos = position_ids_from_mask(attention_mask)
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
-        return at_least_float32(self.head(h.to(self.head.weight.dtype)).squeeze(-1))
+        return self.value_head(h)
+
+    def value_head(self, h: torch.Tensor) -> torch.Tensor:
+        """(n, L, H) hidden states -> (n, L) values in the head's own dtype (float32 under bf16-mixed),
+        outside any autocast region: values and targets are compared to ~1e-3 (value loss, GAE),
+        which bf16's 8-bit mantissa would round away (0.002-0.004 near 0.5-1)."""
+        with torch.autocast(h.device.type, enabled=False):
+            return at_least_float32(self.head(h.to(self.head.weight.dtype)).squeeze(-1))
 
     # ----------------------------------------------------------------- persistence
     @quiet_transformers()
