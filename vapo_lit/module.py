@@ -158,7 +158,6 @@ class VapoModule(L.LightningModule):
     def training_step(self, problems, batch_idx):
         pretraining = self.pretrain.active
         clock = [("start", time.perf_counter())]  # (part, when it ended): logged as perf/<part>_seconds
-
         # 1. rollout (this rank's share of the prompts; the only step that samples)
         exp = self.rollout(problems)
         clock.append(("rollout", time.perf_counter()))
@@ -167,7 +166,7 @@ class VapoModule(L.LightningModule):
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
-        if self.recompute_logprobs:
+        if self.recompute_logprobs:  # the sampler's log-probs replaced by the update's own (auto under bf16)
             self.recompute_behaviour_logprobs(exp)
         clock.append(("values", time.perf_counter()))
         # 4. advantages
