@@ -199,7 +199,9 @@ def check_gpu_smoke(cpu: bool) -> dict:
         return s
     with tempfile.TemporaryDirectory() as out:
         with contextlib.redirect_stdout(io.StringIO()):  # its own JSON: kept in this check's record
-            r = gpu_smoke.main(["--shape", "tiny" if cpu else "0.5b", "--out", out])
+            # two PPO iterations after the pretraining one (gpu_smoke's default is three): the figures are
+            # per iteration, and the whole script must stay within 10 minutes on one GPU
+            r = gpu_smoke.main(["--shape", "tiny" if cpu else "0.5b", "--iterations", "2", "--out", out])
         rows = [x for x in csv.DictReader(open(Path(out) / "gpu_smoke" / "metrics.csv")) if x.get("policy/ratio_mean")]
     first = rows[0]
     keys = ("policy/ratio_mean", "policy/ratio_max", "policy/approx_kl", "policy/clipfrac_low", "policy/clipfrac_high",
