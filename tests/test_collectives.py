@@ -92,7 +92,7 @@ def test_value_pretraining_ends_on_every_rank_when_their_explained_variances_dif
 
 def test_a_rank0_failure_while_saving_stops_the_other_rank_at_once(tmp_path):
     """Rank 0 raises (a full disk) while writing last.ckpt and stays up; rank 1 must raise, saying
-    another rank failed, within 60 s of it (measured: under a second) instead of waiting in a
+    another rank failed, within 60 s of it instead of waiting in a
     barrier (NCCL's would wait 30 minutes; here until rank 0 gives up after 90 s)."""
     results = two_ranks("save_fail", tmp_path, env={"VAPO_LIT_FAULT": "checkpoint:1:enospc"})
     assert results[1][0] is not None, f"rank 1 hung:\n{results[1][1]}"
