@@ -245,6 +245,47 @@ def test_cb_pre_empted_requests_keep_their_streams(task):
     torch.testing.assert_close(small.logprobs, full.logprobs)
 
 
+def _tensor_fields(ro):
+    return {f.name: getattr(ro, f.name) for f in dataclasses.fields(ro) if isinstance(getattr(ro, f.name), torch.Tensor)}
+
+
+def test_cb_returns_its_rollout_with_the_hf_engines_devices_and_dtypes(task):
+    """Every Rollout field of "cb" has the device and dtype of "hf"'s (the Rollout convention: on the
+    sampling model's device), for a float32 and a float64 model."""
+    tok = task.tokenizer
+    for dtype in (torch.float32, torch.float64):
+        model = tiny_model("llama", len(tok), tok).to(dtype)
+        s = SamplingParams(max_new_tokens=6)
+        a, b = (_tensor_fields(make_engine(name, model, tok).generate(PROMPTS, s, 1)) for name in ("cb", "hf"))
+        assert a.keys() == b.keys()
+        assert {k: (v.device, v.dtype) for k, v in a.items()} == {k: (v.device, v.dtype) for k, v in b.items()}
+
+
+def test_cb_places_its_rollout_on_the_models_device(task, monkeypatch):
+    """The cb engine's Rollout follows the model's device (here "meta", which a CPU can hold; on a
+    GPU run it is cuda): prompt ids, masks, log-probs, lengths and flags alike, dtypes kept."""
+    from vapo_lit.rollout import encode_prompts
+
+    tok = task.tokenizer
+    engine = ContinuousBatchingEngine(tiny_model("llama", len(tok), tok), tok)
+    engine.model = torch.nn.Linear(1, 1, device="meta")  # where the rollout must land
+    monkeypatch.setattr(engine, "_behaviour_logprobs", lambda ids, mask, resp, rmask, t: torch.zeros(resp.shape))
+    prompt_ids, prompt_mask = encode_prompts(tok, PROMPTS[:2])
+    eos = tok.eos_token_id
+    ro = engine._rollout(prompt_ids, prompt_mask, [[5, eos], [6]], [eos], SamplingParams(max_new_tokens=2))
+    fields = _tensor_fields(ro)
+    assert len(fields) == 8 and {v.device.type for v in fields.values()} == {"meta"}, \
+        {k: v.device for k, v in fields.items()}
+    from vapo_lit.engines.continuous import on_device
+
+    cpu = encode_prompts(tok, PROMPTS[:2])
+    moved = on_device(ro.__class__(*cpu, torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1), torch.zeros(2, 1),
+                                   torch.ones(2, dtype=torch.long), torch.ones(2, dtype=torch.bool),
+                                   torch.zeros(2, dtype=torch.bool), ["a", "b"]), torch.device("meta"))
+    assert moved.texts == ["a", "b"] and moved.prompt_ids.dtype == torch.long and moved.terminated.dtype == torch.bool
+    assert {v.device.type for v in _tensor_fields(moved).values()} == {"meta"}
+
+
 def test_cb_uniform_bits_round_down_the_stream():
     seeds = torch.tensor([sample_seed(1, i) for i in range(5000)])
     steps = torch.arange(5000) % 7

@@ -12,6 +12,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from vapo_lit import faults
+from vapo_lit.distributed import agree_any
 
 LOW_SPACE = 1 << 20
 """Below this many free bytes a failed write is reported as a full disk (torch's writer says only
@@ -34,6 +35,15 @@ def check_checkpoint(path: Path) -> None:
                          "under another --name") from None
 
 
+def checkpoint_progress(path: Path) -> dict:
+    """The checkpoint's `vapo` entry (iteration, ppo_updates, ...) without reading its tensors: the
+    file is memory-mapped, so only the pickled structure is read (every rank of a resumed run calls
+    this before Lightning loads the checkpoint itself)."""
+    import torch
+
+    return torch.load(path, map_location="cpu", weights_only=False, mmap=True)["vapo"]
+
+
 class RunCheckpoints(Callback):
     """last.ckpt every `checkpoint_every` iterations and at the end; best.ckpt on a new best eval.
     Written to a temporary file and renamed, so a kill never leaves a half-written checkpoint."""
@@ -47,26 +57,42 @@ class RunCheckpoints(Callback):
             stale.unlink(missing_ok=True)  # a previous attempt died while writing it
 
     def _save(self, trainer, name: str) -> str:
+        """Trainer.save_checkpoint's two steps (state from every rank, the strategy writes on rank 0),
+        then every rank agrees on whether the write succeeded instead of Lightning's barrier: a
+        rank-0 failure raises on every rank at once (a barrier would hold the others until the
+        process group's timeout, 30 minutes under NCCL)."""
         self.dir.mkdir(parents=True, exist_ok=True)
         final = self.dir / name
         tmp = self.dir / f".{name}.tmp"
+        error = None
         try:
-            trainer.save_checkpoint(str(tmp), weights_only=False)  # full state: optimizers, schedulers, callbacks
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(False)  # optimizers, schedulers, callbacks
+            trainer.strategy.save_checkpoint(checkpoint, str(tmp))
             action = faults.due("checkpoint") if trainer.is_global_zero else None
             if action:  # crash tests: a half-written temporary file, then the fault
                 with open(tmp, "r+b") as f:
                     f.truncate(max(1, tmp.stat().st_size // 2))
                 faults.fire(action, "checkpoint")
+            if trainer.is_global_zero:  # the strategy wrote it on rank 0
+                os.replace(tmp, final)
         except Exception as e:
-            full = faults.is_disk_full(e) or shutil.disk_usage(self.dir).free < LOW_SPACE
-            tmp.unlink(missing_ok=True)
-            if full and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
-                raise OSError(errno.ENOSPC, f"No space left on device while writing {final} ({e})") from e
-            raise
-        if trainer.is_global_zero:  # the strategy wrote it on rank 0 (and waits for every rank)
-            os.replace(tmp, final)
-        trainer.strategy.barrier("vapo-checkpoint")
+            error = e
+        if agree_any(error is not None):
+            raise self._failure(error, final, tmp)
         return str(final)
+
+    def _failure(self, e: Exception | None, final: Path, tmp: Path) -> Exception:
+        """What to raise after a failed save: this rank's error (a full disk said so), or, on a rank
+        that did not fail, that another one did."""
+        tmp.unlink(missing_ok=True)
+        if e is None:
+            return RuntimeError(f"another rank failed while writing {final} (its error is in its log); stopping")
+        full = faults.is_disk_full(e) or shutil.disk_usage(self.dir).free < LOW_SPACE
+        if full and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
+            full_disk = OSError(errno.ENOSPC, f"No space left on device while writing {final} ({e})")
+            full_disk.__cause__ = e
+            return full_disk
+        return e
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         ev = pl_module.last_eval
@@ -109,7 +135,7 @@ class RunExports(Callback):
         self._export(pl_module, pl_module.actor, name, pl_module.tokenizer, root=pl_module.policy, prefix="actor.")
 
     def _export(self, pl_module, model, name: str, tokenizer=None, root=None, prefix: str = "") -> None:
-        """Rank 0 writes (data-parallel replicas are identical); every rank waits for it. The weights
+        """Rank 0 writes (data-parallel replicas are identical); every rank learns whether it succeeded. The weights
         are read from the sharding root (`root`, keys under `prefix`) when the model is sharded."""
         from vapo_lit.distributed import full_state_dict
         from vapo_lit.models import export
@@ -118,6 +144,11 @@ class RunExports(Callback):
         state = full_state_dict(root if root is not None else model)  # every rank takes part under FSDP
         if state is not None and prefix:
             state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+        error = None
         if trainer.is_global_zero:
-            export(model, self.dir / name, tokenizer, state_dict=state)
-        trainer.strategy.barrier("vapo-export")
+            try:
+                export(model, self.dir / name, tokenizer, state_dict=state)
+            except Exception as e:
+                error = e
+        if agree_any(error is not None):  # instead of a barrier: a rank-0 failure stops every rank now
+            raise error or RuntimeError(f"rank 0 failed while exporting {self.dir / name} (its error is in its log)")

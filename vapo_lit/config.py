@@ -146,9 +146,12 @@ class PPOConfig:
     grad_clip: float = _f(1.0, "max gradient norm, each model (0: off)", lo=0.0)
     max_new_tokens: int | None = _f(None, "response length limit (None: the task's default)", lo=1)
     temperature: float = _f(1.0, "rollout sampling temperature", lo=0.0, lo_open=True)
-    rollout_batch_size: int | None = _f(None, "responses per generate call, rollouts and evals (None: all at once); bounds sampling memory", lo=1)
-    logits_chunk: int | None = _f(None, "response positions per output-layer chunk in the update's log-prob pass (None: all); "
-                                        "bounds logits memory to micro_batch x chunk x vocab", lo=1)
+    rollout_batch_size: int | str | None = _f("auto", "responses per generate call, rollouts and evals (None: all at once; "
+                                                      "auto: from the model's K/V size and the device's free memory, "
+                                                      "all at once when they fit); bounds sampling memory", lo=1)
+    logits_chunk: int | str | None = _f("auto", "response positions per output-layer chunk in the update's log-prob pass "
+                                                "(None: all; auto: from the vocabulary and the device's free memory, all "
+                                                "when they fit); bounds logits memory to micro_batch x chunk x vocab", lo=1)
     recompute_logprobs: bool | None = _f(None, "recompute the behaviour log-probs with the training forward pass (one extra "
                                                 "actor pass) instead of taking the sampler's; None (auto): on under any "
                                                 "precision below 32 bits (bf16-mixed, bf16 weights), where the sampler's "
@@ -206,10 +209,16 @@ class RunConfig:
 
 
 # ----------------------------------------------------------------------------- validation
+AUTO_SIZED = ("ppo.rollout_batch_size", "ppo.logits_chunk")
+"""Pass sizes that take 'auto' (resolved once at start by vapo_lit.devices.resolve_memory_defaults)."""
+
+
 def check_range(path: str, value: Any, meta: dict) -> None:
     lo, hi, choices = meta.get("lo"), meta.get("hi"), meta.get("choices")
     if value is None or isinstance(value, bool):
         return
+    if path in AUTO_SIZED and not (value == "auto" or isinstance(value, int)):
+        raise ValueError(f"{path}={value!r} is not valid; give a positive integer, none (all at once) or auto")
     if choices is not None and value not in choices:
         raise ValueError(f"{path}={value!r} is not valid; choose one of: {', '.join(map(str, choices))}")
     if isinstance(value, (int, float)):
@@ -409,6 +418,8 @@ def parse_value(text: str, kind, name: str):
     """A command-line string as the setting's type; ValueError saying what was expected."""
     if text.lower() in ("none", "null"):
         return None
+    if name in AUTO_SIZED and text.lower() == "auto":
+        return "auto"
     try:
         if kind is bool:
             if text.lower() in ("1", "true", "yes", "on"):

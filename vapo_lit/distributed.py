@@ -53,12 +53,72 @@ def is_global_zero_env() -> bool:
 
 
 # ----------------------------------------------------------------------------- collectives
+# One rule decides where a tensor handed to a collective lives: on a device type the process group
+# has a backend for. An NCCL group ("cuda:nccl") has none for CPU tensors and refuses them ("No
+# backend type associated with device type cpu"); gloo ("cpu:gloo,cuda:gloo") takes either. Every
+# collective below moves its tensor there and returns the result on the caller's device.
+_DEFAULT_DEVICE_TYPES = {"nccl": ("cuda",), "gloo": ("cpu", "cuda"), "mpi": ("cpu", "cuda")}
+
+
+def group_device_types(group=None) -> tuple[str, ...]:
+    """The device types `group` has a backend for, from its backend config ('cuda:nccl',
+    'cpu:gloo,cuda:gloo', or a bare backend name)."""
+    config = str(dist.get_backend_config(group))
+    if ":" in config:
+        return tuple(part.split(":")[0].strip() for part in config.split(","))
+    return _DEFAULT_DEVICE_TYPES.get(config, ("cpu", "cuda"))
+
+
+def choose_comm_device(device_types, tensor_device: torch.device, cuda_device) -> torch.device:
+    """Where a tensor on `tensor_device` must go for a group serving `device_types`: where it is if
+    the group serves that type, else the current CUDA device (`cuda_device()`, called only then),
+    else the CPU."""
+    tensor_device = torch.device(tensor_device)
+    if tensor_device.type in device_types:
+        return tensor_device
+    if "cuda" in device_types:
+        return torch.device(cuda_device())
+    if "cpu" in device_types:
+        return torch.device("cpu")
+    raise ValueError(f"the process group serves device types {list(device_types)}; none can hold a tensor "
+                     f"on {tensor_device}")
+
+
+def _current_cuda() -> torch.device:
+    return torch.device("cuda", torch.cuda.current_device())  # Lightning sets it to the rank's device
+
+
+def _move(t: torch.Tensor, device: torch.device) -> torch.Tensor:
+    return t.to(device)
+
+
+def comm_tensor(t: torch.Tensor, group=None) -> torch.Tensor:
+    """`t` (or a copy) on the device the group's collectives accept."""
+    return _move(t, choose_comm_device(group_device_types(group), t.device, _current_cuda))
+
+
 def all_reduce(t: torch.Tensor, op: str = "sum") -> torch.Tensor:
+    """Sum (or max) of `t` over the ranks, on `t`'s device; `t` itself is not modified."""
     if not is_distributed():
         return t
-    t = t.clone()
-    dist.all_reduce(t, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
-    return t
+    buf = comm_tensor(t)
+    buf = buf.clone() if buf is t else buf
+    dist.all_reduce(buf, op={"sum": dist.ReduceOp.SUM, "max": dist.ReduceOp.MAX}[op])
+    return buf.to(t.device)
+
+
+def agree_any(flag: bool) -> bool:
+    """True on every rank when `flag` is True on any: a decision that steers control flow (stop
+    a phase, abort after a failed write) must be the same on all ranks, or one rank enters a
+    collective alone and hangs."""
+    return bool(all_reduce(torch.tensor(1.0 if flag else 0.0, dtype=torch.float64), "max") > 0)
+
+
+def _broadcast_inplace(t: torch.Tensor, src: int) -> None:
+    buf = comm_tensor(t)
+    dist.broadcast(buf, src=src)
+    if buf is not t:
+        t.copy_(buf)
 
 
 def broadcast_object(obj, src: int = 0):
@@ -89,7 +149,7 @@ def broadcast_module(module: torch.nn.Module, src: int = 0) -> None:
         return
     with torch.no_grad():
         for t in [*module.parameters(), *module.buffers()]:
-            dist.broadcast(t.data, src=src)
+            _broadcast_inplace(t.data, src)
 
 
 def _gather_rows(t: torch.Tensor, width: int | None, left: bool, pad) -> torch.Tensor:
@@ -97,9 +157,10 @@ def _gather_rows(t: torch.Tensor, width: int | None, left: bool, pad) -> torch.T
     if width is not None and t.shape[1] < width:
         extra = width - t.shape[1]
         t = torch.nn.functional.pad(t, (extra, 0) if left else (0, extra), value=pad)
-    out = [torch.empty_like(t) for _ in range(dist.get_world_size())]
-    dist.all_gather(out, t.contiguous())
-    return torch.cat(out)
+    buf = comm_tensor(t.contiguous())
+    out = [torch.empty_like(buf) for _ in range(dist.get_world_size())]
+    dist.all_gather(out, buf)
+    return torch.cat(out).to(t.device)
 
 
 def gather_experience(exp, pad_id: int):
@@ -272,7 +333,7 @@ def load_full_state_dict(module: torch.nn.Module, state: dict | None) -> None:
         else:
             if rank == 0:
                 live.copy_(state[name])
-            dist.broadcast(live, src=0)
+            _broadcast_inplace(live, 0)
 
 
 class gathered_for_sampling:

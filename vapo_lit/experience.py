@@ -268,7 +268,9 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
         lam_policy = algos.length_adaptive_lambda(lengths, s.alpha, s.gamma).to(exp.mask.device)
         clamped = algos.lambda_clamped(lengths, s.alpha, s.gamma)
     else:
-        lam_policy, clamped = torch.full((exp.n,), s.lam, device=exp.mask.device), 0
+        # the dtype length_adaptive_lambda gives, not the default one (bf16 under bf16-true: 0.95 -> 0.9492)
+        lam_dtype = torch.float64 if lengths.dtype == torch.float64 else torch.float32
+        lam_policy, clamped = torch.full((exp.n,), s.lam, dtype=lam_dtype, device=exp.mask.device), 0
     lam_critic = lam_policy if s.lam_critic is None else s.lam_critic
     advantages, returns = algos.decoupled_gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
                                               gamma=s.gamma, bootstrap_values=exp.bootstrap)

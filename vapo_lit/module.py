@@ -30,7 +30,8 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
-from vapo_lit.devices import autocast_off, clear_autocast_cache_after_steps, recompute_logprobs
+from vapo_lit.devices import (autocast_off, clear_autocast_cache_after_steps, longest_prompt, recompute_logprobs,
+                              resolve_memory_defaults)
 from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_object, full_state_dict,
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
@@ -112,6 +113,9 @@ class VapoModule(L.LightningModule):
         self.last_good_checkpoint: str | None = None
         self.max_new_tokens = cfg.ppo.max_new_tokens or task.max_new_tokens
         self.eval_set = eval_subset(task, cfg.eval_problems)
+        # 'auto' pass sizes resolved once, from the model and the device's free memory (run card)
+        self.cfg, self.memory_plan = resolve_memory_defaults(cfg, actor, critic, longest_prompt(tokenizer, self.eval_set),
+                                                             self.max_new_tokens)
         self.engine = make_engine(cfg.rollout_engine, actor, tokenizer)
         self._carry: dict[str, float] = {}  # metrics of events between iterations, logged with the next row
         self._resumed = False

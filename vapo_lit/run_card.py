@@ -88,6 +88,7 @@ def run_card(cfg: RunConfig, module) -> dict:
                      "model_dtype": cfg.model_dtype,
                      "gradient_checkpointing": cfg.gradient_checkpointing,
                      "rollout_batch_size": p.rollout_batch_size, "logits_chunk": p.logits_chunk,
+                     "memory_plan": plan.record() if (plan := getattr(module, "memory_plan", None)) else None,
                      "micro_batch_size": p.micro_batch_size},
     }
 

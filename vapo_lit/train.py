@@ -19,7 +19,7 @@ import torch
 import yaml
 
 from vapo_lit.build import build_module
-from vapo_lit.checkpoints import RunCheckpoints, RunExports
+from vapo_lit.checkpoints import RunCheckpoints, RunExports, checkpoint_progress
 from vapo_lit.components import build_callbacks
 from vapo_lit.config import RunConfig, run_label, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
@@ -60,9 +60,9 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     keep_until = None
     wandb_id = None
     if resume:
-        state = torch.load(ckpt, map_location="cpu", weights_only=False)
-        keep_until = state["vapo"]["iteration"]
-        if state["vapo"]["ppo_updates"] >= cfg.steps and (run_dir / "summary.json").is_file():
+        progress = checkpoint_progress(ckpt)  # memory-mapped: no tensor is read
+        keep_until = progress["iteration"]
+        if progress["ppo_updates"] >= cfg.steps and (run_dir / "summary.json").is_file():
             return json.loads((run_dir / "summary.json").read_text())  # finished: nothing to resume
         card_path = run_dir / "run_card.json"
         if card_path.is_file():

@@ -11,6 +11,7 @@ from __future__ import annotations
 import math
 
 from vapo_lit.components.base import Component
+from vapo_lit.distributed import agree_any
 
 
 class ValuePretraining(Component):
@@ -25,5 +26,8 @@ class ValuePretraining(Component):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         phase = pl_module.pretrain
-        if phase.active and self.should_end(phase.steps_done, phase.last_ev):
+        # agreed across ranks: the explained variance is computed from the gathered batch on every
+        # rank, but its last bits may differ between machines; a rank that ended the phase alone would
+        # enter the critic's full_state_dict collective by itself and hang
+        if phase.active and agree_any(self.should_end(phase.steps_done, phase.last_ev)):
             pl_module.end_value_pretraining()

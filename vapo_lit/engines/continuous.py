@@ -27,6 +27,7 @@ The model must be a transformers `PreTrainedModel` (it carries `init_continuous_
 """
 from __future__ import annotations
 
+import dataclasses
 import math
 import time
 from typing import ClassVar
@@ -73,6 +74,14 @@ def uniform_bits(seeds: torch.LongTensor, steps: torch.LongTensor) -> torch.Tens
 def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
     """Inverse of the packing in :func:`uniform_bits`: float64 in [0, 1)."""
     return (bits.long() & 0xFFFFFFFF).double() * (1.0 / 2 ** 32)
+
+
+def on_device(ro: Rollout, device) -> Rollout:
+    """`ro` with every tensor on `device`, dtypes kept: the Rollout convention (the sampling model's
+    device, as `hf` returns it), so the critic and update passes never meet CPU ids on a GPU run."""
+    moved = {f.name: getattr(ro, f.name).to(device) for f in dataclasses.fields(ro)
+             if isinstance(getattr(ro, f.name), torch.Tensor)}
+    return dataclasses.replace(ro, **moved)
 
 
 def _make_sampler_classes():
@@ -229,9 +238,10 @@ class ContinuousBatchingEngine:
         logprobs = self._behaviour_logprobs(prompt_ids, prompt_mask, response_ids, response_mask, sampling.temperature)
         self.recompute_seconds = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(outputs, skip_special_tokens=True)
-        return Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                       response_mask=response_mask, logprobs=logprobs, lengths=lengths, terminated=terminated,
-                       truncated=~terminated, texts=list(texts))
+        return on_device(Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                                 response_mask=response_mask, logprobs=logprobs, lengths=lengths,
+                                 terminated=terminated, truncated=~terminated, texts=list(texts)),
+                         next(self.model.parameters()).device)
 
     def _behaviour_logprobs(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature) -> torch.Tensor:
         """(N, R) log softmax(logits / T) of each response token (at least float32: a float64 model keeps
@@ -247,5 +257,5 @@ class ContinuousBatchingEngine:
         for i in range(0, ids.shape[0], rows):
             lp = sequence_logprobs(self.model, ids[i: i + rows].to(device), mask[i: i + rows].to(device),
                                    temperature=temperature)
-            out.append(at_least_float32(lp[:, P - 1:]).cpu())
-        return torch.cat(out) * response_mask
+            out.append(at_least_float32(lp[:, P - 1:]))
+        return torch.cat(out) * response_mask.to(device)
