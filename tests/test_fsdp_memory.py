@@ -6,6 +6,7 @@ every update at ratio 1 exactly (slow)."""
 from __future__ import annotations
 
 import copy
+import dataclasses
 import csv
 import json
 import os
@@ -90,7 +91,9 @@ def _checks(rank: int) -> None:
     assert kl.sharded and _local_numel(kl.reference) < 0.6 * sum(p.numel() for p in initial.parameters())
     exp = SimpleNamespace(input_ids=ro.input_ids, attention_mask=ro.attention_mask, prompt_width=P,
                           response_ids=ro.response_ids, n=len(PROMPTS), mask=mask, extras={})
-    kl.on_experience(SimpleNamespace(cfg=RunConfig()), exp)
+    cfg = RunConfig()  # as a module holds it: ppo's 'auto' pass sizes resolved (here: no chunking)
+    cfg = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, logits_chunk=None, rollout_batch_size=None))
+    kl.on_experience(SimpleNamespace(cfg=cfg), exp)
     with torch.no_grad():
         want, _ = response_logprobs(initial, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0)
     torch.testing.assert_close(exp.extras["ref_logprobs"], want, rtol=0, atol=1e-6)
