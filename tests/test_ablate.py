@@ -251,6 +251,10 @@ def test_live_view_reads_each_running_cell_from_its_own_files(tmp_path, monkeypa
     assert drawn.startswith(CLEAR) and drawn.endswith("\x1b[1F") and "\n" in drawn and tty._drawn
     tty.around(lambda text: tty.stream.write(text + "\n"))("a cell finished")
     assert tty.stream.getvalue().endswith(CLEAR + "a cell finished\n") and not tty._drawn  # the line replaces the block
+    # only the base eval logged (step 0, no train/value_pretraining value): the phase is not known yet
+    (busy.run_dir / "metrics.csv").write_text(",".join(head) + "\n0,0,0,,0.25,1.0\n")
+    first = LiveView("g", cells, stream=io.StringIO(), every=30).lines(now=165.0)[0]
+    assert f"it 0/{total} · ppo 0/{cfg.steps} · phase base eval done · eval avg@{cfg.eval_k} 0.25 @0" in first, first
     monkeypatch.delenv("VAPO_LIT_LIVE_EVERY", raising=False)
     assert live_every() == 30.0
     for bad in ("0", "-1", "soon", "inf"):

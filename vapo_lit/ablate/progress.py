@@ -112,7 +112,9 @@ def cell_line(cell, since: float, now: float) -> str:
         return f"{cfg.name}: starting (models, first rollout) · {fmt_seconds(now - since)} so far"
     last = rows[-1]
     it, ppo = int(_float(last, "train/iteration", 0)), int(_float(last, "train/ppo_update", 0))
-    phase = "value-pretrain" if _float(last, "train/value_pretraining", 0) > 0 else "ppo"
+    # the step-0 row is the base eval: whether value pretraining follows (or a cached critic skips
+    # it) shows only in the next row
+    phase = ("value-pretrain" if _float(last, "train/value_pretraining", 0) > 0 else "ppo") if it > 0 else "base eval done"
     key = f"eval/avg@{cfg.eval_k}"
     evals = [r for r in rows if r.get(key, "") != ""]
     shown = "-" if not evals else f"{_float(evals[-1], key):.2f} @{int(_float(evals[-1], 'train/ppo_update', 0))}"
