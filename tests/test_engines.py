@@ -249,6 +249,7 @@ def _tensor_fields(ro):
     return {f.name: getattr(ro, f.name) for f in dataclasses.fields(ro) if isinstance(getattr(ro, f.name), torch.Tensor)}
 
 
+@NEEDS_CB
 def test_cb_returns_its_rollout_with_the_hf_engines_devices_and_dtypes(task):
     """Every Rollout field of "cb" has the device and dtype of "hf"'s (the Rollout convention: on the
     sampling model's device), for a float32 and a float64 model."""
@@ -261,6 +262,7 @@ def test_cb_returns_its_rollout_with_the_hf_engines_devices_and_dtypes(task):
         assert {k: (v.device, v.dtype) for k, v in a.items()} == {k: (v.device, v.dtype) for k, v in b.items()}
 
 
+@NEEDS_CB
 def test_cb_places_its_rollout_on_the_models_device(task, monkeypatch):
     """The cb engine's Rollout follows the model's device (here "meta", which a CPU can hold; on a
     GPU run it is cuda): prompt ids, masks, log-probs, lengths and flags alike, dtypes kept."""
