@@ -274,7 +274,12 @@ def check_cb_engine(cpu: bool) -> dict:
     from synthetic import word_tokenizer
 
     from vapo_lit.engines import SamplingParams, make_engine
+    from vapo_lit.engines.continuous import _import_cb
 
+    try:
+        _import_cb()
+    except ImportError as e:  # an optional engine (transformers 5.2x): its absence is not a failure
+        return result("skip", f"skip (no continuous batching in the installed transformers: {str(e).splitlines()[0][:120]})")
     device = device_of(cpu)
     vocab = 512 if cpu else 32_000
     model, tok = _small_llm(cpu, device, vocab), word_tokenizer(vocab)

@@ -19,6 +19,19 @@ OPEN = {"autocast_value_head": "issue 21 finding 3 (the value head under autocas
 """Checks that measure a finding fixed elsewhere: they may report fail here, never crash or skip."""
 
 
+def _has_cb() -> bool:
+    from vapo_lit.engines.continuous import _import_cb
+
+    try:
+        _import_cb()
+        return True
+    except ImportError:
+        return False
+
+
+HAS_CB = _has_cb()
+
+
 def run(tmp_path, *args):
     out = tmp_path / "check.json"
     env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
@@ -34,14 +47,17 @@ def test_cpu_mode_runs_every_check_and_writes_each_as_json(tmp_path):
     assert [line.split()[0] for line in lines] == CHECKS  # one line per check
     for name, r in report["checks"].items():
         assert r["figure"] and r["seconds"] >= 0 and r["device"] == "cpu", (name, r)
-        if name in OPEN:
+        if name == "cb_engine" and not HAS_CB:  # the optional engine is not installed (make test-lower)
+            assert r["status"] == "skip", r
+        elif name in OPEN:
             assert r["status"] in ("pass", "fail") and "traceback" not in r, (name, r)
         else:
             assert r["status"] == "pass", (name, r.get("figure"), r.get("traceback"))
     c = report["checks"]
     assert c["collectives"]["device_types"] == ["cpu", "cuda"]
     assert c["train_ddp"]["ppo_updates"] == 2 and c["train_fsdp"]["ppo_updates"] == 2
-    assert c["cb_engine"]["off_device"] == [] and c["cb_engine"]["same_responses"] is True
+    if HAS_CB:
+        assert c["cb_engine"]["off_device"] == [] and c["cb_engine"]["same_responses"] is True
     assert c["logprob_pass"]["max_abs_diff"] < 1e-4 and c["autocast_logprobs"]["responses"] == 64
     assert c["gpu_smoke"]["first_update"]["policy/grad_norm"] > 0
     assert proc.returncode == (1 if any(r["status"] == "fail" for r in c.values()) else 0)
