@@ -10,26 +10,18 @@ from pathlib import Path
 
 import pytest
 import torch
+from test_engines import _has_cb
 
 ROOT = Path(__file__).resolve().parents[1]
 SCRIPT = ROOT / "benchmarks" / "gpu_check.py"
 CHECKS = ["collectives", "train_ddp", "train_fsdp", "gpu_smoke", "autocast_value_head", "autocast_logprobs",
           "cb_engine", "decode_gqa", "logprob_pass"]
-OPEN = {"autocast_value_head": "issue 21 finding 3 (the value head under autocast): fixed in part B"}
-"""Checks that measure a finding fixed elsewhere: they may report fail here, never crash or skip."""
+OPEN: dict[str, str] = {}
+"""Checks that measure a finding not fixed yet (name: why): they may report fail, never crash or skip.
+None now: the value head under autocast (issue 21, finding 3) is float32 since part B landed."""
 
 
-def _has_cb() -> bool:
-    from vapo_lit.engines.continuous import _import_cb
-
-    try:
-        _import_cb()
-        return True
-    except ImportError:
-        return False
-
-
-HAS_CB = _has_cb()
+HAS_CB = _has_cb()  # the optional cb engine (transformers 5.2x)
 
 
 def run(tmp_path, *args):
