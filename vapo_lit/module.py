@@ -32,7 +32,7 @@ from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
 from vapo_lit.devices import (autocast_off, clear_autocast_cache_after_steps, longest_prompt, recompute_logprobs,
                               resolve_memory_defaults)
-from vapo_lit.distributed import (ActorScorer, all_reduce, barrier, broadcast_object, full_state_dict,
+from vapo_lit.distributed import (ActorScorer, agree_any, all_reduce, barrier, broadcast_object, full_state_dict,
                                   gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
                                   load_full_state_dict, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
@@ -376,8 +376,7 @@ class VapoModule(L.LightningModule):
 
     def _agree_finite(self, name: str, finite: bool, value: float) -> None:
         """Every rank stops together when any rank's loss is not finite (a lone raise would hang the rest)."""
-        bad = all_reduce(torch.tensor(0.0 if finite else 1.0, dtype=torch.float64), "max")
-        if float(bad) > 0:
+        if agree_any(not finite):
             self._check_finite(name, torch.tensor(value if not finite else float("nan")))
 
     # ------------------------------------------------------------------ value pretraining (the phase)
