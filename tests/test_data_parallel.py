@@ -175,7 +175,10 @@ GATHERED = ("lengths", "truncated", "scores", "rewards", "values", "bootstrap", 
 
 
 def _stub_critic(ids, attn):
-    """(n, L) values that depend on the real prefix only (token and position), not on padding."""
+    """(n, L) values that depend on the real prefix only (token and position), not on padding.
+    `attn` None: the update's mask-free pass (passes.left_aligned), real tokens from column 0."""
+    if attn is None:
+        return torch.sin(0.7 * ids.double() + 0.3 * torch.arange(1, ids.shape[1] + 1, dtype=torch.float64))
     return torch.sin(0.7 * ids.double() + 0.3 * attn.long().cumsum(1)) * attn
 
 

@@ -39,10 +39,18 @@ def make_exp(lengths, truncated=None, P: int = 5, group_size: int = 1, seed: int
                       texts=[f"t{i}" for i in range(n)])
 
 
+def unshifted_columns(ids):
+    """(n, L): each column's index in make_exp's row as built. The passes may move a row left by
+    its prompt padding (passes.left_aligned); the tag (the row's only token >= 10) marks the
+    prompt's last column, 4 (make_exp's P = 5), wherever it sits now."""
+    tag_col = (ids >= 10).long().argmax(1)
+    return torch.arange(ids.shape[1])[None, :] + (4 - tag_col)[:, None]
+
+
 def column_critic(ids, attn):
-    """V(prefix ending at column c) = 1000 * (row tag) + c."""
-    P_tag = ids[:, 4:5].double()  # make_exp's P = 5: the tag sits in column 4
-    return P_tag * 1000 + torch.arange(ids.shape[1], dtype=torch.float64)[None, :]
+    """V(prefix ending at column c of the row as built) = 1000 * (row tag) + c."""
+    tag = ids.max(1, keepdim=True).values.double()
+    return tag * 1000 + unshifted_columns(ids).double()
 
 
 # ----------------------------------------------------------------------------- values
@@ -77,13 +85,15 @@ def test_state_values_has_one_column_per_state():
 
 
 class ColumnActor(torch.nn.Module):
-    """Logits over 9 tokens: token 1 gets 0.1 * column + 0.01 * row tag, the others 0."""
+    """Logits over 9 tokens: token 1 gets 0.1 * column (of the row as built) + 0.01 * row tag, the others 0."""
 
-    def forward(self, input_ids, attention_mask, position_ids):
-        assert torch.equal(position_ids, (attention_mask.cumsum(-1) - 1).clamp(min=0))
+    def forward(self, input_ids, position_ids, attention_mask=None):
+        # the causal pass without a mask (passes.left_aligned): every row starts at column 0
         n, width = input_ids.shape
+        assert attention_mask is None and torch.equal(position_ids, torch.arange(width).expand(n, width))
         logits = torch.zeros(n, width, 9, dtype=torch.float64)
-        logits[:, :, 1] = 0.1 * torch.arange(width, dtype=torch.float64)[None, :] + 0.01 * input_ids[:, 4:5].double()
+        tag = input_ids.max(1, keepdim=True).values.double()
+        logits[:, :, 1] = 0.1 * unshifted_columns(input_ids).double() + 0.01 * tag
         return SimpleNamespace(logits=logits)
 
 

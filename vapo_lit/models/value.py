@@ -43,8 +43,11 @@ class ValueModel(torch.nn.Module):
         return self.backbone.config
 
     def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor | None = None) -> torch.Tensor:
+        """(n, L) values; no `attention_mask`: a causal pass over every column, positions 0, 1, ..."""
         if attention_mask is None:
-            attention_mask = torch.ones_like(input_ids)
+            pos = torch.arange(input_ids.shape[1], device=input_ids.device)[None, :].expand_as(input_ids)
+            h = self.backbone(input_ids=input_ids, position_ids=pos).last_hidden_state
+            return self.value_head(h)
         pos = position_ids_from_mask(attention_mask)
         h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
         return self.value_head(h)
