@@ -123,7 +123,11 @@ def decode_one(spec: dict) -> dict:
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     from vapo_lit.engines import fast_decode
-    from vapo_lit.engines.fast_decode import StaticDecoder, _rotary
+    from vapo_lit.engines.fast_decode import StaticDecoder, _rope
+
+    def _rotary(q, k, cos, sin):
+        cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
+        return _rope(q, cos, sin), _rope(k, cos, sin)
 
     class Before(StaticDecoder):
         """The decoder at main 73e87de (the parts this benchmark compares)."""
@@ -135,6 +139,8 @@ def decode_one(spec: dict) -> dict:
                 super().__init__(model, cache, key_valid, capacity)
             finally:
                 fast_decode.compute_dtype = saved
+            self.key_valid = torch.zeros((len(key_valid), capacity), dtype=torch.bool)  # the whole row's keys
+            self.key_valid[:, :key_valid.shape[1]] = key_valid.bool()
 
         def keep(self, keep):
             self.k = [t[keep] for t in self.k]

@@ -37,6 +37,13 @@ def tiny_model(kind: str, vocab_size: int, tok):
                           num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
                           bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
         return Qwen2ForCausalLM(cfg).eval()
+    if kind == "mistral":
+        from transformers import MistralConfig, MistralForCausalLM
+
+        cfg = MistralConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, sliding_window=None,
+                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        return MistralForCausalLM(cfg).eval()
     raise ValueError(kind)
 
 
@@ -216,7 +223,7 @@ def test_counter_based_uniforms():
     assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.01
 
 
-@pytest.mark.parametrize("kind", ["llama", "qwen2"])
+@pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("eos_bias", [0.0, 2.5])
 def test_fast_decode_equals_transformers_forward(task, kind, eos_bias):
     """The static-cache loop (finished rows dropped) samples the same responses with the same

@@ -13,10 +13,15 @@ matrix products dwarf those, and its memory is better spent on the KV cache.
 
 The prompt is encoded by the model's regular forward (prefill); its cache is copied once into the
 static buffers, kept in the compute dtype (`compute_dtype`: bf16 under bf16 autocast or bf16
-weights, not the float32 the rotary tables would promote the keys to). Grouped-query attention
-is SDPA's own (`enable_gqa`): no per-query-head copies of the grouped K/V at every layer step
-(7x the cache's size per layer for a 7:1 model). Dropping finished rows compacts each layer's
-cache in place (no second cache beside the first). `decode_supported(model)` says whether a model can use this loop;
+weights, not the float32 the rotary tables would promote the keys to). Grouped-query heads share
+their K/V without per-query-head copies (7x the cache's size per layer for a 7:1 model). The
+token step's attention reads only the live prefix, with no mask unless a prompt was left-padded
+(then an additive bias on the prompt's columns only); on the CPU in float32/64 it is two batched
+matrix products over the cache's own storage, elsewhere SDPA's decode kernels (`attend`). The
+rotary cos/sin come from a table made once per rollout; q and k are rotated as one tensor. At
+long responses the step is bound by reading every row's K/V cache once per token, not by its
+FLOPs: `benchmarks/generate.py --long` prints the step against both bounds. Dropping finished
+rows compacts each layer's cache in place (no second cache beside the first). `decode_supported(model)` says whether a model can use this loop;
 `vapo_lit.engines.hf.generate` falls back to transformers' forward otherwise. Equality with that
 forward (tokens, behaviour log-probs) is tested in tests/test_rollout.py.
 """
@@ -64,10 +69,13 @@ class StaticDecoder:
             self.v.append(v)
         fuse = _fused_bytes(layers) <= FUSE_MAX_BYTES
         self.fused = [_FusedLayer(layer, fuse) for layer in layers]
-        self.key_valid = torch.zeros((n, capacity), dtype=torch.bool, device=key_valid.device)
-        self.key_valid[:, :P] = key_valid.bool()
+        self.key_valid = key_valid.bool()  # (n, P): the prompt's keys (every response key is valid)
         self.length = P  # columns in use
         self.rows = torch.arange(n, device=key_valid.device)  # original row of each cache row
+        self.prompt_bias = None if bool(self.key_valid.all()) else torch.zeros(
+            (n, 1, P), dtype=dtype, device=key_valid.device).masked_fill_(~self.key_valid[:, None], float("-inf"))
+        self.by_bmm = key_valid.device.type == "cpu" and dtype in (torch.float32, torch.float64)
+        self.rope = _RopeTable(self.inner.rotary_emb, capacity, self.inner.embed_tokens.weight)
 
     def keep(self, keep: torch.Tensor) -> None:
         """Drop the cache rows where `keep` is False (finished responses), compacting each layer in
@@ -79,6 +87,7 @@ class StaticDecoder:
                 t[:len(idx)] = t.index_select(0, idx)
                 cache[i] = t[:len(idx)]
         self.key_valid = self.key_valid[keep]
+        self.prompt_bias = None if self.prompt_bias is None else self.prompt_bias[keep]
         self.rows = self.rows[keep]
 
     @torch.no_grad()
@@ -86,25 +95,59 @@ class StaticDecoder:
         """Append one token per cache row (tokens (n,), positions (n,)); return next-token logits (n, V)."""
         t = self.length
         self.length += 1
-        self.key_valid[:, t] = True
-        x = self.inner.embed_tokens(tokens[:, None])  # (n, 1, H)
-        cos, sin = self.inner.rotary_emb(x, positions[:, None])
-        mask = self.key_valid[:, None, None, : t + 1]  # (n, 1, 1, t + 1)
+        x = self.inner.embed_tokens(tokens)  # (n, H): one position per row, no sequence axis
+        cos, sin = self.rope(x, positions)  # (n, 1, head_dim)
         for i, (layer, fused) in enumerate(zip(self.inner.layers, self.fused)):
-            attn = layer.self_attn
-            q, k, v = fused.qkv(fused.norm(layer.input_layernorm, x))
-            q, k, v = (p.view(x.shape[0], 1, -1, attn.head_dim).transpose(1, 2) for p in (q, k, v))
-            q, k = _rotary(q, k, cos, sin)
-            self.k[i][:, :, t:t + 1] = k
-            self.v[i][:, :, t:t + 1] = v
-            keys, values = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]
-            # grouped-query attention inside SDPA: no (n, heads, t, d) copies of the grouped K/V
-            out = F.scaled_dot_product_attention(q.to(keys.dtype), keys, values, attn_mask=mask, scale=attn.scaling,
-                                                 enable_gqa=q.shape[1] != keys.shape[1])
-            out = out.transpose(1, 2).reshape(x.shape[0], 1, -1)
-            x = x + attn.o_proj(out)
+            q, k, v = fused.heads(fused.norm(layer.input_layernorm, x), cos, sin)  # (n, heads, d), rotated
+            self.k[i][:, :, t] = k
+            self.v[i][:, :, t] = v
+            x = x + layer.self_attn.o_proj(self.attend(i, q, t + 1, layer.self_attn.scaling))
             x = x + fused.mlp(fused.norm(layer.post_attention_layernorm, x))
-        return self.model.lm_head(self.inner.norm(x))[:, -1, :]
+        return self.model.lm_head(self.inner.norm(x))
+
+    def attend(self, i: int, q: torch.Tensor, length: int, scale: float) -> torch.Tensor:
+        """Attention of the new token's queries q (n, heads, d) over layer i's first `length` cached
+        positions; (n, heads * d). Grouped-query heads share their K/V without copies. On the CPU in
+        float32/64 as two batched matrix products over the cache's own storage (the live prefix
+        of each (row, K/V head), a strided view): SDPA's CPU kernel spends several times longer
+        on a single query (benchmarks/generate.py); elsewhere SDPA's own decode kernels."""
+        n, heads, d = q.shape
+        keys, values = self.k[i][:, :, :length], self.v[i][:, :, :length]
+        kv_heads = keys.shape[1]
+        if not self.by_bmm:
+            mask = None if self.prompt_bias is None else torch.cat(
+                [self.prompt_bias, self.prompt_bias.new_zeros((n, 1, length - self.prompt_bias.shape[2]))], -1)[:, None]
+            out = F.scaled_dot_product_attention(q[:, :, None].to(keys.dtype), keys, values, attn_mask=mask, scale=scale,
+                                                 enable_gqa=heads != kv_heads)
+            return out.reshape(n, heads * d)
+        cap = self.k[i].shape[2]
+        keys = self.k[i].view(n * kv_heads, cap, d)[:, :length]
+        values = self.v[i].view(n * kv_heads, cap, d)[:, :length]
+        scores = torch.bmm(q.reshape(n * kv_heads, heads // kv_heads, d), keys.transpose(1, 2)).mul_(scale)
+        if self.prompt_bias is not None:
+            scores.view(n, heads, length)[:, :, :self.prompt_bias.shape[2]] += self.prompt_bias
+        return torch.bmm(torch.softmax(scores, -1), values).view(n, heads * d)
+
+
+class _RopeTable:
+    """cos/sin of the rotary embedding for a row's position: one table over every position the
+    loop can reach (the same elementwise computation as the model's `rotary_emb`, made once),
+    looked up per token; RoPE types whose frequencies depend on the sequence length (dynamic,
+    longrope) call the model's module at every token instead."""
+
+    def __init__(self, rotary_emb, capacity: int, like: torch.Tensor):
+        self.module = rotary_emb
+        kind = str(getattr(rotary_emb, "rope_type", "default"))
+        self.cos = self.sin = None
+        if "dynamic" not in kind and "longrope" not in kind:
+            pos = torch.arange(capacity, device=like.device)[None]
+            cos, sin = rotary_emb(like[:1, None], pos)  # (1, capacity, d)
+            self.cos, self.sin = cos[0], sin[0]
+
+    def __call__(self, x: torch.Tensor, positions: torch.Tensor):
+        if self.cos is None:
+            return self.module(x[:, None], positions[:, None])
+        return self.cos[positions][:, None], self.sin[positions][:, None]
 
 
 def compute_dtype(model) -> torch.dtype:
@@ -134,6 +177,19 @@ class _FusedLayer:
         if self.w_qkv is None:
             return self.attn.q_proj(h), self.attn.k_proj(h), self.attn.v_proj(h)
         return F.linear(h, self.w_qkv, self.b_qkv).split(self.split, dim=-1)
+
+    def heads(self, h, cos, sin):
+        """q (n, heads, d), k and v (n, kv_heads, d) of the normed hidden states h (n, H), q and k
+        rotated by cos/sin (n, 1, d); fused, q and k are rotated as one tensor (the same elementwise
+        products: they sit side by side in the fused output)."""
+        n, d = h.shape[0], self.attn.head_dim
+        if self.w_qkv is None:
+            q, k, v = (p.view(n, -1, d) for p in self.qkv(h))
+            return _rope(q, cos, sin), _rope(k, cos, sin), v
+        out = F.linear(h, self.w_qkv, self.b_qkv)
+        nq, nk = self.split[0] // d, self.split[1] // d
+        qk = _rope(out[:, :(nq + nk) * d].view(n, nq + nk, d), cos, sin)
+        return qk[:, :nq], qk[:, nq:], out[:, (nq + nk) * d:].view(n, nk, d)
 
     def mlp(self, h):
         if self.w_gu is None:
@@ -181,14 +237,10 @@ def _concat(linears):
     return weight, bias
 
 
-def _rotary(q, k, cos, sin):
-    cos, sin = cos.unsqueeze(1), sin.unsqueeze(1)
-    return q * cos + _rotate_half(q) * sin, k * cos + _rotate_half(k) * sin
-
-
-def _rotate_half(x):
+def _rope(x, cos, sin):
+    """transformers' rotary embedding of x (..., d): x * cos + rotate_half(x) * sin."""
     half = x.shape[-1] // 2
-    return torch.cat((-x[..., half:], x[..., :half]), dim=-1)
+    return x * cos + torch.cat((-x[..., half:], x[..., :half]), dim=-1) * sin
 
 
 def _layer_kv(cache, i):

@@ -91,15 +91,20 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
             lengths[rows] += 1
             done[rows] |= torch.isin(tok[live], eos)
             steps = step + 1
-            if bool(done.all()) or step == max_new_tokens - 1:
+            if step == max_new_tokens - 1:
                 break
             if static is not None:
                 finished = done[static.rows]
-                if bool(finished.any()) and float(finished.float().mean()) >= 0.25:  # compact now and then
+                ended = int(finished.sum())  # the loop's one host sync per token
+                if ended == len(finished):  # every row has ended (the dropped ones before)
+                    break
+                if 4 * ended >= len(finished):  # compact now and then
                     static.keep(~finished)
                 active = static.rows
                 logits = static.step(tokens[active, step], next_pos[active])
             else:
+                if bool(done.all()):
+                    break
                 mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
                 out = model(input_ids=tokens[:, step:step + 1], attention_mask=mask, position_ids=next_pos[:, None],
                             use_cache=True, **{cache_kw: past})
