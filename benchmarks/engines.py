@@ -3,6 +3,7 @@
     python benchmarks/engines.py             # 3 interleaved repetitions of each shape
     python benchmarks/engines.py --reps 5
     python benchmarks/engines.py --quick     # 1 repetition, max_new_tokens 64 (a smoke run)
+    python benchmarks/engines.py --long      # hf vs cb at 32 responses x 1,024 tokens (EOS suppressed)
 
 Engines timed (`engine.generate`, one torch thread, the built-in SFT policy in float32):
 
@@ -17,7 +18,9 @@ Shapes, from the `default` preset: "rollout" = one iteration (ppo.responses_per_
 responses: group sampling's 64 / samples_per_prompt train prompts x samples_per_prompt = 8 x 8,
 the task's max_new_tokens = 228, ppo.temperature 1.0, ppo.top_p 1.0); "eval" = one call of the
 preset's whole eval (eval_problems = 64 prompts x eval_k = 8 = 512 responses, eval_temperature
-1.0, eval_top_p 0.7; `vapo_lit.evaluation.evaluate` sends it in two calls of 256). Every repetition uses new seeds, the same
+1.0, eval_top_p 0.7; `vapo_lit.evaluation.evaluate` sends it in two calls of 256). `--long` instead
+times one shape of VAPO's regime: 4 prompts x 8 samples, every response exactly 1,024 tokens (no
+token counts as EOS), hf and cb only (transformers' own sampler cannot be told to ignore EOS). Every repetition uses new seeds, the same
 for every engine, and the engines run in a rotating order. Printed per engine: seconds per call
 and generated (response) tokens per second, median [min-max], and the ratio to hf (time / hf time).
 """
@@ -96,8 +99,9 @@ def native_contract_check(model, tok, prompts, sampling, batch_check: bool) -> s
     return line
 
 
-def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: bool):
-    names = ["hf", "cb", "cb-native"]
+def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: bool,
+              names=("hf", "cb", "cb-native")):
+    names = list(names)
     secs = {n: [] for n in names}
     toks = {n: [] for n in names}
     recompute, same = [], 0
@@ -109,7 +113,7 @@ def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: 
         prompts = prompt_sets[rep]
         seeds = [sample_seed(rep, i) for i in range(len(prompts))]
         texts = {}
-        for name in names[rep % 3:] + names[: rep % 3]:  # rotate the order
+        for name in names[rep % len(names):] + names[: rep % len(names)]:  # rotate the order
             t0 = time.perf_counter()
             if name == "cb-native":
                 out, _ = native_cb(model, tok, prompts, sampling, seed=rep)
@@ -134,13 +138,15 @@ def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: 
               f"{statistics.median(t):8.0f} [{min(t):.0f}-{max(t):.0f}]{'':<6} {statistics.median(s) / hf:5.2f}x")
     print(f"  cb: of which behaviour log-prob recomputation {statistics.median(recompute):.2f} s (median); "
           f"hf and cb drew identical responses in {same}/{reps} repetitions")
-    print(native_contract_check(model, tok, prompt_sets[0], sampling, batch_check))
+    if "cb-native" in names:
+        print(native_contract_check(model, tok, prompt_sets[0], sampling, batch_check))
 
 
 def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1 repetition, max_new_tokens 64")
+    ap.add_argument("--long", action="store_true", help="hf vs cb at 32 responses x 1,024 tokens, EOS suppressed")
     args = ap.parse_args(argv)
     reps = 1 if args.quick else args.reps
     torch.set_num_threads(1)
@@ -155,6 +161,15 @@ def main(argv=None):
     eval_prompts = [p.prompt for p in task.eval_problems()[:cfg.eval_problems] for _ in range(cfg.eval_k)]
     print(f"built-in SFT policy ({sum(p.numel() for p in model.parameters())} parameters, {model.dtype}), "
           f"torch {torch.__version__}, {torch.get_num_threads()} thread; rollout = {n_prompts} prompts x {k} samples")
+    if args.long:
+        import vapo_lit.engines.continuous as continuous
+        import vapo_lit.engines.hf as hf
+
+        hf.eos_ids_of = continuous.eos_ids_of = lambda model, tokenizer: [-1]  # every response runs to the limit
+        sets = [[p.prompt for p in task.train_problems(4, seed=rep) for _ in range(8)] for rep in range(reps)]
+        run_shape("rollout, long", model, tok, sets, SamplingParams(1024, temperature=1.0, top_p=1.0), reps,
+                  batch_check=False, names=("hf", "cb"))
+        return
     run_shape("rollout", model, tok, rollout_sets,
               SamplingParams(max_new, temperature=cfg.ppo.temperature, top_p=cfg.ppo.top_p), reps, batch_check=True)
     run_shape("eval", model, tok, [eval_prompts] * reps,

@@ -3,6 +3,7 @@
     python benchmarks/step.py                 # the issue's shape: 64 x 96 tokens, 2 mini-batches of 32
     python benchmarks/step.py --reps 18       # more interleaved repetitions
     python benchmarks/step.py --quick         # 8 responses x 8 tokens, one repetition (a smoke run)
+    python benchmarks/step.py --long --reps 3 --warmup 1   # and VAPO's regime, 32 x 1,024 tokens, in the same run
     python benchmarks/step.py --sides ours,plain --profile /tmp/prof   # cProfile of each side's timed steps
 
 Every side runs in its own process (one torch thread each, float32, CPU) on the same model: a
@@ -43,7 +44,8 @@ forward, values, advantages, critic update, actor update, gc.collect, the rest) 
 to ours, the ceiling a rollout that took no time would give (each other side's median step over
 ours minus our rollout: the passes after the rollout are the same matrix products on every side),
 and as the last line ``speedup vs plain: X.XXx; vs TRL: Y.YYx`` (median step time of the other
-side / ours). The split is measured by wrapping each side's stages in this script
+side / ours) for the shape given. `--long` then also runs 32 responses x 1,024 tokens (mini-batch
+16, micro-batch 8) with fresh workers, prints its tables, and its speedups on the line before the last. The split is measured by wrapping each side's stages in this script
 (`ours`: `VapoModule.rollout`, the task's verifier, `fill_values`, `fill_advantages`,
 `update_critic`, `update_actor`; nothing in vapo_lit is changed).
 """
@@ -695,6 +697,8 @@ def main(argv=None) -> int:
     ap.add_argument("--seed", type=int, default=0)
     ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)} (ours first)")
     ap.add_argument("--no-trl", action="store_true", help="skip TRL (the last line then says why)")
+    ap.add_argument("--long", action="store_true", help="also run 32 responses x 1,024 tokens, mini-batch 16, micro-batch 8 "
+                    "(after the shape given; its speedups on the line before the last)")
     ap.add_argument("--quick", action="store_true", help="8 responses x 8 tokens, mini-batch 4, 1 repetition, no warm-up")
     ap.add_argument("--profile", metavar="DIR", help="cProfile each side's timed steps into DIR/<side>.prof (slows them)")
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
@@ -736,6 +740,30 @@ def main(argv=None) -> int:
         trl_skip = "not in --sides"
     if args.profile:
         Path(args.profile).mkdir(parents=True, exist_ok=True)
+    shapes = [args]
+    if args.long:  # the long-response shape after the one given, each with its own workers
+        shapes.append(argparse.Namespace(**{**vars(args), **LONG_SHAPE}))
+    lines = []
+    for shape in shapes:
+        med = run_shape(shape, sides)
+        if med is None:
+            return 1
+        lines.append((shape, summary(med, trl_skip)))
+        print()
+    for shape, line in lines[1:]:
+        print(f"{shape.responses} x {shape.tokens} tokens (mini-batch {shape.mini_batch}, micro-batch "
+              f"{shape.micro_batch}): {line}")
+    print(lines[0][1])
+    return 0
+
+
+LONG_SHAPE = {"responses": 32, "tokens": 1024, "mini_batch": 16, "micro_batch": 8}
+"""--long: VAPO's regime, 32 responses of exactly 1,024 tokens, 2 mini-batches of 16, micro-batch 8."""
+
+
+def run_shape(args, sides) -> dict | None:
+    """Every side's workers at `args`' shape, the interleaved repetitions and the report; the
+    median step seconds per side (None, after saying why, if token counts differ)."""
     args.vocab = len(chain_task().tokenizer)
     load_before = os.getloadavg()[0]
     log_dir = tempfile.mkdtemp(prefix="vapo-step-bench-logs-")
@@ -751,7 +779,8 @@ def main(argv=None) -> int:
                 times[s] = r["seconds"]
                 if rep >= args.warmup:
                     results[s].append(r)
-            print(f"# repetition {rep + 1}/{args.warmup + args.reps}{' (warm-up)' if rep < args.warmup else ''}: "
+            print(f"# {args.responses} x {args.tokens}, repetition {rep + 1}/{args.warmup + args.reps}"
+                  f"{' (warm-up)' if rep < args.warmup else ''}: "
                   + ", ".join(f"{s} {times[s]:.2f} s" for s in order), file=sys.stderr, flush=True)
     finally:
         for w in workers.values():
@@ -761,13 +790,15 @@ def main(argv=None) -> int:
     expected = args.responses * args.tokens
     if any(t != {expected} for t in tokens.values()):
         print(f"error: the sides generated different token counts per step {tokens}; expected {expected} each")
-        return 1
-    med = {s: statistics.median(r["seconds"] for r in results[s]) for s in sides}
+        return None
+    return {s: statistics.median(r["seconds"] for r in results[s]) for s in sides}
+
+
+def summary(med: dict, trl_skip) -> str:
+    """``speedup vs plain: X.XXx; vs TRL: Y.YYx`` (median step of the other side / ours)."""
     vs_plain = f"{med['plain'] / med['ours']:.2f}x" if "plain" in med else "skipped (not in --sides)"
     vs_trl = f"{med['trl'] / med['ours']:.2f}x" if "trl" in med else f"skipped ({trl_skip})"
-    print(f"speedup vs plain: {vs_plain}; vs TRL: {vs_trl}")
-    return 0
-
+    return f"speedup vs plain: {vs_plain}; vs TRL: {vs_trl}"
 
 if __name__ == "__main__":
     sys.exit(main())

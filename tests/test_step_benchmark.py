@@ -204,3 +204,41 @@ def test_plain_losses_and_gradients_equal_ours(models, tok):
     torch.testing.assert_close(plain_loss, ours_loss, atol=1e-5, rtol=1e-5)
     for a, b in zip(plain_grads, grads(critic)):
         torch.testing.assert_close(a, b, atol=1e-5, rtol=1e-4)
+
+
+def test_long_runs_a_second_shape_and_reports_it_before_the_last_line(monkeypatch, capsys):
+    """`--long` runs the long shape after the given one with fresh workers (shrunk here), prints its
+    tables, its speedups on the line before the last, and keeps the last line for the given shape."""
+    monkeypatch.setattr(step, "LONG_SHAPE", {"responses": 8, "tokens": 12, "mini_batch": 4, "micro_batch": 2})
+    monkeypatch.setenv("PYTHONPATH", str(ROOT))
+    assert step.main(["--quick", "--long", "--sides", "ours,plain"]) == 0
+    lines = capsys.readouterr().out.strip().splitlines()
+    tables = [ln for ln in lines if ln.startswith("batch: ")]
+    assert len(tables) == 2 and tables[0].startswith("batch: 8 responses x 8 tokens") \
+        and tables[1].startswith("batch: 8 responses x 12 tokens"), tables
+    tokens = [int(m.group(1)) for m in (re.match(r"\| ours \| \S+ \[\S+\] \| \d+ \[\d+-\d+\] \| (\d+) \|", ln)
+                                        for ln in lines) if m]
+    assert tokens == [8 * 8, 8 * 12]
+    assert re.fullmatch(r"8 x 12 tokens \(mini-batch 4, micro-batch 2\): speedup vs plain: \d+\.\d\dx; "
+                        r"vs TRL: skipped \(not in --sides\)", lines[-2]), lines[-2]
+    assert re.fullmatch(r"speedup vs plain: \d+\.\d\dx; vs TRL: skipped \(not in --sides\)", lines[-1]), lines[-1]
+
+
+def test_the_decode_floor_counts_the_step_by_hand():
+    """benchmarks/generate.py's floor of one token step: FLOPs and bytes written out by hand for a
+    small Llama (GQA, untied head), so a wrong count (a missed layer, K without V) fails here."""
+    import generate as gen_bench
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    cfg = LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
+                      intermediate_size=24, tie_word_embeddings=False)
+    model = LlamaForCausalLM(cfg)
+    rows, prompt, tokens, d = 5, 7, 11, 4
+    per_layer = 16 * 16 + 2 * (16 * 2 * d) + 16 * 16 + 3 * 16 * 24  # q, k and v (2 kv heads), o, gate/up/down
+    flops = 2 * rows * (3 * per_layer + 16 * 50) + 4 * rows * 3 * 4 * d * (prompt + 5)  # mean context 7 + 10 / 2
+    cache = 2 * 3 * rows * 2 * d * (prompt + 5) * 4
+    params = 3 * (per_layer + 2 * 16) + 16 + 2 * 50 * 16  # + the norms, embedding and head
+    f = gen_bench.step_floor(model, rows, prompt, tokens, rate=1e9, bandwidth=1e8)
+    assert f["flops"] == flops and f["cache_bytes"] == cache and f["bytes"] == cache + 4 * params
+    assert f["compute_s"] == flops / 1e9 and f["memory_s"] == (cache + 4 * params) / 1e8
+    assert f["floor_s"] == max(f["compute_s"], f["memory_s"]) and f["bound"] == "memory"
