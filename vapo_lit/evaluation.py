@@ -10,13 +10,14 @@ from dataclasses import dataclass
 import torch
 
 
-def as_engine(model_or_engine, tokenizer):
-    """An engine as it is; a plain causal LM wrapped in the KV-cached `HFEngine`."""
-    from vapo_lit.engines import HFEngine, RolloutEngine
+def as_engine(model_or_engine, tokenizer, task=None):
+    """An engine as it is; a plain causal LM wrapped in the KV-cached `HFEngine` (in the episode
+    loop for a multi-turn `task`)."""
+    from vapo_lit.engines import RolloutEngine, make_engine
 
     if isinstance(model_or_engine, RolloutEngine):
         return model_or_engine
-    return HFEngine(model_or_engine, tokenizer)
+    return make_engine("hf", model_or_engine, tokenizer, task=task)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
         raise ValueError("no problems to evaluate")
     if k < 1:
         raise ValueError(f"k={k} is not valid: k must be >= 1")
-    engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer)
+    engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer, task=task)
     if sampling is None:
         sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
                                   top_p=top_p)

@@ -180,10 +180,10 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
 def sample_scored(model, task: ChainTask, n: int, seed: int, *, batch_size: int = 256,
                   temperature: float = 1.0, top_p: float = 1.0):
     """`n` base-policy rollouts on train prompts with their verifier rewards (list of (Rollout, rewards))."""
-    from vapo_lit.engines import HFEngine, SamplingParams
+    from vapo_lit.engines import SamplingParams, make_engine
     from vapo_lit.rng import sample_seed
 
-    engine = HFEngine(model, task.tokenizer)
+    engine = make_engine("hf", model, task.tokenizer, task=task)  # the episode loop for a multi-turn task
     sampling = SamplingParams(max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p)
     probs = task.train_problems(n, seed=seed)
     out = []
