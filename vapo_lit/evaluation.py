@@ -98,7 +98,10 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     for i in range(lo, hi, batch_size):
         chunk = flat[i: min(i + batch_size, hi)]
         ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
-        lengths, truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
+        # response length = the policy's own tokens (a multi-turn episode's observations left out)
+        action = getattr(ro, "action_mask", None)
+        lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
+        truncated = ro.truncated.tolist()  # one device sync per chunk
         for p, text, n, cut in zip(chunk, ro.texts, lengths, truncated):
             v = task.verify(p, text)
             samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
