@@ -353,3 +353,33 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
     assert obs.any()
     assert (grad[obs] == 0).all(), grad[obs]
     assert (grad[mb.mask[:, :grad.shape[1]] > 0] != 0).float().mean() > 0.5
+
+
+# ----------------------------------------------------------------------------- the README's worked example
+def test_the_readme_worked_example_runs_as_written():
+    """The README's "Adding a tool and a multi-turn task" block, executed: its tools answer, its bad
+    calls are observations, and a scripted episode through the real engine is scored 1."""
+    from pathlib import Path
+
+    from vapo_lit.tasks import TASKS
+
+    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    start = text.index("```python\n# mytasks.py") + len("```python\n")
+    code = text[start:text.index("```", start)]
+    before = dict(TASKS)
+    scope: dict = {}
+    try:
+        exec(compile(code, "README.md", "exec"), scope)
+        env = get_task("cellsum")
+    finally:
+        TASKS.clear()
+        TASKS.update(before)
+    p = env.problem_from_prompt("sum 3 1")
+    assert env.respond(p, "", "call get 3 ?", turns_done=1, final=False).observation == "= 4"
+    assert env.respond(p, "", "call add 4 9 ?", turns_done=1, final=False).observation == "= 3"
+    assert env.respond(p, "", "call get 7 ?", turns_done=1, final=False).observation == "error bad args"
+    assert env.respond(p, "", "call mul 1 2 ?", turns_done=1, final=False).observation == "error unknown tool"
+    assert not {q.prompt for q in env.eval_problems()} & {q.prompt for q in env.train_problems(200, 0)}
+    ro = run_script(env, [p], ["call get 3 ? call get 1 ? call add 4 0 ? => 4"])
+    assert ro.texts[0] == "call get 3 ? = 4 call get 1 ? = 0 call add 4 0 ? = 4 => 4"
+    assert env.verify(p, ro.texts[0]).reward == 1.0 and int(ro.turns[0]) == 4
