@@ -158,6 +158,4 @@ def _end_turn(env, tokenizer, ep: _Episode, response: list, *, final: bool) -> N
     if reply.done or reply.observation is None:
         ep.done, ep.cut = True, bool(reply.truncated)
         return
-    ep.queue = list(tokenizer(reply.observation, add_special_tokens=False)["input_ids"])
-    if not ep.queue:  # an empty observation: the policy simply speaks again
-        return
+    ep.queue = list(tokenizer(reply.observation, add_special_tokens=False)["input_ids"])  # empty: it speaks again
