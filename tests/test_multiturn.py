@@ -383,3 +383,17 @@ def test_the_readme_worked_example_runs_as_written():
     ro = run_script(env, [p], ["call get 3 ? call get 1 ? call add 4 0 ? => 4"])
     assert ro.texts[0] == "call get 3 ? = 4 call get 1 ? = 0 call add 4 0 ? = 4 => 4"
     assert env.verify(p, ro.texts[0]).reward == 1.0 and int(ro.turns[0]) == 4
+
+
+def test_preflight_takes_toolchain_with_the_builtin_model_and_refuses_cb(tmp_path):
+    from vapo_lit.config import RunConfig, merge
+    from vapo_lit.preflight import preflight
+
+    base = merge(RunConfig(), {"task": "toolchain", "out_dir": str(tmp_path / "runs")})
+    preflight(base)
+    with pytest.raises(ValueError, match="multi-turn .* runs on rollout_engine=hf, not 'cb'"):
+        preflight(merge(base, {"rollout_engine": "cb"}))
+    with pytest.raises(ValueError, match="observations=.carry. is not valid; choose one of: skip, step, zero"):
+        preflight(merge(base, {"observations": "carry"}))
+    with pytest.raises(ValueError, match="exists only for the 'chain' task"):
+        preflight(merge(base, {"task": "math", "task_options": {}}))

@@ -297,11 +297,12 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
         lam_dtype = torch.float64 if lengths.dtype == torch.float64 else torch.float32
         lam_policy, clamped = torch.full((exp.n,), s.lam, dtype=lam_dtype, device=exp.mask.device), 0
     lam_critic = lam_policy if s.lam_critic is None else s.lam_critic
-    if exp.obs_mask is None:
+    obs_mask = getattr(exp, "obs_mask", None)  # (a stand-in with the stage's fields only is single-turn)
+    if obs_mask is None:
         gae = algos.decoupled_gae
     else:  # multi-turn: the observation spans crossed as `s.observations` says
         def gae(r, v, m, la, lc, **kw):
-            return algos.decoupled_gae_observations(r, v, m, exp.obs_mask, la, lc, observations=s.observations, **kw)
+            return algos.decoupled_gae_observations(r, v, m, obs_mask, la, lc, observations=s.observations, **kw)
     advantages, returns = gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
                               gamma=s.gamma, bootstrap_values=exp.bootstrap)
     if s.whiten:
@@ -309,7 +310,7 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
     exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
     if s.lam_critic == 1.0:
         exp.mc_returns = returns
-    elif exp.obs_mask is None:
+    elif obs_mask is None:
         exp.mc_returns = algos.gae(exp.rewards, exp.values, exp.mask, 1.0, gamma=s.gamma,
                                    bootstrap_values=exp.bootstrap)[1]
     else:
@@ -332,7 +333,7 @@ def turn_index(exp: Experience) -> torch.Tensor:
 
 def advantage_by_turn(exp: Experience) -> dict | None:
     """Mean actor advantage of the action tokens of turn 1, 2, 3 and 4+ (None single-turn)."""
-    if exp.obs_mask is None:
+    if getattr(exp, "obs_mask", None) is None:
         return None
     turn = turn_index(exp).clamp(max=len(TURN_LABELS) - 1)
     out = {}

@@ -40,7 +40,7 @@ def preflight(cfg: RunConfig) -> RunConfig:
         check_writable(cfg.cache_dir, "cache_dir")
     local_policy = cfg.model not in ("builtin", "random")
     if cfg.model == "builtin" and cfg.task not in BUILTIN_TASKS:
-        raise ValueError(f"model='builtin' exists only for the {' and '.join(map(repr, BUILTIN_TASKS))} tasks, not {cfg.task!r}; "
+        raise ValueError(f"model='builtin' exists only for the 'chain' task (and its multi-turn sibling 'toolchain'), not {cfg.task!r}; "
                          "pass --model PATH (a local HF causal-LM folder) or --model random")
     if local_policy:
         check_model_dir(cfg.model, "model", tokenizer=True)
