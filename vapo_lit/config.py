@@ -54,11 +54,12 @@ def ordered(names) -> list[str]:
     return [c for c in ALL_COMPONENTS if c in names]
 
 
-def run_label(components, advantage_estimator: str = "gae") -> str:
+def run_label(components, advantage_estimator: str = "gae", observations: str = "skip") -> str:
     """The one name of a component set, used for run folders, W&B job types and report rows:
     'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
     'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator); optional components on
-    are added as '-with-x+y'."""
+    are added as '-with-x+y'; GAE's observation treatment other than the default skip as
+    '-obs-step' / '-obs-zero' (multi-turn tasks)."""
     on = [c for c in COMPONENTS if c in components]
     extras = [c for c in OPTIONAL_COMPONENTS if c in components]
     if advantage_estimator == "grpo":
@@ -70,7 +71,8 @@ def run_label(components, advantage_estimator: str = "gae") -> str:
     else:
         dropped = [c for c in COMPONENTS if c not in on]
         label = "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
-    return label + ("-with-" + "+".join(extras) if extras else "")
+    label += "-with-" + "+".join(extras) if extras else ""
+    return label + (f"-obs-{observations}" if observations != "skip" else "")
 
 
 def row_order(components, advantage_estimator: str = "gae", label: str = "") -> tuple:
@@ -176,6 +178,8 @@ class RunConfig:
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
     rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, README 'Rollout engines')")
+    observations: str = _f("skip", "multi-turn tasks: how GAE crosses observation (tool output) spans: skip (carry the next value and the running advantage through unchanged, verl/NeMo-RL/AReaL), step (every token a timestep, SkyRL/ROLL/slime) or zero (values zeroed there, OpenRLHF; biased when gamma*lambda < 1); SPEC.md",
+                           choices=("skip", "step", "zero"))
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})

@@ -173,7 +173,8 @@ def gather_experience(exp, pad_id: int):
     widths = torch.tensor([exp.prompt_ids.shape[1], exp.mask.shape[1]], device=exp.mask.device)
     P, R = all_reduce(widths, "max").tolist()
     prompt_fields = {"prompt_ids": pad_id, "prompt_mask": 0}
-    response_fields = {"response_ids": pad_id, "mask": 0.0, "behaviour_logprobs": 0.0, "rewards": 0.0, "values": 0.0}
+    response_fields = {"response_ids": pad_id, "mask": 0.0, "behaviour_logprobs": 0.0, "rewards": 0.0, "values": 0.0,
+                       "obs_mask": 0.0}
     out = {}
     for name, pad in prompt_fields.items():
         out[name] = _gather_rows(getattr(exp, name), P, True, pad)

@@ -10,13 +10,14 @@ from dataclasses import dataclass
 import torch
 
 
-def as_engine(model_or_engine, tokenizer):
-    """An engine as it is; a plain causal LM wrapped in the KV-cached `HFEngine`."""
-    from vapo_lit.engines import HFEngine, RolloutEngine
+def as_engine(model_or_engine, tokenizer, task=None):
+    """An engine as it is; a plain causal LM wrapped in the KV-cached `HFEngine` (in the episode
+    loop for a multi-turn `task`)."""
+    from vapo_lit.engines import RolloutEngine, make_engine
 
     if isinstance(model_or_engine, RolloutEngine):
         return model_or_engine
-    return HFEngine(model_or_engine, tokenizer)
+    return make_engine("hf", model_or_engine, tokenizer, task=task)
 
 
 @dataclass(frozen=True)
@@ -85,7 +86,7 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
         raise ValueError("no problems to evaluate")
     if k < 1:
         raise ValueError(f"k={k} is not valid: k must be >= 1")
-    engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer)
+    engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer, task=task)
     if sampling is None:
         sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
                                   top_p=top_p)
@@ -97,7 +98,10 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     for i in range(lo, hi, batch_size):
         chunk = flat[i: min(i + batch_size, hi)]
         ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
-        lengths, truncated = ro.lengths.tolist(), ro.truncated.tolist()  # one device sync per chunk
+        # response length = the policy's own tokens (a multi-turn episode's observations left out)
+        action = getattr(ro, "action_mask", None)
+        lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
+        truncated = ro.truncated.tolist()  # one device sync per chunk
         for p, text, n, cut in zip(chunk, ro.texts, lengths, truncated):
             v = task.verify(p, text)
             samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,

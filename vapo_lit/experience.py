@@ -48,15 +48,18 @@ class Experience:
     response_ids: torch.Tensor
     """(N, R) long, RIGHT-padded; includes the EOS token when one was emitted."""
     mask: torch.Tensor
-    """(N, R) float, 1.0 on the policy's response tokens (EOS included), 0.0 on padding."""
+    """(N, R) float, 1.0 on the policy's response tokens (EOS included), 0.0 on padding: the ACTION
+    mask, so every loss, statistic and token count reads action tokens only (0 on observations)."""
     behaviour_logprobs: torch.Tensor
     """(N, R) log pi_behaviour of each sampled token, recorded at sampling time; 0 on padding."""
     lengths: torch.Tensor
-    """(N,) long, response tokens (EOS included)."""
+    """(N,) long, response tokens (EOS included; observation tokens too in a multi-turn episode)."""
     truncated: torch.Tensor
     """(N,) bool, hit the length limit without EOS."""
     texts: list
     """(N) decoded responses."""
+    obs_mask: torch.Tensor | None = None
+    """(N, R) float, 1.0 on observation tokens an environment wrote (multi-turn); None single-turn."""
     # ---- 2. score
     scores: torch.Tensor | None = None
     """(N,) float verifier reward (0/1; 0 when the verifier failed)."""
@@ -86,10 +89,12 @@ class Experience:
     def from_rollout(cls, rollout, problems: list, group_size: int = 1) -> "Experience":
         if len(problems) != len(rollout.texts):
             raise ValueError(f"{len(problems)} problems for {len(rollout.texts)} responses")
+        action = getattr(rollout, "action_mask", None)
         return cls(problems=list(problems), group_size=group_size, prompt_ids=rollout.prompt_ids,
-                   prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids, mask=rollout.response_mask,
+                   prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
+                   mask=rollout.response_mask if action is None else action,
                    behaviour_logprobs=rollout.logprobs, lengths=rollout.lengths, truncated=rollout.truncated,
-                   texts=list(rollout.texts))
+                   texts=list(rollout.texts), obs_mask=None if action is None else rollout.response_mask - action)
 
     @property
     def n(self) -> int:
@@ -106,9 +111,14 @@ class Experience:
         return torch.cat([self.prompt_ids, self.response_ids], dim=1)
 
     @property
+    def token_mask(self) -> torch.Tensor:
+        """(N, R) float, 1.0 on every real response token: actions and observations."""
+        return self.mask if self.obs_mask is None else self.mask + self.obs_mask
+
+    @property
     def attention_mask(self) -> torch.Tensor:
         """(N, P + R) long mask of real tokens."""
-        return torch.cat([self.prompt_mask.long(), self.mask.long()], dim=1)
+        return torch.cat([self.prompt_mask.long(), self.token_mask.long()], dim=1)
 
     @property
     def positive(self) -> torch.Tensor:
@@ -169,14 +179,19 @@ class ScoreStats:
 
 
 def score(exp: Experience, verdicts: list) -> ScoreStats:
-    """The verifier's reward as the outcome on each response's last token."""
+    """The verifier's reward as the outcome on each response's last token (its last ACTION token in
+    a multi-turn episode: an observation is no timestep of the policy)."""
     if len(verdicts) != exp.n:
         raise ValueError(f"{len(verdicts)} verdicts for {exp.n} responses")
     device = exp.mask.device
     scores = torch.tensor([v.reward for v in verdicts], dtype=torch.float32, device=device)  # (N,)
-    last = (exp.lengths - 1).clamp(min=0)
+    if exp.obs_mask is None:
+        last, has = (exp.lengths - 1).clamp(min=0), exp.lengths > 0
+    else:
+        cols = torch.arange(exp.mask.shape[1], device=device)
+        last, has = (exp.mask * (cols + 1)).argmax(1), exp.mask.sum(1) > 0
     rewards = torch.zeros(exp.mask.shape, dtype=scores.dtype, device=device)
-    rewards[torch.arange(exp.n, device=device), last] = scores * (exp.lengths > 0)
+    rewards[torch.arange(exp.n, device=device), last] = scores * has
     exp.scores, exp.rewards, exp.verdicts = scores, rewards, list(verdicts)
     return score_stats(exp)
 
@@ -192,8 +207,13 @@ def score_stats(exp: Experience) -> ScoreStats:
         mixed = float(((g.max(1).values > 0) & (g.min(1).values == 0)).float().mean())
     return ScoreStats(score=float(scores.mean()), accuracy=float(pos.float().mean()),
                       strict_accuracy=sum(stricts) / len(stricts) if stricts else float("nan"),
-                      positive_responses=int(pos.sum()), positive_tokens=int(exp.lengths[pos].sum()),
+                      positive_responses=int(pos.sum()), positive_tokens=int(action_lengths(exp)[pos].sum()),
                       verifier_errors=sum(v.error is not None for v in verdicts), mixed_groups_frac=mixed)
+
+
+def action_lengths(exp: Experience) -> torch.Tensor:
+    """(N,) the policy's own tokens per response (all response tokens without observations)."""
+    return exp.lengths if exp.obs_mask is None else exp.mask.sum(1).long()
 
 
 # ----------------------------------------------------------------------------- 3. values
@@ -214,7 +234,7 @@ def fill_values(exp: Experience, critic: Critic, *, truncation: str = "terminal"
     ids, attn = exp.input_ids, exp.attention_mask
     v_state = torch.cat([passes.state_values(critic, ids[s:s + step], attn[s:s + step], P)
                          for s in range(0, n, step)])  # (N, R + 1): V(s_0) .. V(s_R)
-    exp.values = v_state[:, :-1] * exp.mask
+    exp.values = v_state[:, :-1] * exp.token_mask  # on observation tokens too (GAE's `step` setting reads them)
     after_last = v_state[torch.arange(n, device=v_state.device), exp.lengths]
     cut = exp.truncated if truncation == "bootstrap" else torch.zeros_like(exp.truncated)
     exp.bootstrap = torch.where(cut, after_last, torch.zeros_like(after_last))
@@ -236,6 +256,8 @@ class AdvantageSettings:
     """The critic targets' lambda; None: the policy's (one lambda for both)."""
     whiten: bool = True
     """Normalise the actor advantages over the batch's valid tokens (critic targets never)."""
+    observations: str = "skip"
+    """How GAE crosses observation spans of multi-turn episodes: skip, step or zero (SPEC.md)."""
 
 
 @dataclass(frozen=True)
@@ -244,13 +266,16 @@ class AdvantageStats:
     lambda_policy_min: float | None = None
     lambda_policy_max: float | None = None
     lambda_policy_clamped: int = 0
+    advantage_by_turn: dict | None = None
+    """Multi-turn episodes: turn label -> mean actor advantage of that turn's action tokens."""
 
     def log(self) -> dict[str, float]:
+        out = {} if self.advantage_by_turn is None else {f"gae/advantage_{k}": v for k, v in self.advantage_by_turn.items()}
         if self.lambda_policy_mean is None:
-            return {}
+            return out
         return {"gae/lambda_policy_mean": self.lambda_policy_mean, "gae/lambda_policy_min": self.lambda_policy_min,
                 "gae/lambda_policy_max": self.lambda_policy_max,
-                "gae/lambda_policy_clamped": float(self.lambda_policy_clamped)}
+                "gae/lambda_policy_clamped": float(self.lambda_policy_clamped), **out}
 
 
 @torch.no_grad()
@@ -260,7 +285,7 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
     Critic-free (grpo): the group-normalised outcome on every token, no targets."""
     if s.estimator == "grpo":
         exp.advantages = algos.group_normalized_advantage(exp.scores, exp.mask, exp.group_size)
-        return AdvantageStats()
+        return AdvantageStats(advantage_by_turn=advantage_by_turn(exp))
     if exp.values is None:
         raise ValueError("fill_advantages needs the values stage first (critic-based estimator)")
     lengths = exp.mask.sum(1).clamp(min=1)
@@ -272,14 +297,51 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
         lam_dtype = torch.float64 if lengths.dtype == torch.float64 else torch.float32
         lam_policy, clamped = torch.full((exp.n,), s.lam, dtype=lam_dtype, device=exp.mask.device), 0
     lam_critic = lam_policy if s.lam_critic is None else s.lam_critic
-    advantages, returns = algos.decoupled_gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
-                                              gamma=s.gamma, bootstrap_values=exp.bootstrap)
+    obs_mask = getattr(exp, "obs_mask", None)  # (a stand-in with the stage's fields only is single-turn)
+    if obs_mask is None:
+        gae = algos.decoupled_gae
+    else:  # multi-turn: the observation spans crossed as `s.observations` says
+        def gae(r, v, m, la, lc, **kw):
+            return algos.decoupled_gae_observations(r, v, m, obs_mask, la, lc, observations=s.observations, **kw)
+    advantages, returns = gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
+                              gamma=s.gamma, bootstrap_values=exp.bootstrap)
     if s.whiten:
         advantages = algos.masked_whiten(advantages, exp.mask)
     exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
-    exp.mc_returns = returns if s.lam_critic == 1.0 else algos.gae(
-        exp.rewards, exp.values, exp.mask, 1.0, gamma=s.gamma, bootstrap_values=exp.bootstrap)[1]
-    return AdvantageStats(float(lam_policy.mean()), float(lam_policy.min()), float(lam_policy.max()), clamped)
+    if s.lam_critic == 1.0:
+        exp.mc_returns = returns
+    elif obs_mask is None:
+        exp.mc_returns = algos.gae(exp.rewards, exp.values, exp.mask, 1.0, gamma=s.gamma,
+                                   bootstrap_values=exp.bootstrap)[1]
+    else:
+        exp.mc_returns = gae(exp.rewards, exp.values, exp.mask, 1.0, 1.0, gamma=s.gamma, bootstrap_values=exp.bootstrap)[1]
+    return AdvantageStats(float(lam_policy.mean()), float(lam_policy.min()), float(lam_policy.max()), clamped,
+                          advantage_by_turn=advantage_by_turn(exp))
+
+
+TURN_LABELS = ("turn1", "turn2", "turn3", "turn4plus")
+"""Turn buckets of the multi-turn credit diagnostics (the 4th and later turns share one)."""
+
+
+def turn_index(exp: Experience) -> torch.Tensor:
+    """(N, R) long: 0 for the first policy turn's tokens, +1 after each observation span."""
+    obs = exp.obs_mask
+    starts = obs.clone()
+    starts[:, 1:] = obs[:, 1:] * (1 - obs[:, :-1])
+    return starts.cumsum(1).long()
+
+
+def advantage_by_turn(exp: Experience) -> dict | None:
+    """Mean actor advantage of the action tokens of turn 1, 2, 3 and 4+ (None single-turn)."""
+    if getattr(exp, "obs_mask", None) is None:
+        return None
+    turn = turn_index(exp).clamp(max=len(TURN_LABELS) - 1)
+    out = {}
+    for i, label in enumerate(TURN_LABELS):
+        m = exp.mask * (turn == i)
+        if float(m.sum()) > 0:
+            out[label] = float(algos.masked_mean(exp.advantages, m))
+    return out
 
 
 # ----------------------------------------------------------------------------- diagnostics
@@ -294,9 +356,15 @@ class RolloutStats:
     truncated_frac: float
     prompts: int
     samples_per_prompt: int
+    observation_tokens: float | None = None
+    """Multi-turn: mean observation tokens per episode (response_length counts action tokens only)."""
+    observation_spans: float | None = None
+    """Multi-turn: mean observation spans (answered tool calls) per episode."""
 
     def log(self) -> dict[str, float]:
-        return {"rollout/response_length": self.response_length,
+        extra = {} if self.observation_tokens is None else {"rollout/observation_tokens": self.observation_tokens,
+                                                            "rollout/observation_spans": self.observation_spans}
+        return {**extra, "rollout/response_length": self.response_length,
                 "rollout/response_length_min": self.response_length_min,
                 "rollout/response_length_max": self.response_length_max,
                 "rollout/response_length_p90": self.response_length_p90,
@@ -309,7 +377,9 @@ def rollout_stats(exp: Experience) -> RolloutStats:
     return RolloutStats(response_length=float(lf.mean()), response_length_min=float(lf.min()),
                         response_length_max=float(lf.max()), response_length_p90=float(torch.quantile(lf, 0.9)),
                         truncated_frac=float(exp.truncated.float().mean()), prompts=exp.n // exp.group_size,
-                        samples_per_prompt=exp.group_size)
+                        samples_per_prompt=exp.group_size,
+                        observation_tokens=None if exp.obs_mask is None else float(exp.obs_mask.sum(1).mean()),
+                        observation_spans=None if exp.obs_mask is None else float(turn_index(exp)[:, -1].float().mean()))
 
 
 @dataclass(frozen=True)
@@ -331,6 +401,9 @@ class ValueStats:
     """Likewise by response length (LENGTH_EDGES)."""
     explained_variance_target: float
     """Against the critic's own lambda_critic targets, whatever the reference."""
+    bias_at_observations: dict | None = None
+    """Multi-turn: bias at the last action token before an observation span ('before_obs') and at
+    the first one after it ('after_obs'), where credit crosses the environment's text."""
 
     def log(self) -> dict[str, float]:
         out = {"value/explained_variance": self.explained_variance,
@@ -341,6 +414,7 @@ class ValueStats:
         out.update({f"value/bias_pos_{lab}": b for lab, b in self.bias_by_position.items()})
         out.update({f"value/bias_len_{lab}": b for lab, b in self.bias_by_length.items()})
         out["value/explained_variance_target"] = self.explained_variance_target
+        out.update({f"value/bias_{k}": b for k, b in (self.bias_at_observations or {}).items()})
         return out
 
 
@@ -367,7 +441,21 @@ def value_stats(exp: Experience, reference: str = "targets") -> ValueStats:
         bias=float(algos.masked_mean(values - returns, mask)),
         bias_first_token=float(algos.masked_mean(values - returns, first)),
         bias_by_position=by_bucket(POSITION_EDGES, "position"), bias_by_length=by_bucket(LENGTH_EDGES, "length"),
-        explained_variance_target=float(algos.explained_variance(values, exp.returns, mask)))
+        explained_variance_target=float(algos.explained_variance(values, exp.returns, mask)),
+        bias_at_observations=None if exp.obs_mask is None else _bias_at_observations(exp, returns))
+
+
+def _bias_at_observations(exp: Experience, returns: torch.Tensor) -> dict:
+    obs = exp.obs_mask
+    nxt = torch.zeros_like(obs)
+    nxt[:, :-1] = obs[:, 1:]
+    prev = torch.zeros_like(obs)
+    prev[:, 1:] = obs[:, :-1]
+    out = {}
+    for name, at in (("before_obs", exp.mask * nxt), ("after_obs", exp.mask * prev)):
+        if float(at.sum()) > 0:
+            out[name] = float(algos.masked_mean(exp.values - returns, at))
+    return out
 
 
 def bucket_labels(edges) -> list[str]:

@@ -116,7 +116,7 @@ class VapoModule(L.LightningModule):
         # 'auto' pass sizes resolved once, from the model and the device's free memory (run card)
         self.cfg, self.memory_plan = resolve_memory_defaults(cfg, actor, critic, longest_prompt(tokenizer, self.eval_set),
                                                              self.max_new_tokens)
-        self.engine = make_engine(cfg.rollout_engine, actor, tokenizer)
+        self.engine = make_engine(cfg.rollout_engine, actor, tokenizer, task=task)
         self._carry: dict[str, float] = {}  # metrics of events between iterations, logged with the next row
         self._resumed = False
         self.resuming = False  # set by train() when it continues a run from its checkpoint
@@ -156,7 +156,7 @@ class VapoModule(L.LightningModule):
             lam_critic = None  # one lambda for both
         return AdvantageSettings(estimator=self.cfg.advantage_estimator, gamma=p.gamma, lam=p.lam,
                                  alpha=sw.alpha if sw.length_adaptive_gae else None, lam_critic=lam_critic,
-                                 whiten=p.whiten_advantages)
+                                 whiten=p.whiten_advantages, observations=self.cfg.observations)
 
     # ------------------------------------------------------------------ the algorithm
     def training_step(self, problems, batch_idx):

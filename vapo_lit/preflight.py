@@ -28,6 +28,10 @@ CRITIC_CHOICES = ("--critic_init actor or auto (the policy's backbone with a fre
                   "(a local value/reward model or HF causal-LM folder)")
 
 
+BUILTIN_TASKS = ("chain", "toolchain")
+"""The tasks with a built-in base policy and reward model (vapo_lit.models.builtin)."""
+
+
 def preflight(cfg: RunConfig) -> RunConfig:
     """Check `cfg` and everything it points at (module doc); returns `cfg`; raises ValueError."""
     validate(cfg)
@@ -35,8 +39,8 @@ def preflight(cfg: RunConfig) -> RunConfig:
     if cfg.cache_dir is not None:
         check_writable(cfg.cache_dir, "cache_dir")
     local_policy = cfg.model not in ("builtin", "random")
-    if cfg.model == "builtin" and cfg.task != "chain":
-        raise ValueError(f"model='builtin' exists only for the 'chain' task, not {cfg.task!r}; "
+    if cfg.model == "builtin" and cfg.task not in BUILTIN_TASKS:
+        raise ValueError(f"model='builtin' exists only for the 'chain' task (and its multi-turn sibling 'toolchain'), not {cfg.task!r}; "
                          "pass --model PATH (a local HF causal-LM folder) or --model random")
     if local_policy:
         check_model_dir(cfg.model, "model", tokenizer=True)
@@ -158,6 +162,10 @@ def check_task(cfg: RunConfig) -> None:
         task = get_task(cfg.task, **task_options_of(cfg))
     except (TypeError, ValueError) as e:
         raise ValueError(f"task {cfg.task!r}: {e}") from None
+    multi_turn = bool(getattr(task, "multi_turn", False))
     close = getattr(task, "close", None)
     if callable(close):
         close()
+    if multi_turn and cfg.rollout_engine != "hf":
+        raise ValueError(f"task {cfg.task!r} is multi-turn (an environment answers between turns): it runs on "
+                         f"rollout_engine=hf, not {cfg.rollout_engine!r}")

@@ -44,6 +44,11 @@ class Rollout:
     """(N,) hit max_new_tokens without EOS (exactly one of terminated/truncated is True)."""
     texts: list[str]
     """Decoded responses, special tokens stripped."""
+    action_mask: torch.Tensor | None = None
+    """(N, R) float 1.0 on the tokens the policy sampled; 0.0 on observation tokens an environment
+    wrote and on padding. None for single-turn rollouts (every response token is an action)."""
+    turns: torch.LongTensor | None = None
+    """(N,) policy turns of each episode (multi-turn rollouts only)."""
 
     @property
     def input_ids(self) -> torch.LongTensor:
@@ -79,6 +84,8 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         terminated=torch.cat([p.terminated for p in parts]),
         truncated=torch.cat([p.truncated for p in parts]),
         texts=[t for p in parts for t in p.texts],
+        action_mask=None if parts[0].action_mask is None else torch.cat([right(p.action_mask, R, 0.0) for p in parts]),
+        turns=None if parts[0].turns is None else torch.cat([p.turns for p in parts]),
     )
 
 

@@ -15,6 +15,38 @@ from vapo_lit.models import resolve_critic_init
 
 def run_card(cfg: RunConfig, module) -> dict:
     """Everything SPEC.md says a run must record, with this project's answers."""
+    card = _single_turn_card(cfg, module)
+    if getattr(module.task, "multi_turn", False):
+        card["multi_turn"] = multi_turn_card(cfg, module)
+    return card
+
+
+def multi_turn_card(cfg: RunConfig, module) -> dict:
+    """What a multi-turn run adds (SPEC.md "Multi-turn trajectories"): the segment definitions."""
+    task = module.task
+    return {
+        "observations": cfg.observations,
+        "gae_over_observations": {
+            "skip": "GAE over the action tokens only: an observation span adds no residual and no decay",
+            "step": "every action and observation token is a timestep with its own value and residual",
+            "zero": "values zeroed on observation tokens, which take part in the recursion",
+        }[cfg.observations],
+        "action_step": "a token the policy sampled (action mask 1); behaviour log-probs exist for these only",
+        "observation": "tokens the environment wrote after a tool call, appended to the context through the "
+                       "rollout's KV cache; action mask 0, no loss, no log-prob",
+        "segment": "one policy turn: up to a stop sequence (a tool call) or EOS (the final answer)",
+        "reward": "the verifier's outcome on the whole transcript, on the last action token",
+        "length_for_lambda": "action tokens of the episode",
+        "token_counts": "losses, token-level denominator, positive NLL, entropy and clip statistics: action tokens only",
+        "max_turns": getattr(task, "max_turns", None), "token_budget": module.max_new_tokens,
+        "stop_sequences": list(getattr(task, "stop_sequences", ())),
+        "tools": sorted(getattr(task, "tools", {})),
+        "turn_limit": "a tool call on the last allowed turn ends the episode with reward 0 (truncated)",
+        "malformed_calls": "answered with an 'error ...' observation; never an exception out of the rollout",
+    }
+
+
+def _single_turn_card(cfg: RunConfig, module) -> dict:
     sw, p = module.switches, cfg.ppo
     task = module.task
     return {

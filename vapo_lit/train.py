@@ -31,7 +31,7 @@ from vapo_lit.run_card import RunCardWriter, write_json
 
 
 def run_dir_of(cfg: RunConfig) -> Path:
-    return Path(cfg.out_dir) / (cfg.name or f"{run_label(cfg.components, cfg.advantage_estimator)}-s{cfg.seed}")
+    return Path(cfg.out_dir) / (cfg.name or f"{run_label(cfg.components, cfg.advantage_estimator, cfg.observations)}-s{cfg.seed}")
 
 
 def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_factory=build_module) -> dict:

@@ -84,7 +84,8 @@ def _row_from_spec(spec: dict, where: str) -> Row:
     delta = dict(spec.get("set") or {})
     if "components" in delta:
         raise ValueError(f"{where}: set the components with drop/only, not set.components")
-    return Row(spec.get("label") or run_label(comps, delta.get("advantage_estimator", "gae")), comps, delta)
+    return Row(spec.get("label") or run_label(comps, delta.get("advantage_estimator", "gae"),
+                                              delta.get("observations", "skip")), comps, delta)
 
 
 def _generated(kind: str) -> list[dict]:

@@ -3,7 +3,9 @@
     from vapo_lit.algos import gae, length_adaptive_lambda
 """
 from vapo_lit.algos.advantage import (
+    OBSERVATION_MODES,
     decoupled_gae,
+    decoupled_gae_observations,
     gae,
     group_normalized_advantage,
     lambda_clamped,
@@ -35,7 +37,7 @@ from vapo_lit.algos.stats import (
 )
 
 __all__ = [
-    "gae", "decoupled_gae", "length_adaptive_lambda", "lambda_clamped", "group_normalized_advantage",
+    "gae", "decoupled_gae", "decoupled_gae_observations", "OBSERVATION_MODES", "length_adaptive_lambda", "lambda_clamped", "group_normalized_advantage",
     "AGGREGATIONS", "PolicyLossStats", "aggregate", "at_least_float32", "clip_fractions", "clipped_surrogate",
     "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
     "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",

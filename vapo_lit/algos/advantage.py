@@ -25,7 +25,8 @@ import torch
 
 from vapo_lit.algos import _native
 
-__all__ = ["length_adaptive_lambda", "lambda_clamped", "gae", "decoupled_gae", "group_normalized_advantage"]
+__all__ = ["length_adaptive_lambda", "lambda_clamped", "gae", "decoupled_gae", "decoupled_gae_observations",
+           "OBSERVATION_MODES", "group_normalized_advantage"]
 
 
 # --------------------------------------------------------------------------- lambda schedule
@@ -128,6 +129,47 @@ def decoupled_gae(
     V + A(lam_critic), two separate detached tensors (never one advantage feeding both losses).
     """
     return _sweep(rewards, values, mask, lam_policy, lam_critic, gamma, bootstrap_values)
+
+
+OBSERVATION_MODES = ("skip", "step", "zero")
+"""How GAE crosses observation spans (SPEC.md "Multi-turn trajectories"): skip (carry the next
+value and the running advantage through unchanged), step (every token a timestep), zero (values
+zeroed on observation tokens, which then take part in the recursion; biased when gamma*lambda < 1)."""
+
+
+def decoupled_gae_observations(rewards, values, action_mask, obs_mask, lam_policy, lam_critic=1.0,
+                               gamma: float = 1.0, bootstrap_values=None, observations: str = "skip"):
+    """:func:`decoupled_gae` over a multi-turn trajectory: (advantages, returns), both 0 off the
+    action tokens.
+
+    `action_mask` (B, T) is 1 on the tokens the policy sampled, `obs_mask` (B, T) 1 on the tokens
+    an environment wrote (disjoint from it); rewards sit on action tokens only. `values` must hold
+    V(s_t) on observation tokens too for `step`. `bootstrap_values` (B,) is the value after the
+    last token of the row (action or observation), as in :func:`gae`.
+
+    * skip: the recursion runs over the action tokens only (observation positions are cut out:
+      no residual, no decay); the value read after an observation span is the next action
+      token's, whose state includes the observation.
+    * step: every action or observation token is a timestep with its own value and residual.
+    * zero: like step, with V = 0 on observation tokens.
+    """
+    if observations not in OBSERVATION_MODES:
+        raise ValueError(f"observations={observations!r} is not valid; choose one of: {', '.join(OBSERVATION_MODES)}")
+    if not isinstance(obs_mask, torch.Tensor) or not isinstance(action_mask, torch.Tensor) \
+            or obs_mask.shape != action_mask.shape:
+        raise ValueError("action_mask and obs_mask must be tensors of the same (B, T) shape; got "
+                         f"{tuple(getattr(action_mask, 'shape', ()))} and {tuple(getattr(obs_mask, 'shape', ()))}")
+    if bool(((obs_mask != 0) & (obs_mask != 1)).any()):
+        raise ValueError("obs_mask must contain only 0 and 1")
+    if bool(((obs_mask != 0) & (action_mask != 0)).any()):
+        b, t = ((obs_mask != 0) & (action_mask != 0)).nonzero()[0].tolist()
+        raise ValueError(f"a token cannot be both an action and an observation: action_mask and obs_mask are both 1 at [{b}, {t}]")
+    if observations == "skip":
+        return decoupled_gae(rewards, values, action_mask, lam_policy, lam_critic, gamma, bootstrap_values)
+    steps = action_mask + obs_mask  # (B, T) every real token is a timestep
+    v = values if observations == "step" else values * action_mask
+    adv, ret = decoupled_gae(rewards, v, steps, lam_policy, lam_critic, gamma, bootstrap_values)
+    return adv * action_mask, ret * action_mask
 
 
 def _sweep(rewards, values, mask, lam_a, lam_c, gamma, bootstrap_values):

@@ -65,10 +65,19 @@ class RolloutEngine(Protocol):
         """Make the engine sample from `actor`'s current weights (called after every actor update)."""
 
 
-def make_engine(name: str, actor, tokenizer) -> RolloutEngine:
-    """An engine by name (see ENGINES); ValueError listing the valid names."""
+def make_engine(name: str, actor, tokenizer, task=None) -> RolloutEngine:
+    """An engine by name (see ENGINES); ValueError listing the valid names. A multi-turn `task`
+    (vapo_lit.tasks.env.Environment) gets the episode loop (vapo_lit.engines.episodes), which runs
+    on the `hf` engine's token loop."""
     if name not in ENGINES:
         raise ValueError(f"rollout engine {name!r} is not known; valid: {', '.join(ENGINES)}")
+    if task is not None and getattr(task, "multi_turn", False):
+        if name != "hf":
+            raise ValueError(f"rollout engine {name!r} cannot run the multi-turn task {task.name!r} "
+                             "(an environment between turns); use rollout_engine=hf")
+        from vapo_lit.engines.episodes import EpisodeEngine
+
+        return EpisodeEngine(actor, tokenizer, task)
     return ENGINES[name](actor, tokenizer)
 
 

@@ -83,6 +83,11 @@ class RewardModelConfig:
     """Weight positives and negatives equally in the loss (positives are rare)."""
 
 
+def default_sft(task) -> SFTConfig:
+    """The SFT of a task's built-in base policy: SFTConfig's defaults with the task's `sft_overrides`."""
+    return SFTConfig(**getattr(task, "sft_overrides", {}))
+
+
 def threads() -> int:
     return min(2, torch.get_num_threads())
 
@@ -143,6 +148,32 @@ def batch_from_texts(tokenizer, prompts: list[str], responses: list[str]):
     return ids, mask, loss_mask
 
 
+def batch_from_spans(tokenizer, prompts: list[str], episodes: list[list[tuple[str, bool]]]):
+    """Like :func:`batch_from_texts` for multi-turn demonstrations, given as (text, is_action)
+    spans: the loss mask is 1 on the action spans' tokens and the final EOS only (an observation
+    the environment wrote is context, never a target)."""
+    vocab = tokenizer.get_vocab()
+    rows, targets = [], []
+    for p, spans in zip(prompts, episodes):
+        ids = tokenizer(p)["input_ids"]
+        tgt = [0.0] * len(ids)
+        for text, is_action in spans:
+            words = [vocab[w] for w in text.split()]
+            ids += words
+            tgt += [float(is_action)] * len(words)
+        rows.append(ids + [tokenizer.eos_token_id])
+        targets.append(tgt + [1.0])
+    width = max(map(len, rows))
+    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
+    mask = torch.zeros((len(rows), width), dtype=torch.long)
+    loss_mask = torch.zeros((len(rows), width), dtype=torch.float)
+    for i, (row, tgt) in enumerate(zip(rows, targets)):
+        ids[i, : len(row)] = torch.tensor(row)
+        mask[i, : len(row)] = 1
+        loss_mask[i, : len(row)] = torch.tensor(tgt)
+    return ids, mask, loss_mask
+
+
 def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int, *, log=None):
     """SFT a fresh tiny Llama on imperfect demonstrations; returns the model (eval mode)."""
     from transformers import LlamaForCausalLM
@@ -159,8 +190,12 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
     t0 = time.time()
     for step in range(sft.steps):
         probs = task.train_problems(sft.batch_size, seed=rng.getrandbits(62))
-        demos = [task.demonstration(p, sft.demo, rng) for p in probs]
-        ids, mask, loss_mask = batch_from_texts(tok, [p.prompt for p in probs], demos)
+        if getattr(task, "multi_turn", False):  # the task's own demonstrator (its config is in the cache key)
+            demos = [task.demonstration_spans(p, rng) for p in probs]
+            ids, mask, loss_mask = batch_from_spans(tok, [p.prompt for p in probs], demos)
+        else:
+            demos = [task.demonstration(p, sft.demo, rng) for p in probs]
+            ids, mask, loss_mask = batch_from_texts(tok, [p.prompt for p in probs], demos)
         logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
         tgt, lm = ids[:, 1:], loss_mask[:, 1:]
         nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
@@ -180,10 +215,10 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
 def sample_scored(model, task: ChainTask, n: int, seed: int, *, batch_size: int = 256,
                   temperature: float = 1.0, top_p: float = 1.0):
     """`n` base-policy rollouts on train prompts with their verifier rewards (list of (Rollout, rewards))."""
-    from vapo_lit.engines import HFEngine, SamplingParams
+    from vapo_lit.engines import SamplingParams, make_engine
     from vapo_lit.rng import sample_seed
 
-    engine = HFEngine(model, task.tokenizer)
+    engine = make_engine("hf", model, task.tokenizer, task=task)  # the episode loop for a multi-turn task
     sampling = SamplingParams(max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p)
     probs = task.train_problems(n, seed=seed)
     out = []
@@ -349,7 +384,7 @@ def builtin_policy_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     from vapo_lit.cache import cached_build
 
     model_cfg = model_config or TinyModelConfig()
-    sft = sft_config or SFTConfig()
+    sft = sft_config or default_sft(task)
     config = policy_build_config(task, model_cfg, sft, seed)
 
     def build(tmp: Path) -> None:
@@ -371,7 +406,7 @@ def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     from vapo_lit.models.value import ValueModel
 
     model_cfg = model_config or TinyModelConfig()
-    sft = sft_config or SFTConfig()
+    sft = sft_config or default_sft(task)
     rm = rm_config or RewardModelConfig()
     pdir = builtin_policy_dir(task, seed=seed, cache_dir=cache_dir, model_config=model_cfg,
                               sft_config=sft, log=log)

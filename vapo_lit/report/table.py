@@ -29,6 +29,9 @@ NAN = float("nan")
 
 
 def pretty(label: str) -> str:
+    for mode in ("step", "zero"):  # GAE's observation treatment other than the default skip
+        if label.endswith(f"-obs-{mode}"):
+            return f"{pretty(label[:-len(f'-obs-{mode}')])}, observations: {mode}"
     if label == "vapo":
         return "VAPO (full)"
     if label == "vanilla_ppo":

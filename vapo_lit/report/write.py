@@ -26,6 +26,7 @@ import pandas as pd
 from vapo_lit.config import COMPONENTS, row_order, run_label
 from vapo_lit.report import render
 from vapo_lit.report.collect import BIAS_BUCKETS, calibration, efficiency, per_run
+from vapo_lit.report.credit import CREDIT_TEXT, credit_frame
 from vapo_lit.report.figures import NAMES as FIGURES, plot_all
 from vapo_lit.report.logs import LogError, find_runs, load_run, read_json
 from vapo_lit.report.table import build_table, pretty
@@ -165,6 +166,8 @@ class GridReport:
     budgets: dict
     ctx: render.Context
     threshold_given: bool
+    credit: pd.DataFrame | None = None
+    """Multi-turn credit diagnostics per row (report/credit.py); None for single-turn grids."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
@@ -213,12 +216,13 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     desc = read_json(manifest).get("description", "") if grid_id and manifest.is_file() else ""
     return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
                       build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
-                      ks, budgets, ctx, threshold not in (None, "auto"))
+                      ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n))
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
     """seeds.csv, table.csv, calibration.csv, table.tex and (with `figures`) the figures."""
-    for name, frame in (("seeds", rep.seeds), ("table", rep.table), ("calibration", rep.calibration)):
+    frames = [("seeds", rep.seeds), ("table", rep.table), ("calibration", rep.calibration)]
+    for name, frame in frames + ([("credit", rep.credit)] if rep.credit is not None else []):
         frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
     _write(rep.folder / "table.tex", render.latex_all(rep.table, rep.ctx) + "\n")
     if figures:
@@ -247,13 +251,25 @@ def render_markdown(rep: GridReport) -> str:
                                      time=render.duration(rep.budgets["seconds"]), cost=cost),
                  render.markdown(*render.rows("compute", table, ctx)),
                  "## Diagnostics", DIAGNOSTICS_TEXT.format(n=ctx.last_n),
-                 render.markdown(*render.rows("diagnostics", table, ctx)),
-                 wandb_section(rep.logs, rep.name, rep.folder), caveats(table),
+                 render.markdown(*render.rows("diagnostics", table, ctx))]
+    if rep.credit is not None:
+        sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=ctx.last_n), _credit_markdown(rep.credit)]
+    sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table),
                  "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in FIGURES) + "; value bias by position in "
-                 "`calibration.csv`.",
+                 "`calibration.csv`" + ("; multi-turn credit in `credit.csv`." if rep.credit is not None else "."),
                  f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
                  f"folder)."]
     return "\n\n".join(sections)
+
+
+def _credit_markdown(credit: pd.DataFrame) -> str:
+    head = ["row", "runs", "tool calls", "V bias before obs", "V bias after obs", "A turn 1", "A turn 2", "A turn 3",
+            "A turn 4+"]
+    body = [[pretty(r["row"]), str(int(r["runs"])), render.num(r["tool_calls"], 2),
+             *(render.num(r[c], 3, signed=True) for c in ("bias_before_obs", "bias_after_obs", "adv_turn1", "adv_turn2",
+                                                          "adv_turn3", "adv_turn4plus"))]
+            for _, r in credit.iterrows()]
+    return render.markdown(head, body)
 
 
 def _intro(rep: GridReport, ref_name: str) -> str:
