@@ -217,9 +217,11 @@ def action_lengths(exp: Experience) -> torch.Tensor:
 
 
 # ----------------------------------------------------------------------------- 3. values
-Critic = Callable[[torch.Tensor, torch.Tensor], torch.Tensor]
+Critic = Callable[[torch.Tensor, torch.Tensor | None], torch.Tensor]
 """(input_ids (n, P + R), attention_mask) -> (n, P + R) values, column c = V(prefix ending at c)
-(the `ValueModel` convention; a test may pass a stub with known per-column outputs)."""
+(the `ValueModel` convention; a test may pass a stub with known per-column outputs).
+`passes.state_values` calls it with rows moved left by their prompt padding and no mask (None):
+a causal pass whose positions are the columns (see vapo_lit.passes)."""
 
 
 @torch.no_grad()
