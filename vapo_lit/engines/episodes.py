@@ -21,12 +21,10 @@ from __future__ import annotations
 
 import torch
 
-from vapo_lit.engines.fast_decode import StaticDecoder, decode_supported
-from vapo_lit.engines.hf import _cache_kwarg, _cache_of
+from vapo_lit.engines.hf import _cache_of, prefill
 from vapo_lit.engines.sampling import sample_next
-from vapo_lit.passes import position_ids_from_mask
 from vapo_lit.rng import uniforms
-from vapo_lit.rollout import Rollout, as_seeds, encode_prompts, eos_ids_of, pad_id_of
+from vapo_lit.rollout import Rollout, eos_ids_of
 
 
 class EpisodeEngine:
@@ -69,20 +67,10 @@ def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_toke
     was_training = model.training
     model.eval()
     try:
-        device = next(model.parameters()).device
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-        n = prompt_ids.shape[0]
-        row_seeds = as_seeds(seeds, n).to(device)
-        pad = pad_id_of(tokenizer)
+        pf = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast)
+        device, ids, prompt_mask, mask, n, row_seeds = pf.device, pf.ids, pf.prompt_mask, pf.mask, pf.n, pf.row_seeds
+        pad, past, logits, next_pos, static, cache_kw = pf.pad, pf.past, pf.logits, pf.next_pos, pf.static, pf.cache_kw
         eos = set(eos_ids_of(model, tokenizer))
-        ids, mask = prompt_ids.to(device), prompt_mask.to(device)
-        pos = position_ids_from_mask(mask)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        past, logits = _cache_of(out), out.logits[:, -1, :]
-        next_pos = pos[:, -1] + 1
-        static = StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens) \
-            if fast and decode_supported(model) else None
-        cache_kw = None if static is not None else _cache_kwarg(model)
 
         tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long)
         logps = torch.zeros((n, max_new_tokens), dtype=torch.float64)

@@ -6,6 +6,7 @@ models step transformers' own forward with its cache. Both give the same respons
 from __future__ import annotations
 
 import inspect
+from dataclasses import dataclass
 
 import torch
 
@@ -56,23 +57,10 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
     was_training = model.training
     model.eval()
     try:
-        device = next(model.parameters()).device
-        prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-        n = prompt_ids.shape[0]
-        row_seeds = as_seeds(seeds, n).to(device)
-        pad = pad_id_of(tokenizer)
+        pf = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast)
+        device, ids, prompt_mask, mask, n, row_seeds = pf.device, pf.ids, pf.prompt_mask, pf.mask, pf.n, pf.row_seeds
+        pad, past, logits, next_pos, static, cache_kw = pf.pad, pf.past, pf.logits, pf.next_pos, pf.static, pf.cache_kw
         eos = torch.tensor(eos_ids_of(model, tokenizer), device=device)
-
-        ids = prompt_ids.to(device)
-        mask = prompt_mask.to(device)
-        pos = position_ids_from_mask(mask)
-        out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
-        past = _cache_of(out)
-        logits = out.logits[:, -1, :]  # of the rows in `active`
-        next_pos = pos[:, -1] + 1  # (n,)
-        static = StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens) \
-            if fast and decode_supported(model) else None
-        cache_kw = None if static is not None else _cache_kwarg(model)
 
         tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
         logps = None  # (n, max_new_tokens), in the sampler's dtype (at least float32), made at the first token
@@ -123,6 +111,43 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
                        terminated=terminated, truncated=~terminated, texts=list(texts))
     finally:
         model.train(was_training)
+
+
+@dataclass
+class Prefill:
+    """The state a token loop starts from: the encoded prompts (left-padded) on the model's
+    device, each row's seed, the prefill's cache and next-token logits, each row's next position,
+    and the static-cache decoder (Llama family, `fast`) or else the name of the cache argument of
+    transformers' forward."""
+
+    device: torch.device
+    ids: torch.Tensor
+    prompt_mask: torch.Tensor
+    mask: torch.Tensor
+    n: int
+    row_seeds: torch.Tensor
+    pad: int
+    past: object
+    logits: torch.Tensor
+    next_pos: torch.Tensor
+    static: StaticDecoder | None
+    cache_kw: str | None
+
+
+def prefill(model, tokenizer, prompts: list[str], seeds, *, max_new_tokens: int, fast: bool) -> Prefill:
+    """Encode `prompts` and run the model's regular forward over them once (shared by the
+    single-turn loop here and the multi-turn one in vapo_lit.engines.episodes)."""
+    device = next(model.parameters()).device
+    prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
+    n = prompt_ids.shape[0]
+    ids, mask = prompt_ids.to(device), prompt_mask.to(device)
+    pos = position_ids_from_mask(mask)
+    out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
+    past = _cache_of(out)
+    static = StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens) if fast and decode_supported(model) else None
+    return Prefill(device=device, ids=ids, prompt_mask=prompt_mask, mask=mask, n=n, row_seeds=as_seeds(seeds, n).to(device),
+                   pad=pad_id_of(tokenizer), past=past, logits=out.logits[:, -1, :], next_pos=pos[:, -1] + 1,
+                   static=static, cache_kw=None if static is not None else _cache_kwarg(model))
 
 
 def _cache_kwarg(model) -> str:
