@@ -7,15 +7,11 @@ from __future__ import annotations
 import pytest
 import torch
 
-from vapo_lit.algos import OBSERVATION_MODES, _native, decoupled_gae_observations
+from test_gae import backend  # noqa: F401  (the GAE backend fixture: native and torch)
+
+from vapo_lit.algos import OBSERVATION_MODES, decoupled_gae_observations
 
 
-@pytest.fixture(params=["native", "torch"])
-def backend(request, monkeypatch):
-    monkeypatch.setenv("VAPO_LIT_GAE_BACKEND", request.param)
-    if request.param == "native" and _native.load() is None:
-        pytest.fail(f"native GAE kernel did not build: {_native.failure()}")
-    return request.param
 
 
 def reference(rewards, values, action, obs, lam, gamma, bootstrap, mode):
