@@ -131,21 +131,13 @@ def batch_from_texts(tokenizer, prompts: list[str], responses: list[str]):
     """Right-padded (ids, attention_mask, loss_mask) of prompt + response + EOS; loss_mask is 1 on
     the response tokens (EOS included) at the positions of the *targets*."""
     vocab = tokenizer.get_vocab()
-    rows, starts = [], []
+    rows, targets = [], []
     for p, r in zip(prompts, responses):
         pids = tokenizer(p)["input_ids"]
         rids = [vocab[w] for w in r.split()] + [tokenizer.eos_token_id]
         rows.append(pids + rids)
-        starts.append(len(pids))
-    width = max(map(len, rows))
-    ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
-    mask = torch.zeros((len(rows), width), dtype=torch.long)
-    loss_mask = torch.zeros((len(rows), width), dtype=torch.float)
-    for i, (row, s) in enumerate(zip(rows, starts)):
-        ids[i, : len(row)] = torch.tensor(row)
-        mask[i, : len(row)] = 1
-        loss_mask[i, s: len(row)] = 1.0
-    return ids, mask, loss_mask
+        targets.append([0.0] * len(pids) + [1.0] * len(rids))
+    return _right_padded(tokenizer, rows, targets)
 
 
 def batch_from_spans(tokenizer, prompts: list[str], episodes: list[list[tuple[str, bool]]]):
@@ -163,6 +155,12 @@ def batch_from_spans(tokenizer, prompts: list[str], episodes: list[list[tuple[st
             tgt += [float(is_action)] * len(words)
         rows.append(ids + [tokenizer.eos_token_id])
         targets.append(tgt + [1.0])
+    return _right_padded(tokenizer, rows, targets)
+
+
+def _right_padded(tokenizer, rows: list[list[int]], targets: list[list[float]]):
+    """(ids, attention_mask, loss_mask) of token rows right-padded to the longest; `targets`: each
+    row's per-token loss weight."""
     width = max(map(len, rows))
     ids = torch.full((len(rows), width), tokenizer.pad_token_id, dtype=torch.long)
     mask = torch.zeros((len(rows), width), dtype=torch.long)
