@@ -15,6 +15,7 @@ from vapo_lit.algos.losses import (
     AGGREGATIONS,
     PolicyLossStats,
     aggregate,
+    aggregation_weights,
     at_least_float32,
     clip_fractions,
     clipped_surrogate,
@@ -23,8 +24,10 @@ from vapo_lit.algos.losses import (
     positive_nll,
     token_logprobs,
     value_loss,
+    weight_share,
 )
 from vapo_lit.algos.stats import (
+    advantage_error,
     bucketed_mean,
     bucketize,
     explained_variance,
@@ -32,14 +35,15 @@ from vapo_lit.algos.stats import (
     masked_sum,
     masked_var,
     masked_whiten,
+    length_key,
     valid_positions,
     value_bias,
 )
 
 __all__ = [
     "gae", "decoupled_gae", "decoupled_gae_observations", "OBSERVATION_MODES", "length_adaptive_lambda", "lambda_clamped", "group_normalized_advantage",
-    "AGGREGATIONS", "PolicyLossStats", "aggregate", "at_least_float32", "clip_fractions", "clipped_surrogate",
+    "AGGREGATIONS", "PolicyLossStats", "aggregate", "aggregation_weights", "weight_share", "at_least_float32", "clip_fractions", "clipped_surrogate",
     "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
     "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",
-    "masked_whiten", "valid_positions", "value_bias",
+    "masked_whiten", "valid_positions", "value_bias", "advantage_error", "length_key",
 ]

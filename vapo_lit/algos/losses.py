@@ -18,6 +18,8 @@ from vapo_lit.algos.stats import masked_mean, masked_sum
 __all__ = [
     "AGGREGATIONS",
     "aggregate",
+    "aggregation_weights",
+    "weight_share",
     "clipped_surrogate",
     "clip_fractions",
     "policy_loss",
@@ -50,6 +52,33 @@ def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token", denomina
         den = (per_seq_tokens > 0).sum() if denominator is None else denominator
         return per_seq.sum() / torch.as_tensor(den, dtype=x.dtype, device=x.device).clamp(min=1)
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}; got {mode!r}")
+
+
+def aggregation_weights(mask: torch.Tensor, mode: str = "token", denominator=None) -> torch.Tensor:
+    """(B, T) each token's weight in `aggregate(x, mask, mode, denominator)`, i.e. its gradient with
+    respect to x: 1/N_tok ("token") or 1/(|y_i| N_seq) ("sample"); 0 on masked positions."""
+    m = mask.to(torch.float64)
+    if mode == "token":
+        den = m.sum() if denominator is None else torch.as_tensor(denominator, dtype=torch.float64)
+        return m / den.clamp(min=1)
+    if mode == "sample":
+        per_seq_tokens = m.sum(-1, keepdim=True)
+        den = (per_seq_tokens > 0).sum() if denominator is None else torch.as_tensor(denominator, dtype=torch.float64)
+        return m / per_seq_tokens.clamp(min=1) / den.clamp(min=1)
+    raise ValueError(f"aggregation must be one of {AGGREGATIONS}; got {mode!r}")
+
+
+def weight_share(weights: torch.Tensor, advantages: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
+    """(n_groups,) float64: the share of sum_t w_t |A_t| (the policy gradient's coefficient on each
+    token's log-prob, at ratio 1) carried by each group of rows; `group` (B,) long in [0, n_groups).
+    All nan when every coefficient is 0. With token-level weights a long response carries in
+    proportion to its tokens; with sample-level ones each response carries alike (DAPO, VAPO Eq. 7)."""
+    if weights.shape != advantages.shape:
+        raise ValueError(f"weights and advantages must have the same shape; got {tuple(weights.shape)} and "
+                         f"{tuple(advantages.shape)}")
+    per_row = (weights.to(torch.float64) * advantages.detach().to(torch.float64).abs()).sum(-1)  # (B,)
+    per_group = torch.zeros(n_groups, dtype=torch.float64, device=per_row.device).index_add_(0, group.long(), per_row)
+    return per_group / per_group.sum()
 
 
 def clipped_surrogate(logprobs, old_logprobs, advantages, eps_low: float = 0.2, eps_high: float = 0.2):

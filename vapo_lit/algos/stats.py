@@ -16,6 +16,8 @@ __all__ = [
     "bucketize",
     "bucketed_mean",
     "value_bias",
+    "length_key",
+    "advantage_error",
 ]
 
 
@@ -110,8 +112,34 @@ def value_bias(values, returns, mask, edges, by: str = "position"):
     if by == "position":
         key = valid_positions(mask)
     elif by == "length":
-        key = mask.sum(-1, keepdim=True).long().expand_as(mask).contiguous()
+        key = length_key(mask)
     else:
         raise ValueError(f"by must be 'position' or 'length'; got {by!r}")
     bucket = bucketize(key, edges)
     return bucketed_mean(values - returns, mask, bucket, len(edges) + 1)
+
+
+def length_key(mask: torch.Tensor) -> torch.Tensor:
+    """(B, T) long: the length (valid tokens) of the response each position belongs to."""
+    return mask.sum(-1, keepdim=True).long().expand_as(mask).contiguous()
+
+
+def advantage_error(advantages, reference, mask, edges):
+    """Per response-length bucket (`bucketize(length, edges)`): the advantage estimator's bias
+    against a reference (mean of A - A_ref over valid tokens), Var(A) and Var(A_ref) (population
+    variances over the bucket's tokens), and token counts; nan where a bucket has no token.
+    Float64. The reference is the Monte-Carlo advantage
+    G_t - V(s_t) (lambda = 1): unbiased for the advantage against the same critic, so A - A_ref
+    is the bias that bootstrapping with lambda < 1 takes on from an imperfect critic."""
+    _check_same_shape(advantages, mask, "advantages")
+    _check_same_shape(reference, mask, "reference")
+    bucket = bucketize(length_key(mask), edges)
+    n = len(edges) + 1
+    a, r = advantages.to(torch.float64), reference.to(torch.float64)
+    bias, counts = bucketed_mean(a - r, mask, bucket, n)
+
+    def var(x):
+        mean = bucketed_mean(x, mask, bucket, n)[0]
+        return bucketed_mean(x * x, mask, bucket, n)[0] - mean * mean
+
+    return bias, var(a), var(r), counts
