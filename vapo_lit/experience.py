@@ -26,10 +26,11 @@ TRUNCATION = ("terminal", "bootstrap")
 """How a response cut by the length limit ends: scored and treated as terminal (verl's choice,
 SPEC.md's default), or bootstrapped from V(state after its last token)."""
 
-POSITION_EDGES = (1, 8, 32, 128)
-"""Response-position buckets of value/bias: first token, 1-7, 8-31, 32-127, 128+."""
-LENGTH_EDGES = (20, 50, 100, 200)
-"""Response-length buckets of value/bias: <20 (lambda 0 at alpha 0.05), 20-49, 50-99, 100-199, 200+."""
+POSITION_EDGES = (1, 8, 32, 128, 512)
+"""Response-position buckets of value/bias: first token, 1-7, 8-31, 32-127, 128-511, 512+."""
+LENGTH_EDGES = (20, 50, 100, 200, 500, 1000)
+"""Response-length buckets (action tokens) of value/bias and of the length diagnostics of GAE and
+the actor loss: <20 (lambda 0 at alpha 0.05), 20-49, 50-99, 100-199, 200-499, 500-999, 1000+."""
 
 
 @dataclass
@@ -270,9 +271,16 @@ class AdvantageStats:
     lambda_policy_clamped: int = 0
     advantage_by_turn: dict | None = None
     """Multi-turn episodes: turn label -> mean actor advantage of that turn's action tokens."""
+    by_length: dict | None = None
+    """Response-length bucket (LENGTH_EDGES) -> {lambda_policy: its responses' mean lambda,
+    adv_bias: mean(A - A_mc), adv_var: Var(A), adv_var_mc: Var(A_mc)} over its tokens, where A
+    is the actor advantage before whitening and A_mc = G - V the Monte-Carlo one (lambda = 1);
+    buckets without a response left out; None critic-free."""
 
     def log(self) -> dict[str, float]:
         out = {} if self.advantage_by_turn is None else {f"gae/advantage_{k}": v for k, v in self.advantage_by_turn.items()}
+        for label, stats in (self.by_length or {}).items():
+            out.update({f"gae/{name}_len_{label}": v for name, v in stats.items()})
         if self.lambda_policy_mean is None:
             return out
         return {"gae/lambda_policy_mean": self.lambda_policy_mean, "gae/lambda_policy_min": self.lambda_policy_min,
@@ -307,9 +315,6 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
             return algos.decoupled_gae_observations(r, v, m, obs_mask, la, lc, observations=s.observations, **kw)
     advantages, returns = gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
                               gamma=s.gamma, bootstrap_values=exp.bootstrap)
-    if s.whiten:
-        advantages = algos.masked_whiten(advantages, exp.mask)
-    exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
     if s.lam_critic == 1.0:
         exp.mc_returns = returns
     elif obs_mask is None:
@@ -317,8 +322,39 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
                                    bootstrap_values=exp.bootstrap)[1]
     else:
         exp.mc_returns = gae(exp.rewards, exp.values, exp.mask, 1.0, 1.0, gamma=s.gamma, bootstrap_values=exp.bootstrap)[1]
+    by_length = advantage_by_length(lam_policy, advantages, exp.mc_returns - exp.values, exp.mask)
+    if s.whiten:
+        advantages = algos.masked_whiten(advantages, exp.mask)
+    exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
     return AdvantageStats(float(lam_policy.mean()), float(lam_policy.min()), float(lam_policy.max()), clamped,
-                          advantage_by_turn=advantage_by_turn(exp))
+                          advantage_by_turn=advantage_by_turn(exp), by_length=by_length)
+
+
+def advantage_by_length(lam_policy, advantages, mc_advantages, mask) -> dict:
+    """The length diagnostics of `AdvantageStats.by_length` (advantages before whitening)."""
+    lengths = mask.sum(1)
+    per_row = algos.bucketize(lengths.long(), LENGTH_EDGES)
+    has = lengths > 0
+    bias, var, var_mc, counts = algos.advantage_error(advantages, mc_advantages, mask, LENGTH_EDGES)
+    out = {}
+    for i, label in enumerate(bucket_labels(LENGTH_EDGES)):
+        rows = has & (per_row == i)
+        if int(counts[i]):
+            out[label] = {"lambda_policy": float(lam_policy[rows].double().mean()), "adv_bias": float(bias[i]),
+                          "adv_var": float(var[i]), "adv_var_mc": float(var_mc[i])}
+    return out
+
+
+def loss_share_by_length(exp: Experience, idx: torch.Tensor, aggregation: str, denominator) -> dict[str, float]:
+    """The share of mini-batch `idx`'s policy-gradient weight, sum_t w_t |A_t| (w_t: the token's
+    weight in the loss under `aggregation` with the mini-batch's `denominator`), carried by each
+    response-length bucket (LENGTH_EDGES) that has a response anywhere in the batch."""
+    mask = exp.mask[idx]
+    group = algos.bucketize(mask.sum(1).long(), LENGTH_EDGES)
+    share = algos.weight_share(algos.aggregation_weights(mask, aggregation, denominator), exp.advantages[idx], group,
+                               len(LENGTH_EDGES) + 1)
+    present = torch.bincount(algos.bucketize(exp.mask.sum(1).long(), LENGTH_EDGES), minlength=len(LENGTH_EDGES) + 1)
+    return {lab: float(s) for lab, s, n in zip(bucket_labels(LENGTH_EDGES), share.tolist(), present.tolist()) if n}
 
 
 TURN_LABELS = ("turn1", "turn2", "turn3", "turn4plus")

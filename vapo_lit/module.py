@@ -37,8 +37,8 @@ from vapo_lit.distributed import (ActorScorer, agree_any, all_reduce, barrier, b
                                   load_full_state_dict, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
-from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, rollout_stats, score,
-                                 score_stats, value_stats)
+from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, loss_share_by_length,
+                                 rollout_stats, score, score_stats, value_stats)
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, mean
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
@@ -257,13 +257,14 @@ class VapoModule(L.LightningModule):
         positive-NLL denominators count the whole mini-batch, so micro-batches (and ranks) add up
         exactly."""
         world = rank_and_world()[1]
-        sums, norms = ActorStats.sums(), []
+        sums, norms, shares = ActorStats.sums(), [], []
         for epoch in range(self.cfg.ppo.ppo_epochs):
             for idx, micros in self._minibatches(exp.n, salt=20 + epoch, lengths=exp.lengths.cpu()):
                 m = exp.mask[idx]
                 tokens = m.sum()
                 den = tokens if self.switches.token_level_loss else (m.sum(1) > 0).sum()
                 pos_den = (m * exp.positive[idx, None]).sum()
+                shares.append(loss_share_by_length(exp, idx, "token" if self.switches.token_level_loss else "sample", den))
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
                     with self._grad_sync("actor", last=j == len(micros) - 1):
@@ -271,7 +272,7 @@ class VapoModule(L.LightningModule):
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     sums.add(float(mb.mask.sum()) / float(tokens), **stats)  # its share of the tokens (float64)
                 norms.append(self._optimizer_step("actor", sums.totals["loss/policy"], finite=sums.finite()))
-        return ActorStats.reduce(sums, norms)
+        return ActorStats.reduce(sums, norms, shares)
 
     def actor_loss(self, mb: Experience, *, den, pos_den, tokens) -> tuple[torch.Tensor, dict]:
         """One micro-batch's actor loss: the clipped policy loss normalised by `den` (+ mu * the

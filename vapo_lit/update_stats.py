@@ -92,6 +92,10 @@ class ActorStats:
     """Gradient norm before clipping, mean over mini-batches."""
     ratio_max: float
     """Largest importance ratio of any token, any rank."""
+    loss_share_by_length: dict[str, float] = field(default_factory=dict)
+    """Response-length bucket -> its share of a mini-batch's policy-gradient weight sum_t w_t |A_t|,
+    mean over the update's mini-batches (experience.loss_share_by_length; the same on every rank,
+    which all hold the whole batch)."""
 
     MEANS = {"policy/entropy": "entropy", "policy/clipfrac_low": "clipfrac_low",
              "policy/clipfrac_high": "clipfrac_high", "policy/approx_kl": "approx_kl", "policy/ratio_mean": "ratio_mean"}
@@ -104,19 +108,23 @@ class ActorStats:
         return MicroBatchSums.declared(weighted=cls.MEANS, totals=cls.LOSSES, peaks=cls.PEAKS)
 
     @classmethod
-    def reduce(cls, sums: MicroBatchSums, grad_norms: list[float]) -> "ActorStats":
-        """The update's statistics over every rank; `grad_norms`: one per optimizer step (mini-batch)."""
+    def reduce(cls, sums: MicroBatchSums, grad_norms: list[float], shares: list[dict] = ()) -> "ActorStats":
+        """The update's statistics over every rank; `grad_norms`: one per optimizer step (mini-batch),
+        `shares`: each mini-batch's loss share by length (NaN ones, without any weight, skipped)."""
         means, totals, peaks = sums.reduce()
         steps = max(len(grad_norms), 1)
+        by_length = {k: mean(s[k] for s in shares if math.isfinite(s[k])) for k in (shares[0] if shares else {})}
         return cls(**{f: means[k] for k, f in cls.MEANS.items()},
                    components={k: v for k, v in means.items() if k not in cls.MEANS},
                    **{f: totals[k] / steps for k, f in cls.LOSSES.items()},
-                   **{f: peaks[k] for k, f in cls.PEAKS.items()}, grad_norm=mean(grad_norms))
+                   **{f: peaks[k] for k, f in cls.PEAKS.items()}, grad_norm=mean(grad_norms),
+                   loss_share_by_length=by_length)
 
     def log(self) -> dict[str, float]:
         return {**{k: getattr(self, f) for k, f in self.MEANS.items()}, **self.components,
                 **{k: getattr(self, f) for k, f in self.LOSSES.items()}, "policy/grad_norm": self.grad_norm,
-                **{k: getattr(self, f) for k, f in self.PEAKS.items()}}
+                **{k: getattr(self, f) for k, f in self.PEAKS.items()},
+                **{f"policy/loss_share_len_{k}": v for k, v in self.loss_share_by_length.items()}}
 
 
 @dataclass(frozen=True)
