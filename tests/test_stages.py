@@ -391,3 +391,43 @@ def test_from_rollout_keeps_every_field():
     assert Experience.from_rollout(ro, ["a", "b", "c"]).group_size == 1
     with pytest.raises(ValueError, match="2 problems for 3 responses"):
         Experience.from_rollout(ro, ["a", "b"])
+
+
+def test_length_diagnostics_of_the_advantages_and_the_loss_weight():
+    """AdvantageStats.by_length and loss_share_by_length recomputed by hand: per length bucket, the
+    mean lambda of its responses, A (before whitening) - A_mc over its tokens and both variances;
+    a mini-batch's share of sum w|A| (token- and sample-level weights), buckets of the batch only."""
+    from vapo_lit.experience import LENGTH_EDGES, loss_share_by_length
+
+    lengths = [5, 25, 60, 25, 150, 9, 520, 1100]
+    exp = scored(lengths, seed=4)
+    alpha = 0.05
+    st = fill_advantages(exp, AdvantageSettings(alpha=alpha, lam_critic=1.0, whiten=True))
+    lams = [adaptive_lambda(length, alpha, 1.0) for length in lengths]
+    raw, mc = ref_advantages(exp, lams), ref_advantages(exp, [1.0] * exp.n)
+    labels = bucket_labels(LENGTH_EDGES)
+    bucket = [sum(length >= e for e in LENGTH_EDGES) for length in lengths]
+    assert set(st.by_length) == {labels[b] for b in bucket}  # lt20, 20-49, 50-99, 100-199, 500-999, ge1000
+    for b in set(bucket):
+        rows = [i for i in range(exp.n) if bucket[i] == b]
+        toks = [(float(raw[i, t]), float(mc[i, t])) for i in rows for t in range(lengths[i])]
+        n = len(toks)
+        got = st.by_length[labels[b]]
+        assert got["lambda_policy"] == pytest.approx(sum(lams[i] for i in rows) / len(rows), abs=1e-6)
+        assert got["adv_bias"] == pytest.approx(sum(a - m for a, m in toks) / n, abs=1e-5)
+        for key, k in (("adv_var", 0), ("adv_var_mc", 1)):
+            mean = sum(x[k] for x in toks) / n
+            assert got[key] == pytest.approx(sum((x[k] - mean) ** 2 for x in toks) / n, rel=1e-4, abs=1e-6)
+    assert st.log()["gae/adv_bias_len_ge1000"] == st.by_length["ge1000"]["adv_bias"]
+    assert st.log()["gae/lambda_policy_len_lt20"] == st.by_length["lt20"]["lambda_policy"]
+    idx = torch.tensor([0, 2, 4, 6])  # lengths 5, 60, 150, 520
+    for aggregation in ("token", "sample"):
+        share = loss_share_by_length(exp, idx, aggregation, exp.mask[idx].sum() if aggregation == "token" else 4)
+        mass = {}
+        for i in idx.tolist():
+            w = 1 / sum(lengths[j] for j in idx.tolist()) if aggregation == "token" else 1 / (4 * lengths[i])
+            mass[labels[bucket[i]]] = w * sum(abs(float(exp.advantages[i, t])) for t in range(lengths[i]))
+        total = sum(mass.values())
+        assert set(share) == set(st.by_length)  # every bucket of the batch; 0 where this mini-batch has none
+        for label, s in share.items():
+            assert s == pytest.approx(mass.get(label, 0.0) / total, rel=1e-9, abs=1e-12)
