@@ -31,6 +31,10 @@ TRACKED = {"entropy": "policy/entropy", "response_length": "rollout/response_len
 MEDIAN_LAST = ("ev_mc", "ev_target")
 BIAS_BUCKETS = ("first", "1-7", "8-31", "32-127", "ge128")
 """`value/bias_pos_<bucket>`: mean V - return by response position (first token, then 1-7, ...)."""
+LONG_BIAS_BUCKETS = ("first", "1-7", "8-31", "32-127", "128-511", "ge512")
+"""The same since issue 24 split 128+ at 512 (vapo_lit.experience.POSITION_EDGES): used where a log
+has a bucket past 128 under the new edges; runs whose responses stay under 128 tokens look alike
+under both."""
 CALIBRATION_UPDATES = 5
 """Value calibration: mean bias over the first and the last this many PPO iterations of a run."""
 
@@ -132,11 +136,18 @@ def efficiency(log: RunLog, threshold: float, token_budget: float, time_budget: 
             "score_at_seconds": stats.at_budget(seconds, scores, time_budget)}
 
 
-def calibration(log: RunLog, n: int = CALIBRATION_UPDATES) -> dict:
+def bias_buckets(logs) -> tuple[str, ...]:
+    """The position buckets of a report: LONG_BIAS_BUCKETS when any run logged one of its buckets
+    past 128 tokens, else BIAS_BUCKETS."""
+    long = [f"value/bias_pos_{b}" for b in LONG_BIAS_BUCKETS[4:]]
+    return LONG_BIAS_BUCKETS if any(c in log.metrics for log in logs for c in long) else BIAS_BUCKETS
+
+
+def calibration(log: RunLog, n: int = CALIBRATION_UPDATES, buckets=BIAS_BUCKETS) -> dict:
     """{('early'|'late', bucket): mean V - return} over the first / last n PPO rows of a run."""
     ppo = ppo_rows(log.metrics)
     out = {}
-    for bucket in BIAS_BUCKETS:
+    for bucket in buckets:
         col = _col(ppo, f"value/bias_pos_{bucket}")
         if bucket == "first" and col.isna().all():
             col = _col(ppo, "value/bias_first_token")

@@ -7,12 +7,17 @@
   targets): robust to single bad batches: a centred rolling median over ROLLING PPO iterations per run, the
   median over seeds, a min-max band, on a symlog axis (linear in [-1, 1]), so a batch with EV -23
   neither hides the curve nor drags a mean.
-- value_calibration.png: V - return by response position (first token, 1-7, 8-31, 32-127, 128+),
+- value_calibration.png: V - return by response position (first token, 1-7, 8-31, 32-127, 128+;
+  128-511 and 512+ for runs with longer responses),
   mean over the first and over the last CALIBRATION_UPDATES PPO iterations of each run, mean over
   seeds; solid lines for rows with value pretraining, dashed without. The early panel is where
   value pretraining's mechanism shows (a critic biased on early positions before it has caught up).
 - score_vs_tokens.png, score_vs_seconds.png: eval score vs cumulative generated tokens / wall
   time, one thin line per run (colour = row), the compute-matched budget as a dashed line.
+- clip_fractions.png (runs that log the length mechanisms, report/mechanisms.py): the lower and
+  upper clip fractions vs PPO update, a panel each, mean over seeds.
+- loss_share.png (likewise): the share of the policy-gradient weight carried by responses of 500
+  tokens and more (`policy/loss_share_len_500-999` + `_ge1000`) vs PPO update.
 """
 from __future__ import annotations
 
@@ -20,7 +25,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from vapo_lit.report.collect import BIAS_BUCKETS, CALIBRATION_UPDATES, cost_curves, eval_curve, ppo_rows
+from vapo_lit.report.collect import CALIBRATION_UPDATES, cost_curves, eval_curve, ppo_rows
 from vapo_lit.report.table import pretty
 
 ROLLING = 5
@@ -29,6 +34,9 @@ TRAIN = {"response_length": ("response length (tokens)", "rollout/response_lengt
          "explained_variance": ("critic EV vs Monte-Carlo returns", "value/explained_variance", True),
          "explained_variance_target": ("critic EV vs its own targets", "value/explained_variance_target", True)}
 NAMES = ("score", "strict_score", *TRAIN, "value_calibration", "score_vs_tokens", "score_vs_seconds")
+MECHANISM_FIGURES = ("clip_fractions", "loss_share")
+LONG = ("500-999", "ge1000")
+"""The length buckets loss_share.png adds up: responses of 500 tokens and more."""
 
 
 def _train_series(log, col: str, robust: bool) -> pd.Series:
@@ -72,9 +80,20 @@ def _finish(fig, ax, drawn: bool, path: Path) -> Path:
     return path
 
 
-def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration: dict) -> list[Path]:
-    """Write every figure in NAMES into `folder`. `budgets`: {'tokens': float, 'seconds': float};
-    `calibration`: {row: {(phase, bucket): mean bias}} and {row: has value pretraining} under 'vp'."""
+def _long_share(log) -> pd.Series:
+    ppo = ppo_rows(log.metrics)
+    cols = [f"policy/loss_share_len_{b}" for b in LONG if f"policy/loss_share_len_{b}" in ppo]
+    if not cols or "train/ppo_update" not in ppo:
+        return pd.Series(dtype=float)
+    share = ppo[cols].fillna(0.0).sum(axis=1).where(ppo[cols].notna().any(axis=1))
+    return pd.Series(share.to_numpy(), index=ppo["train/ppo_update"].to_numpy()).dropna().groupby(level=0).last()
+
+
+def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration: dict,
+             mechanisms: bool = False) -> list[Path]:
+    """Write every figure in NAMES (and, with `mechanisms`, MECHANISM_FIGURES) into `folder`.
+    `budgets`: {'tokens': float, 'seconds': float}; `calibration`: {row: {(phase, bucket): mean
+    bias}}, {row: has value pretraining} under 'vp' and the position buckets under 'buckets'."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -106,21 +125,21 @@ def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration
         plt.close(fig)
 
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
-    drawn = False
+    drawn, buckets = False, calibration["buckets"]
     for ax, phase in zip(axes, ("early", "late")):
         for row in order:
             vals = calibration["bias"].get(row)
             if not vals:
                 continue
-            ys = [vals.get((phase, b), float("nan")) for b in BIAS_BUCKETS]
+            ys = [vals.get((phase, b), float("nan")) for b in buckets]
             if all(y != y for y in ys):
                 continue
             style = "-" if calibration["vp"].get(row) else "--"
-            ax.plot(range(len(BIAS_BUCKETS)), ys, style, marker="o", ms=3,
+            ax.plot(range(len(buckets)), ys, style, marker="o", ms=3,
                     label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)")
             drawn = True
         ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_xticks(range(len(BIAS_BUCKETS)), ["first", "1-7", "8-31", "32-127", "128+"])
+        ax.set_xticks(range(len(buckets)), [b.replace("ge", "") + "+" if b.startswith("ge") else b for b in buckets])
         ax.set_xlabel("response position (tokens)")
         ax.set_title(f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9)
         ax.grid(alpha=0.3)
@@ -155,4 +174,26 @@ def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration
             ax.axvline(budget / scale, color="grey", ls="--", lw=0.8)
         written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
         plt.close(fig)
+    if not mechanisms:
+        return written
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110)
+    drawn = False
+    for ax, side in zip(axes, ("low", "high")):
+        drawn |= _lines(ax, logs, order, lambda log, c=f"policy/clipfrac_{side}": _train_series(log, c, False))
+        ax.set_xlabel("PPO update")
+        ax.set_title(f"{side} side: tokens whose gradient the clip removed", fontsize=9)
+        ax.grid(alpha=0.3)
+    axes[0].set_ylabel("clip fraction")
+    if drawn:
+        axes[1].legend(fontsize=6)
+    fig.tight_layout()
+    fig.savefig(folder / "clip_fractions.png", metadata={"Software": None})
+    plt.close(fig)
+    written.append(folder / "clip_fractions.png")
+
+    fig, ax = new("PPO update", "share of the policy-gradient weight, responses >= 500 tokens")
+    drawn = _lines(ax, logs, order, _long_share)
+    written.append(_finish(fig, ax, drawn, folder / "loss_share.png"))
+    plt.close(fig)
     return written

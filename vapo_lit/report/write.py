@@ -25,10 +25,11 @@ import pandas as pd
 
 from vapo_lit.config import COMPONENTS, row_order, run_label
 from vapo_lit.report import render
-from vapo_lit.report.collect import BIAS_BUCKETS, calibration, efficiency, per_run
+from vapo_lit.report.collect import CALIBRATION_UPDATES, bias_buckets, calibration, efficiency, per_run
 from vapo_lit.report.credit import CREDIT_TEXT, credit_frame
-from vapo_lit.report.figures import NAMES as FIGURES, plot_all
+from vapo_lit.report.figures import MECHANISM_FIGURES, NAMES as FIGURES, plot_all
 from vapo_lit.report.logs import LogError, find_runs, load_run, read_json
+from vapo_lit.report.mechanisms import BY_LENGTH_TEXT, MECHANISMS_TEXT, markdown_tables, mechanism_frames
 from vapo_lit.report.table import build_table, pretty
 
 __all__ = ["write_report", "report_grid", "grids_in", "LogError", "REFERENCE"]
@@ -120,22 +121,23 @@ def _budget(seeds: pd.DataFrame, col: str) -> float:
 
 def _calibration_frame(logs, order) -> tuple[pd.DataFrame, dict]:
     per_row, vp, records = {}, {}, []
+    buckets = bias_buckets(logs)
     for row in order:
         runs = [log for log in logs if log.row == row]
         if not runs:
             continue
         vp[row] = "value_pretraining" in runs[0].components
-        cals = [calibration(log) for log in runs]
+        cals = [calibration(log, buckets=buckets) for log in runs]
         per_row[row] = {}
         for phase in ("early", "late"):
-            for b in BIAS_BUCKETS:
+            for b in buckets:
                 vals = [c[(phase, b)] for c in cals if c[(phase, b)] == c[(phase, b)]]
                 mean = sum(vals) / len(vals) if vals else float("nan")
                 per_row[row][(phase, b)] = mean
                 records.append({"row": row, "value_pretraining": int(vp[row]), "phase": phase, "bucket": b,
                                 "bias_mean": mean, "runs": len(vals)})
     return pd.DataFrame(records, columns=["row", "value_pretraining", "phase", "bucket", "bias_mean", "runs"]), \
-        {"bias": per_row, "vp": vp}
+        {"bias": per_row, "vp": vp, "buckets": buckets}
 
 
 def _write(path: Path, text: str) -> None:
@@ -168,6 +170,9 @@ class GridReport:
     threshold_given: bool
     credit: pd.DataFrame | None = None
     """Multi-turn credit diagnostics per row (report/credit.py); None for single-turn grids."""
+    mechanisms: tuple | None = None
+    """(per row, per row and length bucket) length mechanisms (report/mechanisms.py); None for runs
+    logged without them."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
@@ -216,17 +221,21 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     desc = read_json(manifest).get("description", "") if grid_id and manifest.is_file() else ""
     return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
                       build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
-                      ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n))
+                      ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
+                      mechanism_frames(logs, order, last_n))
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
     """seeds.csv, table.csv, calibration.csv, table.tex and (with `figures`) the figures."""
     frames = [("seeds", rep.seeds), ("table", rep.table), ("calibration", rep.calibration)]
-    for name, frame in frames + ([("credit", rep.credit)] if rep.credit is not None else []):
+    frames += [("credit", rep.credit)] if rep.credit is not None else []
+    frames += list(zip(("mechanisms", "by_length"), rep.mechanisms)) if rep.mechanisms is not None else []
+    for name, frame in frames:
         frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
     _write(rep.folder / "table.tex", render.latex_all(rep.table, rep.ctx) + "\n")
     if figures:
-        plot_all(rep.logs, rep.order, rep.folder, rep.ctx.k, rep.budgets, rep.cal_plot)
+        plot_all(rep.logs, rep.order, rep.folder, rep.ctx.k, rep.budgets, rep.cal_plot,
+                 mechanisms=rep.mechanisms is not None)
 
 
 def render_markdown(rep: GridReport) -> str:
@@ -254,9 +263,18 @@ def render_markdown(rep: GridReport) -> str:
                  render.markdown(*render.rows("diagnostics", table, ctx))]
     if rep.credit is not None:
         sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=ctx.last_n), _credit_markdown(rep.credit)]
+    figures = FIGURES
+    if rep.mechanisms is not None:
+        mech, by_length = rep.mechanisms
+        tables = markdown_tables(mech, by_length)
+        sections += ["## Long and short responses", MECHANISMS_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
+                     tables[0], BY_LENGTH_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n), *tables[1:]]
+        figures = FIGURES + MECHANISM_FIGURES
+    files = ["value bias by position in `calibration.csv`"]
+    files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
+    files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
     sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table),
-                 "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in FIGURES) + "; value bias by position in "
-                 "`calibration.csv`" + ("; multi-turn credit in `credit.csv`." if rep.credit is not None else "."),
+                 "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
                  f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
                  f"folder)."]
     return "\n\n".join(sections)
