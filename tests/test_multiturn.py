@@ -395,5 +395,5 @@ def test_preflight_takes_toolchain_with_the_builtin_model_and_refuses_cb(tmp_pat
         preflight(merge(base, {"rollout_engine": "cb"}))
     with pytest.raises(ValueError, match="observations=.carry. is not valid; choose one of: skip, step, zero"):
         preflight(merge(base, {"observations": "carry"}))
-    with pytest.raises(ValueError, match="exists only for the 'chain' task"):
+    with pytest.raises(ValueError, match=r"exists only for the built-in tasks \(chain, longchain, toolchain\), not 'math'"):
         preflight(merge(base, {"task": "math", "task_options": {}}))

@@ -28,7 +28,7 @@ CRITIC_CHOICES = ("--critic_init actor or auto (the policy's backbone with a fre
                   "(a local value/reward model or HF causal-LM folder)")
 
 
-BUILTIN_TASKS = ("chain", "toolchain")
+BUILTIN_TASKS = ("chain", "longchain", "toolchain")
 """The tasks with a built-in base policy and reward model (vapo_lit.models.builtin)."""
 
 
@@ -40,7 +40,7 @@ def preflight(cfg: RunConfig) -> RunConfig:
         check_writable(cfg.cache_dir, "cache_dir")
     local_policy = cfg.model not in ("builtin", "random")
     if cfg.model == "builtin" and cfg.task not in BUILTIN_TASKS:
-        raise ValueError(f"model='builtin' exists only for the 'chain' task (and its multi-turn sibling 'toolchain'), not {cfg.task!r}; "
+        raise ValueError(f"model='builtin' exists only for the built-in tasks ({', '.join(BUILTIN_TASKS)}), not {cfg.task!r}; "
                          "pass --model PATH (a local HF causal-LM folder) or --model random")
     if local_policy:
         check_model_dir(cfg.model, "model", tokenizer=True)

@@ -22,7 +22,7 @@ def _builtin_kwargs(task, kwargs):
     from vapo_lit.tasks.chain import ChainTask
 
     if not isinstance(task, ChainTask):
-        raise ValueError(f"the built-in policy exists only for the 'chain' task (and its multi-turn sibling 'toolchain'), not {getattr(task, 'name', task)!r};"
+        raise ValueError(f"the built-in policy exists only for the built-in tasks (chain, longchain, toolchain), not {getattr(task, 'name', task)!r};"
                          " pass a local HF model directory instead")
     allowed = {"model_config", "sft_config", "rm_config", "log"}
     bad = set(kwargs) - allowed

@@ -8,7 +8,7 @@ from __future__ import annotations
 import math
 import random
 import time
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -59,6 +59,12 @@ class SFTConfig:
     """Gradient-norm clip."""
     demo: DemoConfig = field(default_factory=DemoConfig)
     """The demonstrator (where and how often it errs)."""
+    micro_batches: int = 0
+    """0: each batch in one pass with its attention mask (the built-in default's build, unchanged).
+    k > 0: the batch sorted by length and cut into k micro-batches, each padded to its own longest
+    row and run causally without a mask (a right-padded row's padding comes after every real token),
+    gradients accumulated over the batch's tokens: the same loss, and at thousands of tokens a
+    fraction of the cost (no (L, L) mask, far less padding; the long preset)."""
 
 
 @dataclass(frozen=True)
@@ -81,6 +87,23 @@ class RewardModelConfig:
     value pretraining with lambda = 1)."""
     balance: bool = True
     """Weight positives and negatives equally in the loss (positives are rare)."""
+    micro_batches: int = 0
+    """As SFTConfig.micro_batches: 0 one masked pass per batch; k > 0 length-sorted micro-batches,
+    each row moved left by its prompt padding and run causally without a mask (the long preset)."""
+
+
+def default_model(task) -> TinyModelConfig:
+    """The architecture of a task's built-in models: TinyModelConfig's defaults, with positions
+    declared for the task's longest prompt and response when 512 is too few (the long preset)."""
+    cfg = TinyModelConfig()
+    need = MAX_PROMPT_TOKENS + task.max_new_tokens
+    if need > cfg.max_position_embeddings:
+        cfg = replace(cfg, max_position_embeddings=512 * math.ceil(need / 512))
+    return cfg
+
+
+MAX_PROMPT_TOKENS = 16
+"""Room for the built-in tasks' prompts (at most 9 tokens) in `default_model`'s positions."""
 
 
 def default_sft(task) -> SFTConfig:
@@ -194,13 +217,18 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
         else:
             demos = [task.demonstration(p, sft.demo, rng) for p in probs]
             ids, mask, loss_mask = batch_from_texts(tok, [p.prompt for p in probs], demos)
-        logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
-        tgt, lm = ids[:, 1:], loss_mask[:, 1:]
-        nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                                reduction="none").view_as(lm)
-        loss = (nll * lm).sum() / lm.sum()
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if sft.micro_batches == 0:
+            loss = lm_loss(model, ids, mask, loss_mask, loss_mask[:, 1:].sum())
+            loss.backward()
+        else:
+            loss, tokens = 0.0, loss_mask[:, 1:].sum()
+            order = torch.sort(mask.sum(1), descending=True, stable=True).indices
+            for rows in order.chunk(sft.micro_batches):
+                width = int(mask[rows].sum(1).max())
+                part = lm_loss(model, ids[rows, :width], None, loss_mask[rows, :width], tokens)
+                part.backward()
+                loss += part.detach()
         torch.nn.utils.clip_grad_norm_(model.parameters(), sft.grad_clip)
         opt.step()
         sched.step()
@@ -208,6 +236,16 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
             log(f"sft step {step} loss {loss.item():.4f} ({time.time() - t0:.1f}s)")
     model.eval()
     return model
+
+
+def lm_loss(model, ids, mask, loss_mask, tokens) -> torch.Tensor:
+    """Sum of the next-token NLL over the loss mask's targets, divided by `tokens`; `mask` None: a
+    causal pass without an attention mask (rows right-padded, starting at column 0)."""
+    logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
+    tgt, lm = ids[:, 1:], loss_mask[:, 1:]
+    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
+                                            reduction="none").view_as(lm)
+    return (nll * lm).sum() / tokens
 
 
 def sample_scored(model, task: ChainTask, n: int, seed: int, *, batch_size: int = 256,
@@ -269,23 +307,52 @@ def value_loss(values: torch.Tensor, vmask: torch.Tensor, reward: torch.Tensor, 
                all_tokens: bool, balance: bool) -> torch.Tensor:
     """MSE of V against the final 0/1 reward: on every value state (``all_tokens``; Monte-Carlo
     returns with gamma = lambda = 1) or only at the last real token (an outcome reward model)."""
+    w = sample_weights(reward, balance)
+    return (sequence_errors(values, vmask, reward, last, all_tokens=all_tokens) * w).sum() / w.sum()
+
+
+def sequence_errors(values, vmask, reward, last, *, all_tokens: bool) -> torch.Tensor:
+    """(n,) each response's squared error of `value_loss` (mean over its value states, or at its last token)."""
+    if all_tokens:
+        err = (values - reward[:, None]) ** 2 * vmask
+        return err.sum(1) / vmask.sum(1).clamp(min=1.0)
+    return (values.gather(1, last[:, None]).squeeze(1) - reward) ** 2
+
+
+def sample_weights(reward: torch.Tensor, balance: bool) -> torch.Tensor:
+    """Per-response weight of `value_loss`: positives and negatives weighted equally (`balance`), or 1."""
     if balance:
         pos = reward.sum().clamp(min=1.0)
         neg = (1 - reward).sum().clamp(min=1.0)
-        w = torch.where(reward > 0.5, 0.5 / pos, 0.5 / neg) * len(reward)
-    else:
-        w = torch.ones_like(reward)
-    if all_tokens:
-        err = (values - reward[:, None]) ** 2 * vmask
-        per_seq = err.sum(1) / vmask.sum(1).clamp(min=1.0)
-    else:
-        per_seq = (values.gather(1, last[:, None]).squeeze(1) - reward) ** 2
-    return (per_seq * w).sum() / w.sum()
+        return torch.where(reward > 0.5, 0.5 / pos, 0.5 / neg) * len(reward)
+    return torch.ones_like(reward)
+
+
+def value_loss_micro(model, ids, mask, vmask, reward, last, micro_batches: int, *, all_tokens: bool,
+                     balance: bool) -> torch.Tensor:
+    """`value_loss` of the batch, its backward pass run over `micro_batches` length-sorted
+    micro-batches, each causal and without a mask (rows moved left by their left padding, which
+    goes after their last token); returns the loss (detached)."""
+    w = sample_weights(reward, balance)
+    shift = (mask.cumsum(1) == 0).sum(1)  # left padding per row
+    cols = torch.arange(ids.shape[1])
+    moved = (cols[None, :] + shift[:, None]) % ids.shape[1]
+    ids, vmask, last = ids.gather(1, moved), vmask.gather(1, moved), last - shift
+    total = 0.0
+    for rows in torch.sort(last, descending=True, stable=True).indices.chunk(micro_batches):
+        width = int(last[rows].max()) + 1
+        errors = sequence_errors(model(ids[rows, :width], None), vmask[rows, :width], reward[rows], last[rows],
+                                 all_tokens=all_tokens)
+        part = (errors * w[rows]).sum() / w.sum()
+        part.backward()
+        total += float(part)
+    return torch.tensor(total, dtype=torch.float64)
 
 
 def train_value(model, scored, *, steps: int, batch_size: int, lr: float, warmup_steps: int,
-                all_tokens: bool, balance: bool, seed: int, log=None):
-    """Fit a :class:`~vapo_lit.models.value.ValueModel` to scored rollouts (see :func:`value_loss`)."""
+                all_tokens: bool, balance: bool, seed: int, log=None, micro_batches: int = 0):
+    """Fit a :class:`~vapo_lit.models.value.ValueModel` to scored rollouts (see :func:`value_loss`);
+    `micro_batches` as RewardModelConfig.micro_batches."""
     rng = random.Random(f"vapo-lit/value/{seed}")
     batches = value_batches(scored, batch_size, rng)
     opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=0.0, betas=(0.9, 0.98))
@@ -294,9 +361,13 @@ def train_value(model, scored, *, steps: int, batch_size: int, lr: float, warmup
     t0 = time.time()
     for step in range(steps):
         ids, mask, vmask, reward, last = next(batches)
-        loss = value_loss(model(ids, mask), vmask, reward, last, all_tokens=all_tokens, balance=balance)
         opt.zero_grad(set_to_none=True)
-        loss.backward()
+        if micro_batches == 0:
+            loss = value_loss(model(ids, mask), vmask, reward, last, all_tokens=all_tokens, balance=balance)
+            loss.backward()
+        else:
+            loss = value_loss_micro(model, ids, mask, vmask, reward, last, micro_batches,
+                                    all_tokens=all_tokens, balance=balance)
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -381,7 +452,7 @@ def builtin_policy_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     """Directory of the cached built-in base policy (built on first use)."""
     from vapo_lit.cache import cached_build
 
-    model_cfg = model_config or TinyModelConfig()
+    model_cfg = model_config or default_model(task)
     sft = sft_config or default_sft(task)
     config = policy_build_config(task, model_cfg, sft, seed)
 
@@ -403,9 +474,9 @@ def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     from vapo_lit.cache import cached_build
     from vapo_lit.models.value import ValueModel
 
-    model_cfg = model_config or TinyModelConfig()
+    model_cfg = model_config or default_model(task)
     sft = sft_config or default_sft(task)
-    rm = rm_config or RewardModelConfig()
+    rm = rm_config or RewardModelConfig(**getattr(task, "rm_overrides", {}))
     pdir = builtin_policy_dir(task, seed=seed, cache_dir=cache_dir, model_config=model_cfg,
                               sft_config=sft, log=log)
     config = reward_build_config(policy_build_config(task, model_cfg, sft, seed), rm, seed)
@@ -422,7 +493,7 @@ def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
                 critic = ValueModel.from_causal_lm(policy)
             train_value(critic, scored, steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr,
                         warmup_steps=rm.warmup_steps, all_tokens=rm.all_tokens, balance=rm.balance,
-                        seed=seed, log=log)
+                        seed=seed, log=log, micro_batches=rm.micro_batches)
         critic.save_pretrained(tmp)
         task.tokenizer.save_pretrained(tmp)
 

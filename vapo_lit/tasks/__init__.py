@@ -34,7 +34,7 @@ def _load_builtin_tasks() -> None:
     # Imported lazily so that `vapo_lit.tasks` stays cheap to import.
     import importlib
 
-    for mod in ("vapo_lit.tasks.chain", "vapo_lit.tasks.math", "vapo_lit.tasks.toolchain"):
+    for mod in ("vapo_lit.tasks.chain", "vapo_lit.tasks.longchain", "vapo_lit.tasks.math", "vapo_lit.tasks.toolchain"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:  # a task module not written yet

@@ -31,6 +31,7 @@ small per-step error probability altogether.
 from __future__ import annotations
 
 import hashlib
+import math
 import random
 from dataclasses import asdict, dataclass
 from functools import cached_property
@@ -63,6 +64,12 @@ class ChainTaskConfig:
     """Step rule v_k = (v_{k+1} + add_const + (k if add_counter else 0)) mod 10; see add_const."""
     add_const: int = 3
     """Constant added each step (3 makes the value cycle through all ten digits)."""
+    n_sampling: str = "uniform"
+    """How training prompts draw n: uniform (every (x0, n) pair alike) or log (log-uniform n, so
+    10-100 steps are as likely as 100-1000: a wide length distribution whose long tail stays
+    affordable; the long preset)."""
+    bucket_spacing: str = "linear"
+    """Difficulty buckets over n: equal width (linear) or equal ratio (log: the long preset)."""
 
 
 @dataclass(frozen=True)
@@ -94,6 +101,24 @@ def chain_values(x0: int, n: int, *, add_counter: bool = False, add_const: int =
     return out
 
 
+N_SAMPLING = ("uniform", "log")
+BUCKET_SPACING = ("linear", "log")
+
+
+def bucket_edges(min_n: int, max_n: int, n_buckets: int, spacing: str = "linear") -> list[int]:
+    """The first n of each bucket, then max_n + 1: equal widths, or (log) equal ratios."""
+    if spacing == "linear":
+        width = (max_n - min_n + 1) / n_buckets
+        edges = [min_n + round(i * width) for i in range(n_buckets)]
+    else:
+        edges = [round(min_n * ((max_n + 1) / min_n) ** (i / n_buckets)) for i in range(n_buckets)]
+    edges.append(max_n + 1)
+    if any(b <= a for a, b in zip(edges, edges[1:])):
+        raise ValueError(f"n_buckets={n_buckets} is too many for n in [{min_n}, {max_n}] with {spacing} spacing "
+                         "(a bucket would be empty)")
+    return edges
+
+
 def _split_is_eval(x0: int, n: int, fraction: float) -> bool:
     h = hashlib.sha256(f"vapo-lit/chain/split/{x0}/{n}".encode()).digest()
     return int.from_bytes(h[:8], "big") / 2**64 < fraction
@@ -112,18 +137,24 @@ class ChainTask(Task):
             raise ValueError(f"need 1 <= min_n <= max_n, got {cfg.min_n}, {cfg.max_n}")
         if cfg.n_buckets < 1 or cfg.n_buckets > cfg.max_n - cfg.min_n + 1:
             raise ValueError(f"n_buckets must be in [1, max_n - min_n + 1], got {cfg.n_buckets}")
+        for key, valid in (("n_sampling", N_SAMPLING), ("bucket_spacing", BUCKET_SPACING)):
+            if getattr(cfg, key) not in valid:
+                raise ValueError(f"{key}={getattr(cfg, key)!r} is not valid; choose one of: {', '.join(valid)}")
         self.config = cfg
         self.max_new_tokens = cfg.max_new_tokens or 2 * cfg.max_n + 8
-        width = (cfg.max_n - cfg.min_n + 1) / cfg.n_buckets
-        self._edges = [cfg.min_n + round(i * width) for i in range(cfg.n_buckets)] + [cfg.max_n + 1]
+        self._edges = bucket_edges(cfg.min_n, cfg.max_n, cfg.n_buckets, cfg.bucket_spacing)
+        digits = max(3, len(str(2 * cfg.max_n + 3)))
         self._bucket_names = [
-            f"len{2 * lo + 3:03d}-{2 * (hi - 1) + 3:03d}" for lo, hi in zip(self._edges, self._edges[1:])
+            f"len{2 * lo + 3:0{digits}d}-{2 * (hi - 1) + 3:0{digits}d}" for lo, hi in zip(self._edges, self._edges[1:])
         ]
         pairs = [(x0, n) for n in range(cfg.min_n, cfg.max_n + 1) for x0 in range(10)]
         self._eval_pairs = [p for p in pairs if _split_is_eval(*p, cfg.eval_fraction)]
         self._train_pairs = [p for p in pairs if not _split_is_eval(*p, cfg.eval_fraction)]
         if not self._train_pairs or not self._eval_pairs:
             raise ValueError("eval_fraction leaves no train or no eval prompts")
+        self._train_x0 = {}  # n -> the x0 of its train prompts (log sampling draws n first)
+        for x0, n in self._train_pairs:
+            self._train_x0.setdefault(n, []).append(x0)
 
     # ---------------------------------------------------------------- tokenizer
     def vocab(self) -> list[str]:
@@ -151,9 +182,20 @@ class ChainTask(Task):
         raise ValueError(f"n={n} outside [{self.config.min_n}, {self.config.max_n}]")
 
     def train_problems(self, n: int, seed: int) -> list[Problem]:
-        """`n` problems drawn uniformly from the train prompt space (difficulty mixed)."""
+        """`n` problems from the train prompt space (difficulty mixed): uniform over its (x0, n)
+        pairs, or with `n_sampling="log"` n log-uniform (then x0 uniform among n's train prompts)."""
         rng = random.Random(f"vapo-lit/chain/train/{seed}")
-        return [self.make_problem(*rng.choice(self._train_pairs)) for _ in range(n)]
+        if self.config.n_sampling == "uniform":
+            return [self.make_problem(*rng.choice(self._train_pairs)) for _ in range(n)]
+        return [self.make_problem(*self._log_pair(rng)) for _ in range(n)]
+
+    def _log_pair(self, rng: random.Random) -> tuple[int, int]:
+        """(x0, n) with P(n) proportional to log((n + 1/2) / (n - 1/2)), about 1/n."""
+        lo, hi = math.log(self.config.min_n - 0.5), math.log(self.config.max_n + 0.5)
+        while True:
+            n = min(self.config.max_n, max(self.config.min_n, round(math.exp(rng.uniform(lo, hi)))))
+            if n in self._train_x0:  # (every x0 of an n may be an eval prompt: draw again)
+                return rng.choice(self._train_x0[n]), n
 
     def eval_problems(self) -> list[Problem]:
         """`eval_per_bucket` reserved prompts per bucket, ordered by bucket then by hash."""
