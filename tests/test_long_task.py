@@ -161,3 +161,23 @@ def test_reward_model_micro_batches_equal_the_masked_pass():
     assert float(w[reward > 0].sum()) == pytest.approx(float(w[reward == 0].sum()))
     assert sequence_errors(torch.zeros(n, width, dtype=torch.float64), vmask, reward, last, all_tokens=False).tolist() \
         == reward.tolist()
+
+
+def test_chain_reward_needs_every_step(long_task):
+    """reward='chain': a chain whose wrong values cancel mod 10 lands on the right answer; the default
+    'answer' reward pays it, 'chain' does not; a right chain is paid by both."""
+    p = long_task.make_problem(4, 30)
+    right = long_task.solution(p).split()
+    lucky = list(right)
+    for i in range(10):  # ten +1 errors on the values of steps 30..21, each carried on: they cancel mod 10
+        for j in range(2 * i + 1, 2 * 30, 2):
+            lucky[j] = str((int(lucky[j]) + 1) % 10)
+    assert lucky[-1] == right[-1] and lucky != right
+    answer_task = get_task("longchain", reward="answer")
+    assert answer_task.verify(p, " ".join(lucky)).reward == 1.0 and not answer_task.verify(p, " ".join(lucky)).strict
+    assert long_task.verify(p, " ".join(lucky)).reward == 0.0
+    for task in (answer_task, long_task):
+        v = task.verify(p, " ".join(right))
+        assert v.reward == 1.0 and v.strict
+    with pytest.raises(ValueError, match="reward='steps' is not valid; choose one of: answer, chain"):
+        get_task("chain", reward="steps")

@@ -18,7 +18,9 @@ learn it; an error, once written, is visible in the prefix (the critic has somet
 Verifier: reward 1 iff the response has exactly the chain structure (n steps, counters n..1 in
 order, one digit per step, ``=>`` and one digit, nothing else) *and* the final answer equals the
 ground truth. ``Verdict.strict`` is the independent check: additionally every intermediate value
-is right (a right final answer after a wrong chain shows up as reward 1 / strict False).
+is right (a right final answer after a wrong chain shows up as reward 1 / strict False). With
+``reward="chain"`` the reward is the strict check itself (the long preset: on a chain of hundreds of
+steps, wrong values that happen to cancel mod 10 land on the right answer about one time in ten).
 The verifier only splits the text on whitespace and compares strings; it never executes anything.
 
 Imperfect demonstrations (:class:`DemoConfig`, used to SFT the base policy): the demonstrator is
@@ -70,6 +72,9 @@ class ChainTaskConfig:
     affordable; the long preset)."""
     bucket_spacing: str = "linear"
     """Difficulty buckets over n: equal width (linear) or equal ratio (log: the long preset)."""
+    reward: str = "answer"
+    """What earns reward 1: the final answer (answer; a wrong chain can still land on it) or every
+    step of the chain (chain: the answer only counts with its derivation; the long preset)."""
 
 
 @dataclass(frozen=True)
@@ -103,6 +108,7 @@ def chain_values(x0: int, n: int, *, add_counter: bool = False, add_const: int =
 
 N_SAMPLING = ("uniform", "log")
 BUCKET_SPACING = ("linear", "log")
+REWARDS = ("answer", "chain")
 
 
 def bucket_edges(min_n: int, max_n: int, n_buckets: int, spacing: str = "linear") -> list[int]:
@@ -137,7 +143,7 @@ class ChainTask(Task):
             raise ValueError(f"need 1 <= min_n <= max_n, got {cfg.min_n}, {cfg.max_n}")
         if cfg.n_buckets < 1 or cfg.n_buckets > cfg.max_n - cfg.min_n + 1:
             raise ValueError(f"n_buckets must be in [1, max_n - min_n + 1], got {cfg.n_buckets}")
-        for key, valid in (("n_sampling", N_SAMPLING), ("bucket_spacing", BUCKET_SPACING)):
+        for key, valid in (("n_sampling", N_SAMPLING), ("bucket_spacing", BUCKET_SPACING), ("reward", REWARDS)):
             if getattr(cfg, key) not in valid:
                 raise ValueError(f"{key}={getattr(cfg, key)!r} is not valid; choose one of: {', '.join(valid)}")
         self.config = cfg
@@ -239,7 +245,7 @@ class ChainTask(Task):
             return Verdict(0.0, strict=False)
         ok = toks[-1] == problem.answer
         strict = ok and values == self.values(x0, n)
-        return Verdict(1.0 if ok else 0.0, strict=strict)
+        return Verdict(1.0 if (strict if self.config.reward == "chain" else ok) else 0.0, strict=strict)
 
     # ---------------------------------------------------------------- demonstrations
     def demonstration(self, problem: Problem, demo: DemoConfig, rng: random.Random) -> str:
