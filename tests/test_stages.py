@@ -68,6 +68,20 @@ def test_values_come_from_the_column_before_each_token(chunk):
         assert float(exp.bootstrap[i]) == (tag + P + length - 1 if exp.truncated[i] else 0.0), i
 
 
+def test_value_chunks_are_cut_to_their_longest_response():
+    """Rows go to the critic in order of length, each chunk only as wide as its longest response
+    (the values themselves are pinned by the test above for every chunking)."""
+    exp = make_exp([3, 7, 1, 7, 5], P=5)
+    widths = []
+
+    def critic(ids, attn):
+        widths.append(ids.shape[1])
+        return column_critic(ids, attn)
+
+    fill_values(exp, critic, chunk=2)
+    assert widths == [5 + 7, 5 + 5, 5 + 1]  # chunks (7, 7), (5, 3), (1)
+
+
 def test_terminal_truncation_never_bootstraps():
     exp = make_exp([3, 7, 7], P=5)
     assert bool(exp.truncated.any())

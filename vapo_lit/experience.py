@@ -229,14 +229,20 @@ a causal pass whose positions are the columns (see vapo_lit.passes)."""
 def fill_values(exp: Experience, critic: Critic, *, truncation: str = "terminal", chunk: int | None = None) -> None:
     """V(s_t) of every response token at sampling time, and the value after the last token of the
     rows the length limit cut (only with truncation='bootstrap'; 0 for every other row).
-    `chunk` rows per critic forward (None: all at once)."""
+    `chunk` rows per critic forward (None: all at once), taken in order of length and each cut to
+    its longest response (a chunk of short responses costs a short pass)."""
     if truncation not in TRUNCATION:
         raise ValueError(f"truncation={truncation!r} is not valid; choose one of: {', '.join(TRUNCATION)}")
-    n, P = exp.n, exp.prompt_width
-    step = chunk or n
+    n, P, R = exp.n, exp.prompt_width, exp.mask.shape[1]
     ids, attn = exp.input_ids, exp.attention_mask
-    v_state = torch.cat([passes.state_values(critic, ids[s:s + step], attn[s:s + step], P)
-                         for s in range(0, n, step)])  # (N, R + 1): V(s_0) .. V(s_R)
+    order = torch.sort(exp.lengths, descending=True, stable=True).indices
+    v_state = None  # (N, R + 1): V(s_0) .. V(s_R)
+    for rows in order.split(chunk or n):
+        keep = max(1, int(exp.lengths[rows].max()))  # response columns any of these rows uses
+        v = passes.state_values(critic, ids[rows, :P + keep], attn[rows, :P + keep], P)  # (k, keep + 1)
+        if v_state is None:
+            v_state = v.new_zeros((n, R + 1))
+        v_state[rows.to(v.device), :keep + 1] = v
     exp.values = v_state[:, :-1] * exp.token_mask  # on observation tokens too (GAE's `step` setting reads them)
     after_last = v_state[torch.arange(n, device=v_state.device), exp.lengths]
     cut = exp.truncated if truncation == "bootstrap" else torch.zeros_like(exp.truncated)
