@@ -52,8 +52,11 @@ PRESETS: dict[str, dict] = {
         #     1.0 (the paper evaluates at 0.7, which cuts any error below 30% per step out of the
         #     samples: the compounding errors this task is built to show would be invisible).
         "task": "longchain",
+        #   * micro-batches of one response (the update's math is the same for any micro-batch size):
+        #     at these mixed lengths a micro-batch of 4 pads to its longest; measured on 4 PPO updates,
+        #     one core each, critic + actor updates 1.7x faster (e.g. 11.2 s vs 22.2 s at 939 tokens).
         "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "responses_per_step": 64, "mini_batch_size": 4,
-                "micro_batch_size": 4},
+                "micro_batch_size": 1},
         "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,
                  "eps_high": 0.28, "mu": 0.1, "lambda_critic": 1.0},
         "steps": 100, "eval_every": 10, "eval_problems": 32, "eval_k": 4, "eval_top_p": 1.0,
