@@ -30,7 +30,7 @@ def test_unknown_component_fails_fast_and_writes_nothing(tmp_path, capsys, monke
     (["--ppo.eps", "1.5"], "ppo.eps=1.5 is out of range; valid range: [0.0, 1.0)"),
     (["--vapo.alpha", "0"], "vapo.alpha=0.0 is out of range; valid range: > 0.0"),
     (["--steps", "many"], "--steps='many' is not valid; expected an integer"),
-    (["--preset", "huge"], "--preset 'huge' is not valid; choose one of: default, smoke, paper"),
+    (["--preset", "huge"], "--preset 'huge' is not valid; choose one of: default, long, smoke, paper"),
     (["--wandb", "sometimes"], "wandb='sometimes' is not valid; choose one of: auto, online, offline, disabled"),
     (["--only", "clip_higher", "--drop", "clip_higher"], "use either --only or --drop"),
     (["--ppo.mini_batch_size", "256"], "exceeds ppo.responses_per_step=128"),

@@ -172,7 +172,7 @@ def test_load_policy_local_dirs(task, tmp_path):
     tok.save_pretrained(tmp_path / "hf")
     model, tok2 = load_policy(str(tmp_path / "hf"), task)
     assert not model.training and tok2.pad_token_id is not None
-    with pytest.raises(ValueError, match="only for the 'chain' task"):
+    with pytest.raises(ValueError, match=r"only for the built-in tasks \(chain, longchain, toolchain\), not 'other'"):
         class Other:
             name = "other"
         load_policy("builtin", Other())
