@@ -284,8 +284,10 @@ def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
     out = tmp_path / "out"
     text = capsys.readouterr().out
     assert "| VAPO (full) | 1 |" in text and "| w/o value_pretraining | 1 |" in text
-    for f in ("table.md", "table.tex", "table.csv", "score.png"):
-        assert (out / "reports" / "drop-value_pretraining" / f).is_file()
+    for f in ("table.md", "table.tex", "table.csv", "score.png", "mechanisms.csv", "by_length.csv",
+              "clip_fractions.png", "loss_share.png"):
+        assert (out / "reports" / "drop-value_pretraining" / f).is_file(), f
+    assert "## Long and short responses" in (out / "reports" / "drop-value_pretraining" / "table.md").read_text()
     assert main(flags(tmp_path, "out", "--drop", "clip_higher,positive_lm_loss")) == 0
     text = capsys.readouterr().out
     assert "1 queued, 1 already finished (reused)" in text

@@ -181,3 +181,22 @@ def test_chain_reward_needs_every_step(long_task):
         assert v.reward == 1.0 and v.strict
     with pytest.raises(ValueError, match="reward='steps' is not valid; choose one of: answer, chain"):
         get_task("chain", reward="steps")
+
+
+def test_step_errors_judge_each_step_from_the_value_written_before_it(long_task):
+    """tools/chain_properties.py: one wrong hard step (+1), carried on consistently, is one error;
+    a wrong easy value and a wrong counter are counted where they occur (the counter ends the walk)."""
+    import sys
+    from pathlib import Path
+
+    sys.path.insert(0, str(Path(__file__).resolve().parents[1] / "tools"))
+    from chain_properties import step_errors
+
+    p = long_task.make_problem(2, 12)
+    toks = long_task.solution(p).split()
+    for j in range(2 * 2 + 1, 2 * 12, 2):  # step k = 10 is the third (index 2): +1 from there on
+        toks[j] = str((int(toks[j]) + 1) % 10)
+    assert step_errors(long_task, p, " ".join(toks)) == {"hard": [1, 1], "easy": [11, 0], "counter": [12, 0]}
+    toks[2 * 5 + 1] = str((int(toks[2 * 5 + 1]) + 5) % 10)  # step k = 7 (easy) wrong, NOT carried on: step 6,
+    toks[2 * 8] = "3:"  # judged from it, is wrong too; the counter of step k = 4 wrong: the walk ends there
+    assert step_errors(long_task, p, " ".join(toks)) == {"hard": [1, 1], "easy": [7, 2], "counter": [9, 1]}
