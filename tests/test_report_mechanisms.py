@@ -85,3 +85,17 @@ def test_runs_without_the_length_columns_have_no_section():
 def test_position_buckets_past_128_tokens_switch_to_the_long_edges(col):
     df = pd.DataFrame({"step": [0], col: [0.1]})
     assert bias_buckets([RunLog(Path("/x"), "vapo", 0, 4, 1, [], "gae", df)]) == LONG_BIAS_BUCKETS
+
+
+def test_mechanism_figures_are_written(tmp_path):
+    from vapo_lit.report.figures import MECHANISM_FIGURES, NAMES, plot_all
+
+    logs = [log("vapo", 0), log("vanilla_ppo", 0)]
+    for lg in logs:
+        lg.metrics["train/ppo_update"] = (lg.metrics["step"] - 2).clip(lower=0)
+    calibration = {"bias": {}, "vp": {}, "buckets": BIAS_BUCKETS}
+    written = plot_all(logs, ["vapo", "vanilla_ppo"], tmp_path, 4, {"tokens": 1.0, "seconds": 1.0}, calibration,
+                       mechanisms=True)
+    assert [p.name for p in written] == [f"{n}.png" for n in (*NAMES, *MECHANISM_FIGURES)]
+    assert all(p.stat().st_size > 1000 for p in written)
+    assert [p.name for p in plot_all(logs, ["vapo"], tmp_path / "old", 4, {}, calibration)] == [f"{n}.png" for n in NAMES]

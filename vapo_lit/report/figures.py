@@ -80,6 +80,17 @@ def _finish(fig, ax, drawn: bool, path: Path) -> Path:
     return path
 
 
+def _finish_panels(fig, axes, drawn: bool, path: Path) -> Path:
+    """A figure of side-by-side panels: the legend in the last one (or 'not logged'), then saved."""
+    if drawn:
+        axes[-1].legend(fontsize=6)
+    else:
+        axes[0].text(0.5, 0.5, "not logged", ha="center", va="center", transform=axes[0].transAxes)
+    fig.tight_layout()
+    fig.savefig(path, metadata={"Software": None})
+    return path
+
+
 def _long_share(log) -> pd.Series:
     ppo = ppo_rows(log.metrics)
     cols = [f"policy/loss_share_len_{b}" for b in LONG if f"policy/loss_share_len_{b}" in ppo]
@@ -144,14 +155,8 @@ def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration
         ax.set_title(f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("V - return (mean)")
-    if drawn:
-        axes[1].legend(fontsize=6)
-    else:
-        axes[0].text(0.5, 0.5, "not logged", ha="center", va="center", transform=axes[0].transAxes)
-    fig.tight_layout()
-    fig.savefig(folder / "value_calibration.png", metadata={"Software": None})
+    written.append(_finish_panels(fig, axes, drawn, folder / "value_calibration.png"))
     plt.close(fig)
-    written.append(folder / "value_calibration.png")
 
     for name, what, xlabel, scale in (("score_vs_tokens", "tokens", "generated tokens (training rollouts)", 1.0),
                                       ("score_vs_seconds", "seconds", "wall time (min)", 60.0)):
@@ -185,12 +190,8 @@ def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration
         ax.set_title(f"{side} side: tokens whose gradient the clip removed", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("clip fraction")
-    if drawn:
-        axes[1].legend(fontsize=6)
-    fig.tight_layout()
-    fig.savefig(folder / "clip_fractions.png", metadata={"Software": None})
+    written.append(_finish_panels(fig, axes, drawn, folder / "clip_fractions.png"))
     plt.close(fig)
-    written.append(folder / "clip_fractions.png")
 
     fig, ax = new("PPO update", "share of the policy-gradient weight, responses >= 500 tokens")
     drawn = _lines(ax, logs, order, _long_share)
