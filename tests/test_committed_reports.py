@@ -22,7 +22,7 @@ from vapo_lit.cli.report import main as report
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted(m for m in (ROOT / "reports").glob("*/grids/*.json"))
-TEXT_FILES = ("table.md", "table.tex", "table.csv", "seeds.csv", "calibration.csv", "credit.csv", "mechanisms.csv",
+TEXT_FILES = ("table.md", "table.tex", "table.csv", "seeds.csv", "calibration.csv", "credit.csv", "mechanisms.csv", "critic.csv",
               "by_length.csv")
 
 

@@ -36,7 +36,7 @@ def build_module(cfg: RunConfig) -> VapoModule:
     else:
         actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype)
         critic = None if critic_free else load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
-                                                      cache_dir=cfg.cache_dir, dtype=dtype)
+                                                      cache_dir=cfg.cache_dir, dtype=dtype, **critic_shape(cfg, task))
     low = {p.dtype for p in actor.parameters()} & {torch.bfloat16, torch.float16}
     if low:
         warnings.warn(f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "
@@ -47,6 +47,17 @@ def build_module(cfg: RunConfig) -> VapoModule:
             if model is not None:
                 enable_gradient_checkpointing(model)
     return VapoModule(cfg, task, actor, tokenizer, critic)
+
+
+def critic_shape(cfg: RunConfig, task) -> dict:
+    """`critic_model` as the built-in critic's model_config (nothing when it is empty)."""
+    if not cfg.critic_model:
+        return {}
+    from dataclasses import replace
+
+    from vapo_lit.models.builtin import default_model
+
+    return {"model_config": replace(default_model(task), **cfg.critic_model)}
 
 
 def _accepts(task_name: str, param: str) -> bool:

@@ -54,12 +54,12 @@ def ordered(names) -> list[str]:
     return [c for c in ALL_COMPONENTS if c in names]
 
 
-def run_label(components, advantage_estimator: str = "gae", observations: str = "skip") -> str:
+def run_label(components, advantage_estimator: str = "gae", observations: str = "skip", gae_values: str = "critic") -> str:
     """The one name of a component set, used for run folders, W&B job types and report rows:
     'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
     'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator); optional components on
     are added as '-with-x+y'; GAE's observation treatment other than the default skip as
-    '-obs-step' / '-obs-zero' (multi-turn tasks)."""
+    '-obs-step' / '-obs-zero' (multi-turn tasks); GAE on the task's true values as '-oracle'."""
     on = [c for c in COMPONENTS if c in components]
     extras = [c for c in OPTIONAL_COMPONENTS if c in components]
     if advantage_estimator == "grpo":
@@ -72,7 +72,13 @@ def run_label(components, advantage_estimator: str = "gae", observations: str = 
         dropped = [c for c in COMPONENTS if c not in on]
         label = "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
     label += "-with-" + "+".join(extras) if extras else ""
-    return label + (f"-obs-{observations}" if observations != "skip" else "")
+    label += f"-obs-{observations}" if observations != "skip" else ""
+    return label + ("-oracle" if gae_values == "oracle" else "")
+
+
+def label_of(cfg: "RunConfig") -> str:
+    """`run_label` of a run's config."""
+    return run_label(cfg.components, cfg.advantage_estimator, cfg.observations, cfg.gae_values)
 
 
 def row_order(components, advantage_estimator: str = "gae", label: str = "") -> tuple:
@@ -135,12 +141,16 @@ class PPOConfig:
     critic_lr: float = _f(2e-6, "critic AdamW learning rate (paper: 2e-6; the critic must keep pace)", lo=0.0, lo_open=True)
     weight_decay: float = _f(0.0, "AdamW weight decay of both optimizers", lo=0.0)
     warmup_steps: int = _f(0, "linear warmup of both learning rates over this many optimizer steps, then constant", lo=0)
+    critic_warmup_steps: int | None = _f(None, "the critic's own linear warmup in optimizer steps (None: warmup_steps); "
+                                               "restarts when PPO starts after value pretraining", lo=0)
     lam: float = _f(0.95, "GAE lambda without length-adaptive GAE (paper vanilla: 0.95)", lo=0.0, hi=1.0)
     gamma: float = _f(1.0, "discount (paper: 1.0)", lo=0.0, hi=1.0, lo_open=True)
     eps: float = _f(0.2, "clip epsilon (both sides without Clip-Higher; the low side with it)", lo=0.0, hi=1.0, hi_open=True)
     responses_per_step: int = _f(64, "responses sampled per PPO iteration (paper: 8192)", lo=1)
     mini_batch_size: int = _f(32, "responses per optimizer step (paper: 512)", lo=1)
     micro_batch_size: int = _f(32, "responses per forward/backward (gradient accumulation inside a mini-batch)", lo=1)
+    critic_mini_batch_size: int | None = _f(None, "responses per critic optimizer step (None: mini_batch_size); "
+                                                  "with critic_epochs, how many critic steps an iteration takes", lo=1)
     ppo_epochs: int = _f(1, "passes of the actor over each rollout batch", lo=1)
     critic_epochs: int = _f(1, "passes of the critic over each rollout batch", lo=1)
     whiten_advantages: bool = _f(True, "normalise actor advantages over the batch's valid tokens (critic targets never)")
@@ -168,6 +178,9 @@ class RunConfig:
     task: str = _f("chain", "task name (see vapo_lit.tasks)")
     task_options: dict = _f({}, "keyword options for the task (e.g. data file paths for 'math')")
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
+    critic_model: dict = _f({}, "built-in critic architecture, as TinyModelConfig overrides (e.g. {\"hidden_size\": 128, "
+                                "\"num_hidden_layers\": 4}): the reward model is then built on a base model of that shape, "
+                                "SFT'd like the policy ({}: the policy's shape)")
     critic_init: str = _f("auto", "critic initialisation: 'auto' (the built-in reward model for the built-in policy, "
                                   "else 'actor'), 'reward_model', 'actor' (the policy's backbone + a fresh value head) or a local dir")
     model_dtype: str = _f("float32", "dtype the models are loaded in: float32 master weights (AdamW at small learning rates "
@@ -182,6 +195,10 @@ class RunConfig:
                            choices=("skip", "step", "zero"))
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))
+    gae_values: str = _f("critic", "state values GAE reads: critic (the learned critic) or oracle (the task's true success "
+                                   "probability from each state, measured from the policy's per-step error rates each "
+                                   "iteration; longchain only). With oracle the critic still trains and is measured; only "
+                                   "the advantages and targets use the true values", choices=("critic", "oracle"))
     vapo: ComponentValues = field(default_factory=ComponentValues, metadata={"doc": "values the components apply"})
     ppo: PPOConfig = field(default_factory=PPOConfig, metadata={"doc": "PPO settings"})
     steps: int = _f(100, "PPO iterations with actor updates (value pretraining comes on top)", lo=1)
@@ -305,6 +322,13 @@ def validate(cfg: RunConfig) -> RunConfig:
         raise ValueError(
             f"ppo.micro_batch_size={p.micro_batch_size} exceeds ppo.mini_batch_size={p.mini_batch_size}"
         )
+    critic_mb = p.critic_mini_batch_size or p.mini_batch_size
+    if critic_mb > p.responses_per_step:
+        raise ValueError(f"ppo.critic_mini_batch_size={critic_mb} exceeds ppo.responses_per_step={p.responses_per_step}; "
+                         "it must be <= responses_per_step")
+    if world > 1 and critic_mb % world:
+        raise ValueError(f"ppo.critic_mini_batch_size = {critic_mb} must be a multiple of the {world} processes "
+                         "(devices x num_nodes)")
     values = dataclasses.asdict(cfg.vapo)
     for name in cfg.components:
         check_component(name, values, cfg, where="vapo")
@@ -312,6 +336,9 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     if cfg.rollout_engine not in ENGINES:
         raise ValueError(f"rollout_engine={cfg.rollout_engine!r} is not valid; choose one of: {', '.join(ENGINES)}")
+    if cfg.advantage_estimator == "grpo" and cfg.gae_values == "oracle":
+        raise ValueError("gae_values=oracle replaces a critic's values in GAE; advantage_estimator=grpo has neither: "
+                         "use advantage_estimator=gae with it")
     if cfg.advantage_estimator == "grpo":
         critic_parts = [c for c in ("value_pretraining", "decoupled_gae", "length_adaptive_gae") if c in cfg.components]
         if critic_parts:

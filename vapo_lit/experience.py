@@ -73,6 +73,12 @@ class Experience:
     """(N, R) V(s_t) before each response token at sampling time; 0 on padding."""
     bootstrap: torch.Tensor | None = None
     """(N,) value after the last token: V(s_l) for a truncated row with truncation=bootstrap, else 0."""
+    oracle_values: torch.Tensor | None = None
+    """(N, R) the task's true V*(s_t) (success probability from each state under the sampling
+    policy) where the task can compute it (longchain), for GAE with `gae_values=oracle` and the
+    critic's quality; 0 on padding; None elsewhere."""
+    oracle_rates: dict | None = None
+    """The per-kind error rates the oracle measured on this batch (kind -> rate)."""
     # ---- 4. advantages
     lam_policy: torch.Tensor | None = None
     """(N,) the actor's GAE lambda per response (None without a critic)."""
@@ -249,6 +255,20 @@ def fill_values(exp: Experience, critic: Critic, *, truncation: str = "terminal"
     exp.bootstrap = torch.where(cut, after_last, torch.zeros_like(after_last))
 
 
+Oracle = Callable[[list, torch.Tensor, torch.Tensor], tuple]
+"""(problems, response_ids (N, R), lengths (N,)) -> (V* (N, R), {kind: error rate}): the task's
+true state values (`ChainTask.oracle_values`)."""
+
+
+@torch.no_grad()
+def fill_oracle_values(exp: Experience, oracle: Oracle) -> None:
+    """The true V*(s_t) of every response token (in the dtype of the critic's values, float32
+    without a critic), and the error rates it was computed from."""
+    values, rates = oracle(exp.problems, exp.response_ids, exp.lengths)
+    dtype = exp.values.dtype if exp.values is not None else torch.float32
+    exp.oracle_values, exp.oracle_rates = values.to(dtype) * exp.mask, dict(rates)
+
+
 # ----------------------------------------------------------------------------- 4. advantages
 @dataclass(frozen=True)
 class AdvantageSettings:
@@ -267,6 +287,8 @@ class AdvantageSettings:
     """Normalise the actor advantages over the batch's valid tokens (critic targets never)."""
     observations: str = "skip"
     """How GAE crosses observation spans of multi-turn episodes: skip, step or zero (SPEC.md)."""
+    values: str = "critic"
+    """The state values GAE reads: the critic's (critic) or the task's true ones (oracle)."""
 
 
 @dataclass(frozen=True)
@@ -302,8 +324,15 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
     if s.estimator == "grpo":
         exp.advantages = algos.group_normalized_advantage(exp.scores, exp.mask, exp.group_size)
         return AdvantageStats(advantage_by_turn=advantage_by_turn(exp))
-    if exp.values is None:
+    if s.values == "oracle":
+        if exp.oracle_values is None:
+            raise ValueError("GAE on oracle values needs the oracle stage first (fill_oracle_values)")
+        values = exp.oracle_values
+        bootstrap = values.new_zeros(exp.n)  # V* after a response's last token: 0 (nothing more can be won)
+    elif exp.values is None:
         raise ValueError("fill_advantages needs the values stage first (critic-based estimator)")
+    else:
+        values, bootstrap = exp.values, exp.bootstrap
     lengths = exp.mask.sum(1).clamp(min=1)
     if s.alpha is not None:
         lam_policy = algos.length_adaptive_lambda(lengths, s.alpha, s.gamma).to(exp.mask.device)
@@ -319,16 +348,16 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
     else:  # multi-turn: the observation spans crossed as `s.observations` says
         def gae(r, v, m, la, lc, **kw):
             return algos.decoupled_gae_observations(r, v, m, obs_mask, la, lc, observations=s.observations, **kw)
-    advantages, returns = gae(exp.rewards, exp.values, exp.mask, lam_policy, lam_critic,
-                              gamma=s.gamma, bootstrap_values=exp.bootstrap)
+    advantages, returns = gae(exp.rewards, values, exp.mask, lam_policy, lam_critic,
+                              gamma=s.gamma, bootstrap_values=bootstrap)
     if s.lam_critic == 1.0:
         exp.mc_returns = returns
     elif obs_mask is None:
-        exp.mc_returns = algos.gae(exp.rewards, exp.values, exp.mask, 1.0, gamma=s.gamma,
-                                   bootstrap_values=exp.bootstrap)[1]
+        exp.mc_returns = algos.gae(exp.rewards, values, exp.mask, 1.0, gamma=s.gamma,
+                                   bootstrap_values=bootstrap)[1]
     else:
-        exp.mc_returns = gae(exp.rewards, exp.values, exp.mask, 1.0, 1.0, gamma=s.gamma, bootstrap_values=exp.bootstrap)[1]
-    by_length = advantage_by_length(lam_policy, advantages, exp.mc_returns - exp.values, exp.mask)
+        exp.mc_returns = gae(exp.rewards, values, exp.mask, 1.0, 1.0, gamma=s.gamma, bootstrap_values=bootstrap)[1]
+    by_length = advantage_by_length(lam_policy, advantages, exp.mc_returns - values, exp.mask)
     if s.whiten:
         advantages = algos.masked_whiten(advantages, exp.mask)
     exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
@@ -448,6 +477,11 @@ class ValueStats:
     bias_at_observations: dict | None = None
     """Multi-turn: bias at the last action token before an observation span ('before_obs') and at
     the first one after it ('after_obs'), where credit crosses the environment's text."""
+    mse_by_position: dict[str, float] = field(default_factory=dict)
+    """Mean squared error (V - return)^2 by response position bucket (and `mse_by_length` by length)."""
+    mse_by_length: dict[str, float] = field(default_factory=dict)
+    oracle: "OracleValueStats | None" = None
+    """Against the task's true values, where the task has them (longchain); None elsewhere."""
 
     def log(self) -> dict[str, float]:
         out = {"value/explained_variance": self.explained_variance,
@@ -459,6 +493,37 @@ class ValueStats:
         out.update({f"value/bias_len_{lab}": b for lab, b in self.bias_by_length.items()})
         out["value/explained_variance_target"] = self.explained_variance_target
         out.update({f"value/bias_{k}": b for k, b in (self.bias_at_observations or {}).items()})
+        out.update({f"value/mse_pos_{lab}": b for lab, b in self.mse_by_position.items()})
+        out.update({f"value/mse_len_{lab}": b for lab, b in self.mse_by_length.items()})
+        if self.oracle is not None:
+            out.update(self.oracle.log())
+        return out
+
+
+@dataclass(frozen=True)
+class OracleValueStats:
+    """The critic against the true state values V* (`fill_oracle_values`), and V* against the
+    reference return: how far the critic is from the best possible one, and what that best reaches."""
+
+    explained_variance: float
+    """1 - Var(V* - V) / Var(V*): how much of the true values' variation the critic predicts."""
+    ceiling: float
+    """Explained variance of V* itself against the reference return: the most any critic can reach
+    in `value/explained_variance` (outcomes are random given the state)."""
+    value_mean: float
+    """Mean V* over valid tokens (the critic's `value/mean` should approach it)."""
+    mse_by_position: dict[str, float]
+    """(V - V*)^2 by response position bucket, and by response length bucket below."""
+    mse_by_length: dict[str, float]
+    error_rates: dict[str, float]
+    """The per-kind error rates V* was computed from (measured on the batch)."""
+
+    def log(self) -> dict[str, float]:
+        out = {"value/explained_variance_oracle": self.explained_variance, "value/oracle_ceiling": self.ceiling,
+               "value/oracle_mean": self.value_mean}
+        out.update({f"value/mse_oracle_pos_{lab}": b for lab, b in self.mse_by_position.items()})
+        out.update({f"value/mse_oracle_len_{lab}": b for lab, b in self.mse_by_length.items()})
+        out.update({f"oracle/error_rate_{k}": r for k, r in self.error_rates.items()})
         return out
 
 
@@ -473,9 +538,19 @@ def value_stats(exp: Experience, reference: str = "targets") -> ValueStats:
     first = torch.zeros_like(mask)
     first[:, 0] = mask[:, 0]
 
-    def by_bucket(edges, by):
-        bias, counts = algos.value_bias(values, returns, mask, edges, by=by)
-        return {lab: b for lab, b, c in zip(bucket_labels(edges), bias.tolist(), counts.tolist()) if c}
+    def by_bucket(edges, by, x=None):
+        mean, counts = algos.mean_by(values - returns if x is None else x, mask, edges, by=by)
+        return {lab: b for lab, b, c in zip(bucket_labels(edges), mean.tolist(), counts.tolist()) if c}
+
+    squared = (values - returns) ** 2
+    oracle = None
+    if exp.oracle_values is not None:
+        true = exp.oracle_values
+        oracle = OracleValueStats(
+            explained_variance=float(algos.explained_variance(values, true, mask)),
+            ceiling=float(algos.explained_variance(true, returns, mask)), value_mean=float(algos.masked_mean(true, mask)),
+            mse_by_position=by_bucket(POSITION_EDGES, "position", (values - true) ** 2),
+            mse_by_length=by_bucket(LENGTH_EDGES, "length", (values - true) ** 2), error_rates=dict(exp.oracle_rates or {}))
 
     return ValueStats(
         explained_variance=float(algos.explained_variance(values, returns, mask)),
@@ -486,7 +561,9 @@ def value_stats(exp: Experience, reference: str = "targets") -> ValueStats:
         bias_first_token=float(algos.masked_mean(values - returns, first)),
         bias_by_position=by_bucket(POSITION_EDGES, "position"), bias_by_length=by_bucket(LENGTH_EDGES, "length"),
         explained_variance_target=float(algos.explained_variance(values, exp.returns, mask)),
-        bias_at_observations=None if exp.obs_mask is None else _bias_at_observations(exp, returns))
+        bias_at_observations=None if exp.obs_mask is None else _bias_at_observations(exp, returns),
+        mse_by_position=by_bucket(POSITION_EDGES, "position", squared),
+        mse_by_length=by_bucket(LENGTH_EDGES, "length", squared), oracle=oracle)
 
 
 def _bias_at_observations(exp: Experience, returns: torch.Tensor) -> dict:

@@ -14,7 +14,7 @@ from lightning.pytorch.loggers import CSVLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vapo_lit import faults
-from vapo_lit.config import COMPONENTS, RunConfig, run_label
+from vapo_lit.config import COMPONENTS, RunConfig, label_of
 from vapo_lit.secrets import scrub_argv
 
 SUMMARY_ENV = "VAPO_LIT_WANDB_SUMMARY"
@@ -178,7 +178,7 @@ def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | N
     dropped = [c for c in COMPONENTS if c not in cfg.components]
     logger = WandbLogger(
         name=run_dir.name, project=cfg.wandb_project, group=cfg.wandb_group or run_dir.name,
-        job_type=cfg.wandb_job_type or run_label(cfg.components, cfg.advantage_estimator, cfg.observations),
+        job_type=cfg.wandb_job_type or label_of(cfg),
         tags=[f"no-{c}" for c in dropped] + [f"seed-{cfg.seed}"], save_dir=str(run_dir), mode=mode,
         id=run_id, resume="allow" if run_id else None, config=card, log_model=False, settings=wandb_settings(),
     )

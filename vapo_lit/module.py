@@ -37,8 +37,8 @@ from vapo_lit.distributed import (ActorScorer, agree_any, all_reduce, barrier, b
                                   load_full_state_dict, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
-from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_values, loss_share_by_length,
-                                 rollout_stats, score, score_stats, value_stats)
+from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_oracle_values, fill_values,
+                                 loss_share_by_length, rollout_stats, score, score_stats, value_stats)
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, mean
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
@@ -140,6 +140,14 @@ class VapoModule(L.LightningModule):
         return self.critic is None
 
     @property
+    def oracle(self):
+        """The task's true state values (`ChainTask.oracle_values`) where it has them and a critic is
+        measured or replaced by them; else None."""
+        if self.critic_free or not getattr(self.task, "has_oracle", False):
+            return None
+        return self.task.oracle_values
+
+    @property
     def sampling(self) -> SamplingParams:
         p = self.cfg.ppo
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=p.temperature, top_p=p.top_p)
@@ -156,7 +164,8 @@ class VapoModule(L.LightningModule):
             lam_critic = None  # one lambda for both
         return AdvantageSettings(estimator=self.cfg.advantage_estimator, gamma=p.gamma, lam=p.lam,
                                  alpha=sw.alpha if sw.length_adaptive_gae else None, lam_critic=lam_critic,
-                                 whiten=p.whiten_advantages, observations=self.cfg.observations)
+                                 whiten=p.whiten_advantages, observations=self.cfg.observations,
+                                 values="critic" if pretraining else self.cfg.gae_values)
 
     # ------------------------------------------------------------------ the algorithm
     def training_step(self, problems, batch_idx):
@@ -170,6 +179,8 @@ class VapoModule(L.LightningModule):
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
+        if self.oracle is not None:  # the task's true values (the whole batch's error rates): GAE or diagnostics
+            fill_oracle_values(exp, self.oracle)
         if self.recompute_logprobs:  # the sampler's log-probs replaced by the update's own (auto under bf16)
             self.recompute_behaviour_logprobs(exp)
         clock.append(("values", time.perf_counter()))
@@ -236,7 +247,8 @@ class VapoModule(L.LightningModule):
         world, p = rank_and_world()[1], self.cfg.ppo
         losses, norms = [], []
         for epoch in range(p.critic_epochs):
-            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu()):
+            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu(),
+                                                 size=p.critic_mini_batch_size):
                 den, total = exp.mask[idx].sum(), 0.0
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
@@ -401,6 +413,8 @@ class VapoModule(L.LightningModule):
                                                    from_cache=str(entry), finished=True,
                                                    seconds=stats["seconds"], tokens=stats["tokens"])
             self.iteration = stats["steps_done"]  # the same prompt stream as a run that pretrained
+            self._carry.update({"value_pretrain/steps": stats["steps_done"], "value_pretrain/final_ev": stats["last_ev"],
+                                "value_pretrain/from_cache": 1.0})
 
     def end_value_pretraining(self) -> None:
         """Called by the ValuePretraining callback when its stopping rule says so."""
@@ -503,13 +517,13 @@ class VapoModule(L.LightningModule):
     # ------------------------------------------------------------------ Lightning plumbing
     def configure_optimizers(self):
         p = self.cfg.ppo
-        warm = max(1, p.warmup_steps)
-        schedule = lambda step: min(1.0, (step + 1) / warm)  # noqa: E731 - warmup, then constant
         opts = [torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)]
+        warmups = [p.warmup_steps]
         if not self.critic_free:
             opts.append(torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay))
+            warmups.append(p.warmup_steps if p.critic_warmup_steps is None else p.critic_warmup_steps)
         clear_autocast_cache_after_steps(opts)
-        return opts, [torch.optim.lr_scheduler.LambdaLR(o, schedule) for o in opts]
+        return opts, [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_constant(w)) for o, w in zip(opts, warmups)]
 
     def _opt(self, i: int):
         """(optimizer, scheduler) i: 0 = actor, 1 = critic (Lightning unwraps single lists)."""
@@ -518,13 +532,13 @@ class VapoModule(L.LightningModule):
         schs = schs if isinstance(schs, list) else [schs]
         return opts[i], schs[i]
 
-    def _minibatches(self, N: int, salt: int, lengths: torch.Tensor | None = None):
-        """Shuffled mini-batches (seeded by the iteration, the same on every rank) and this rank's
-        micro-batches of each: its contiguous 1/W slice of the mini-batch, ordered by response
-        length (`lengths`, when given) and split by micro_batch_size."""
+    def _minibatches(self, N: int, salt: int, lengths: torch.Tensor | None = None, size: int | None = None):
+        """Shuffled mini-batches of `size` responses (None: mini_batch_size; seeded by the iteration,
+        the same on every rank) and this rank's micro-batches of each: its contiguous 1/W slice of
+        the mini-batch, ordered by response length (`lengths`, when given) and split by micro_batch_size."""
         g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, salt))
         perm = torch.randperm(N, generator=g)
-        mb, micro = self.cfg.ppo.mini_batch_size, self.cfg.ppo.micro_batch_size
+        mb, micro = size or self.cfg.ppo.mini_batch_size, self.cfg.ppo.micro_batch_size
         rank, world = rank_and_world()
         for s in range(0, N, mb):
             idx = perm[s:s + mb]
@@ -580,6 +594,12 @@ class VapoModule(L.LightningModule):
         self._resumed = True
         random.setstate(s["rng"]["python"])
         torch.set_rng_state(s["rng"]["torch"])
+
+
+def warmup_then_constant(steps: int):
+    """The learning-rate factor of optimizer step s: a linear warmup over `steps`, then 1."""
+    warm = max(1, steps)
+    return lambda step: min(1.0, (step + 1) / warm)
 
 
 def adam_state(opt, reset: bool = False) -> None:

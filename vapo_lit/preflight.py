@@ -51,6 +51,7 @@ def preflight(cfg: RunConfig) -> RunConfig:
                              f"{cfg.model!r}; use {CRITIC_CHOICES}")
         if cfg.critic_init not in ("auto", "reward_model", "actor"):
             check_model_dir(cfg.critic_init, "critic_init")
+        check_critic_model(cfg)
     check_task(cfg)
     return cfg
 
@@ -69,6 +70,29 @@ def preflight_grid(cells) -> None:
             preflight(c.cfg)
         except ValueError as e:
             raise ValueError(f"cell {c.cfg.name} (row {c.row!r}, seed {c.seed}): {e}; nothing was started") from None
+
+
+def check_critic_model(cfg: RunConfig) -> None:
+    """`critic_model` shapes only the built-in critics, with TinyModelConfig's fields."""
+    if not cfg.critic_model:
+        return
+    import dataclasses
+
+    from vapo_lit.models.builtin import TinyModelConfig
+
+    if cfg.model != "builtin" or cfg.critic_init not in ("auto", "reward_model", "actor"):
+        raise ValueError(f"critic_model shapes the built-in critic (model=builtin, critic_init auto, reward_model or "
+                         f"actor), not model={cfg.model!r} with critic_init={cfg.critic_init!r}; drop it or use them")
+    fields = {f.name: f for f in dataclasses.fields(TinyModelConfig)}
+    for key, value in cfg.critic_model.items():
+        if key not in fields:
+            raise ValueError(f"critic_model: unknown field {key!r}; valid: {', '.join(fields)}")
+        kind = type(fields[key].default)
+        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float)) or (
+                kind is int and not isinstance(value, int)) or (not isinstance(value, bool) and value <= 0):
+            raise ValueError(f"critic_model.{key}={value!r} is not valid; expected a positive {kind.__name__}")
+    if cfg.critic_model.get("hidden_size", 64) % cfg.critic_model.get("num_attention_heads", 4):
+        raise ValueError("critic_model: hidden_size must be a multiple of num_attention_heads")
 
 
 def check_writable(path, flag: str) -> None:
@@ -163,9 +187,13 @@ def check_task(cfg: RunConfig) -> None:
     except (TypeError, ValueError) as e:
         raise ValueError(f"task {cfg.task!r}: {e}") from None
     multi_turn = bool(getattr(task, "multi_turn", False))
+    has_oracle = bool(getattr(task, "has_oracle", False))
     close = getattr(task, "close", None)
     if callable(close):
         close()
+    if cfg.gae_values == "oracle" and not has_oracle:
+        raise ValueError(f"gae_values=oracle needs a task with true state values (longchain, or chain with "
+                         f"task_options reward=chain); task {cfg.task!r} with these options has none")
     if multi_turn and cfg.rollout_engine != "hf":
         raise ValueError(f"task {cfg.task!r} is multi-turn (an environment answers between turns): it runs on "
                          f"rollout_engine=hf, not {cfg.rollout_engine!r}")

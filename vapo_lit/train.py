@@ -21,7 +21,7 @@ import yaml
 from vapo_lit.build import build_module
 from vapo_lit.checkpoints import RunCheckpoints, RunExports, checkpoint_progress
 from vapo_lit.components import build_callbacks
-from vapo_lit.config import RunConfig, run_label, to_dict
+from vapo_lit.config import RunConfig, label_of, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
 from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
@@ -31,7 +31,7 @@ from vapo_lit.run_card import RunCardWriter, write_json
 
 
 def run_dir_of(cfg: RunConfig) -> Path:
-    return Path(cfg.out_dir) / (cfg.name or f"{run_label(cfg.components, cfg.advantage_estimator, cfg.observations)}-s{cfg.seed}")
+    return Path(cfg.out_dir) / (cfg.name or f"{label_of(cfg)}-s{cfg.seed}")
 
 
 def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_factory=build_module) -> dict:

@@ -85,7 +85,8 @@ def _row_from_spec(spec: dict, where: str) -> Row:
     if "components" in delta:
         raise ValueError(f"{where}: set the components with drop/only, not set.components")
     return Row(spec.get("label") or run_label(comps, delta.get("advantage_estimator", "gae"),
-                                              delta.get("observations", "skip")), comps, delta)
+                                              delta.get("observations", "skip"), delta.get("gae_values", "critic")),
+               comps, delta)
 
 
 def _generated(kind: str) -> list[dict]:

@@ -26,6 +26,7 @@ from vapo_lit.algos.losses import (
     value_loss,
     weight_share,
 )
+from vapo_lit.algos.oracle import first_mismatch, kind_error_rates, target_success_values
 from vapo_lit.algos.stats import (
     advantage_error,
     bucketed_mean,
@@ -35,6 +36,7 @@ from vapo_lit.algos.stats import (
     masked_sum,
     masked_var,
     masked_whiten,
+    mean_by,
     length_key,
     valid_positions,
     value_bias,
@@ -45,5 +47,6 @@ __all__ = [
     "AGGREGATIONS", "PolicyLossStats", "aggregate", "aggregation_weights", "weight_share", "at_least_float32", "clip_fractions", "clipped_surrogate",
     "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
     "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",
-    "masked_whiten", "valid_positions", "value_bias", "advantage_error", "length_key",
+    "masked_whiten", "valid_positions", "value_bias", "mean_by", "advantage_error", "length_key",
+    "first_mismatch", "kind_error_rates", "target_success_values",
 ]

@@ -16,6 +16,7 @@ __all__ = [
     "bucketize",
     "bucketed_mean",
     "value_bias",
+    "mean_by",
     "length_key",
     "advantage_error",
 ]
@@ -109,14 +110,19 @@ def value_bias(values, returns, mask, edges, by: str = "position"):
     by="length": bucket of the response's length (number of valid tokens) the token belongs to.
     Buckets follow `bucketize(x, edges)`: len(edges) + 1 buckets. Returns (bias, counts).
     """
+    return mean_by(values - returns, mask, edges, by)
+
+
+def mean_by(x, mask, edges, by: str = "position"):
+    """Per bucket of token position (by="position") or of response length (by="length"), as in
+    `value_bias`: the mean of x over valid tokens, with token counts (nan where a bucket is empty)."""
     if by == "position":
         key = valid_positions(mask)
     elif by == "length":
         key = length_key(mask)
     else:
         raise ValueError(f"by must be 'position' or 'length'; got {by!r}")
-    bucket = bucketize(key, edges)
-    return bucketed_mean(values - returns, mask, bucket, len(edges) + 1)
+    return bucketed_mean(x, mask, bucketize(key, edges), len(edges) + 1)
 
 
 def length_key(mask: torch.Tensor) -> torch.Tensor:

@@ -159,7 +159,8 @@ def attempt_counts(a: dict) -> dict:
 
 def label_of(cfg: dict) -> str:
     """A row label from a run's config when no grid manifest names it: `config.run_label`."""
-    return run_label(cfg.get("components") or [], cfg.get("advantage_estimator", "gae"), cfg.get("observations", "skip"))
+    return run_label(cfg.get("components") or [], cfg.get("advantage_estimator", "gae"), cfg.get("observations", "skip"),
+                     cfg.get("gae_values", "critic"))
 
 
 def load_run(run_dir: Path, row: str | None = None) -> RunLog:

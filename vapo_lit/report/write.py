@@ -26,6 +26,7 @@ import pandas as pd
 from vapo_lit.config import COMPONENTS, row_order, run_label
 from vapo_lit.report import render
 from vapo_lit.report.collect import CALIBRATION_UPDATES, bias_buckets, calibration, efficiency, per_run
+from vapo_lit.report import critic as critic_quality
 from vapo_lit.report.credit import CREDIT_TEXT, credit_frame
 from vapo_lit.report.figures import MECHANISM_FIGURES, NAMES as FIGURES, plot_all
 from vapo_lit.report.logs import LogError, find_runs, load_run, read_json
@@ -173,6 +174,8 @@ class GridReport:
     mechanisms: tuple | None = None
     """(per row, per row and length bucket) length mechanisms (report/mechanisms.py); None for runs
     logged without them."""
+    critic: pd.DataFrame | None = None
+    """The critic's quality per row (report/critic.py); None when no row has a critic."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
@@ -222,7 +225,7 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
                       build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
                       ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
-                      mechanism_frames(logs, order, last_n))
+                      mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n))
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -230,12 +233,15 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
     frames = [("seeds", rep.seeds), ("table", rep.table), ("calibration", rep.calibration)]
     frames += [("credit", rep.credit)] if rep.credit is not None else []
     frames += list(zip(("mechanisms", "by_length"), rep.mechanisms)) if rep.mechanisms is not None else []
+    frames += [("critic", rep.critic)] if rep.critic is not None else []
     for name, frame in frames:
         frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
     _write(rep.folder / "table.tex", render.latex_all(rep.table, rep.ctx) + "\n")
     if figures:
         plot_all(rep.logs, rep.order, rep.folder, rep.ctx.k, rep.budgets, rep.cal_plot,
                  mechanisms=rep.mechanisms is not None)
+        if rep.critic is not None:
+            critic_quality.plot(rep.logs, rep.order, rep.folder / "critic_quality.png")
 
 
 def render_markdown(rep: GridReport) -> str:
@@ -261,6 +267,9 @@ def render_markdown(rep: GridReport) -> str:
                  render.markdown(*render.rows("compute", table, ctx)),
                  "## Diagnostics", DIAGNOSTICS_TEXT.format(n=ctx.last_n),
                  render.markdown(*render.rows("diagnostics", table, ctx))]
+    if rep.critic is not None:
+        sections += ["## Critic quality", critic_quality.CRITIC_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
+                     critic_quality.markdown_table(rep.critic)]
     if rep.credit is not None:
         sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=ctx.last_n), _credit_markdown(rep.credit)]
     figures = FIGURES
@@ -270,7 +279,9 @@ def render_markdown(rep: GridReport) -> str:
         sections += ["## Long and short responses", MECHANISMS_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
                      tables[0], BY_LENGTH_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n), *tables[1:]]
         figures = FIGURES + MECHANISM_FIGURES
+    figures += ("critic_quality",) if rep.critic is not None else ()
     files = ["value bias by position in `calibration.csv`"]
+    files += ["the critic's quality in `critic.csv`"] if rep.critic is not None else []
     files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
     files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
     sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table),

@@ -247,6 +247,56 @@ class ChainTask(Task):
         strict = ok and values == self.values(x0, n)
         return Verdict(1.0 if (strict if self.config.reward == "chain" else ok) else 0.0, strict=strict)
 
+    # ---------------------------------------------------------------- oracle values
+    ORACLE_KINDS = ("counter", *(f"digit{d}" for d in range(10)), "arrow", "answer", "eos")
+    """Kinds of target position the oracle measures an error rate for: the counters "k:", the value
+    written at step k by k mod 10 (the demonstrator errs on k mod 10 == 0), "=>", the answer, EOS."""
+
+    @property
+    def has_oracle(self) -> bool:
+        """True state values exist where exactly one response wins: reward "chain" (every step right)."""
+        from vapo_lit.tasks.env import is_environment
+
+        return self.config.reward == "chain" and not is_environment(self)
+
+    def oracle_targets(self, problems: list[Problem]):
+        """(target ids (N, L) long, position kinds (N, L) long, target lengths (N,) long): the one
+        winning response of each problem as token ids, EOS included, right-padded with -1."""
+        import torch
+
+        ids = {w: i for i, w in enumerate(self.vocab())}
+        kind = {k: i for i, k in enumerate(self.ORACLE_KINDS)}
+        rows, kinds = [], []
+        for p in problems:
+            x0, n = int(p.meta["x0"]), int(p.meta["n"])
+            row, kk = [], []
+            for k, v in zip(range(n, 0, -1), self.values(x0, n)):
+                row += [ids[f"{k}:"], ids[str(v)]]
+                kk += [kind["counter"], kind[f"digit{k % 10}"]]
+            rows.append(row + [ids[ARROW], ids[p.answer], ids[EOS]])
+            kinds.append(kk + [kind["arrow"], kind["answer"], kind["eos"]])
+        lengths = torch.tensor([len(r) for r in rows], dtype=torch.long)
+        width = int(lengths.max()) if rows else 0
+        pad = lambda rs: torch.tensor([r + [-1] * (width - len(r)) for r in rs], dtype=torch.long)  # noqa: E731
+        return pad(rows), pad(kinds), lengths
+
+    def oracle_values(self, problems: list[Problem], response_ids, lengths):
+        """(V*, error rates): the success probability from every response state under the policy
+        that wrote these responses (vapo_lit.algos.oracle), its per-kind error rates measured on the
+        same responses; V* is (N, R) float64, 0 on padding and after a response left its target."""
+        from vapo_lit import algos
+
+        if not self.has_oracle:
+            raise ValueError(f"task {self.name!r} has no oracle values with reward={self.config.reward!r}; "
+                             "they exist with reward='chain' (the longchain task)")
+        target, kinds, target_lengths = self.oracle_targets(problems)
+        dev = response_ids.device
+        target, kinds, target_lengths = target.to(dev), kinds.to(dev), target_lengths.to(dev)
+        first = algos.first_mismatch(response_ids, lengths, target, target_lengths)
+        rates, trials, _ = algos.kind_error_rates(first, lengths, kinds, target_lengths, len(self.ORACLE_KINDS))
+        values = algos.target_success_values(first, lengths, kinds, target_lengths, rates, response_ids.shape[1])
+        return values, {k: float(r) for k, r, t in zip(self.ORACLE_KINDS, rates, trials) if t > 0}
+
     # ---------------------------------------------------------------- demonstrations
     def demonstration(self, problem: Problem, demo: DemoConfig, rng: random.Random) -> str:
         """One imperfect demonstration (see :class:`DemoConfig`)."""

@@ -1,0 +1,79 @@
+"""The report's critic-quality section (vapo_lit/report/critic.py): per-run medians over the right
+iterations (the last value-pretraining ones, the first CALIBRATION_UPDATES and the last N PPO ones),
+then the mean over seeds; a cached value-pretraining phase read from its logged summary; rows
+without a critic left out; the figure written."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+
+from vapo_lit.config import COMPONENTS
+from vapo_lit.report import critic
+from vapo_lit.report.collect import CALIBRATION_UPDATES
+from vapo_lit.report.logs import RunLog
+
+E = CALIBRATION_UPDATES
+
+
+def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cached=False, offset=0.0):
+    """vp value-pretraining rows whose EV at VP iteration i is 0.01 * i + offset, then PPO rows with
+    EV 0.5 + 0.01 * i; the true-value columns likewise shifted; the ceiling 0.6 (0.7 during VP)."""
+    n = vp + n_ppo
+    cols = {"step": list(range(1, n + 1)), "train/iteration": list(range(1, n + 1)),
+            "train/ppo_update": [0] * vp + list(range(1, n_ppo + 1)),
+            "train/value_pretraining": [1] * vp + [0] * n_ppo,
+            "value/explained_variance": [0.01 * i + offset for i in range(vp)] + [0.5 + 0.01 * i for i in range(n_ppo)]}
+    if oracle:
+        cols["value/explained_variance_oracle"] = [0.02 * i for i in range(vp)] + [0.8 + 0.001 * i for i in range(n_ppo)]
+        cols["value/oracle_ceiling"] = [0.7] * vp + [0.6] * n_ppo
+    if cached:
+        cols["value_pretrain/steps"] = [50.0] + [float("nan")] * (n - 1)
+        cols["value_pretrain/final_ev"] = [0.33] + [float("nan")] * (n - 1)
+    return RunLog(Path(f"/x/{row}-{seed}"), row, seed, 4, n_ppo, list(components), "gae", pd.DataFrame(cols))
+
+
+def median(xs):
+    return float(pd.Series(xs).median())
+
+
+def test_the_critic_frame_against_hand_computed_medians():
+    logs = [run("vapo", 0), run("vapo", 1, offset=0.1), run("vapo-oracle", 0, vp=0, components=COMPONENTS[1:])]
+    frame = critic.critic_frame(logs, ["vapo", "vapo-oracle"], last_n=4).set_index("row")
+    vp_end = [median([0.01 * i + off for i in range(12)][-critic.LAST_VP:]) for off in (0.0, 0.1)]
+    assert frame.loc["vapo", "ev_vp_end"] == pytest.approx(sum(vp_end) / 2)
+    assert frame.loc["vapo", "ev_early"] == pytest.approx(median([0.5 + 0.01 * i for i in range(E)]))
+    assert frame.loc["vapo", "ev_late"] == pytest.approx(median([0.5 + 0.01 * i for i in range(15)][-4:]))
+    assert frame.loc["vapo", "ev_oracle_vp_end"] == pytest.approx(median([0.02 * i for i in range(12)][-critic.LAST_VP:]))
+    assert frame.loc["vapo", "ceiling"] == pytest.approx(0.6)  # the run's median: 15 PPO rows at 0.6, 12 at 0.7
+    assert frame.loc["vapo", "vp_end_of_ceiling"] == pytest.approx(sum(v / 0.7 for v in vp_end) / 2)
+    assert frame.loc["vapo", "vp_iterations"] == 12 and frame.loc["vapo", "runs"] == 2
+    assert frame.loc["vapo-oracle", "vp_iterations"] == 0 and math.isnan(frame.loc["vapo-oracle", "ev_vp_end"])
+
+
+def test_a_cached_value_pretraining_phase_is_read_from_its_logged_summary():
+    frame = critic.critic_frame([run("vapo", 0, vp=0, cached=True)], ["vapo"], last_n=4).set_index("row")
+    assert frame.loc["vapo", "vp_iterations"] == 50 and frame.loc["vapo", "ev_vp_end"] == pytest.approx(0.33)
+    old = critic.critic_frame([run("vapo", 0, vp=0)], ["vapo"], last_n=4).set_index("row")  # logged before the summary
+    assert math.isnan(old.loc["vapo", "vp_iterations"]) and math.isnan(old.loc["vapo", "ev_vp_end"])
+
+
+def test_rows_without_a_critic_are_left_out_and_no_critic_means_no_section():
+    grpo = run("grpo", 0, vp=0, oracle=False)
+    grpo.metrics["value/explained_variance"] = float("nan")
+    frame = critic.critic_frame([run("vapo", 0), grpo], ["vapo", "grpo"], last_n=4)
+    assert list(frame["row"]) == ["vapo"]
+    no_critic = run("grpo", 0, vp=0, oracle=False)
+    del no_critic.metrics["value/explained_variance"]
+    assert critic.critic_frame([no_critic], ["grpo"], last_n=4) is None
+
+
+def test_the_table_and_the_figure(tmp_path):
+    logs = [run("vapo", 0), run("vapo", 1, offset=0.1)]
+    frame = critic.critic_frame(logs, ["vapo"], last_n=4)
+    text = critic.markdown_table(frame)
+    assert "VP end / ceiling" in text and f"{100 * frame['vp_end_of_ceiling'][0]:.0f}%" in text
+    critic.plot(logs, ["vapo"], tmp_path / "critic_quality.png")
+    assert (tmp_path / "critic_quality.png").stat().st_size > 10_000

@@ -1,0 +1,147 @@
+"""The critic's quality, from the logs: how well each row's critic predicts, when it gets there,
+and (where the task has true state values) how far it is from the best possible critic.
+
+Every critic-based run logs, per iteration (value pretraining included), `value/explained_variance`
+(against Monte-Carlo returns, measured on the batch before the critic's update on it); runs on a
+task with true values (longchain) also log `value/explained_variance_oracle` (the critic against
+the true values V*) and `value/oracle_ceiling` (V* against Monte-Carlo returns: the most any
+critic can reach there, since outcomes are random given the state). `critic.csv`, one line per row
+with a critic:
+
+* `vp_iterations`: value-pretraining iterations (mean over seeds; 0 without value pretraining; a
+  run that loaded its pretrained critic from the cache logs the cached phase's count and final
+  explained variance as `value_pretrain/steps` and `value_pretrain/final_ev`, which stand in for
+  its missing rows: the last batch's explained variance instead of a median);
+* `ev_vp_end`, `ev_early`, `ev_late`: explained variance against Monte-Carlo returns, median over
+  the last LAST_VP value-pretraining iterations, the first CALIBRATION_UPDATES and the last N PPO
+  iterations;
+* `ev_oracle_*`: the same against the true values; `ceiling`: the oracle's own explained variance
+  against Monte-Carlo returns (median over the run); `vp_end_of_ceiling`: ev_vp_end / ceiling per
+  run, the share of the achievable reached when PPO starts.
+
+Medians within a run (one batch without a correct response gives an explained variance far below
+0), then the mean over the row's seeds. Rows without a critic are left out.
+"""
+from __future__ import annotations
+
+import pandas as pd
+
+from vapo_lit.report.collect import CALIBRATION_UPDATES, _col, ppo_rows
+
+LAST_VP = 10
+"""Value-pretraining iterations whose median is 'the critic at the end of value pretraining'."""
+SIGNATURE = "value/explained_variance"
+COLUMNS = ("vp_iterations", "ev_vp_end", "ev_early", "ev_late", "ev_oracle_vp_end", "ev_oracle_early", "ev_oracle_late",
+           "ceiling", "vp_end_of_ceiling")
+NAN = float("nan")
+
+
+def _median(s: pd.Series) -> float:
+    s = s.dropna()
+    return float(s.median()) if len(s) else NAN
+
+
+def _mean(xs) -> float:
+    xs = [x for x in xs if x == x]
+    return sum(xs) / len(xs) if xs else NAN
+
+
+def vp_rows(df: pd.DataFrame) -> pd.DataFrame:
+    """The value-pretraining iterations of a run's metrics."""
+    return df[df["train/value_pretraining"] == 1] if "train/value_pretraining" in df else df.iloc[0:0]
+
+
+def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
+    """One run's line of `critic.csv` (before the mean over seeds)."""
+    vp, ppo = vp_rows(df), ppo_rows(df)
+    cached = _col(df, "value_pretrain/steps").dropna()
+    out = {"vp_iterations": float(len(vp)) if len(vp) or not value_pretraining else
+           float(cached.iloc[-1]) if len(cached) else NAN}
+    for suffix, col in (("", "value/explained_variance"), ("_oracle", "value/explained_variance_oracle")):
+        out[f"ev{suffix}_vp_end"] = _median(_col(vp, col).iloc[-LAST_VP:]) if len(vp) else NAN
+        out[f"ev{suffix}_early"] = _median(_col(ppo, col).dropna().iloc[:CALIBRATION_UPDATES])
+        out[f"ev{suffix}_late"] = _median(_col(ppo, col).dropna().iloc[-last_n:])
+    out["ceiling"] = _median(_col(df, "value/oracle_ceiling"))
+    if not len(vp) and value_pretraining:  # loaded from the cache: its logged final EV, where logged
+        out["ev_vp_end"] = _median(_col(df, "value_pretrain/final_ev").dropna().iloc[-1:])
+    ceiling_vp = _median(_col(vp, "value/oracle_ceiling").iloc[-LAST_VP:]) if len(vp) else NAN
+    out["vp_end_of_ceiling"] = out["ev_vp_end"] / ceiling_vp if ceiling_vp > 0 else NAN
+    return out
+
+
+def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
+    """`critic.csv` (module docstring); None when no run has a critic."""
+    if not any(SIGNATURE in log.metrics for log in logs):
+        return None
+    records = []
+    for row in order:
+        runs = [log for log in logs if log.row == row and SIGNATURE in log.metrics
+                and log.metrics[SIGNATURE].notna().any()]
+        if not runs:
+            continue
+        per_run = [run_quality(log.metrics, last_n, "value_pretraining" in log.components) for log in runs]
+        records.append({"row": row, "runs": len(runs), **{c: _mean(r[c] for r in per_run) for c in COLUMNS}})
+    return pd.DataFrame(records, columns=["row", "runs", *COLUMNS])
+
+
+CRITIC_TEXT = (
+    "How well each row's critic predicts (mean over seeds of per-run medians). EV = explained variance against "
+    "Monte-Carlo returns, on each batch before the critic trains on it: at the end of value pretraining (last "
+    f"{LAST_VP} of its iterations), over the first {{early}} and the last {{n}} PPO iterations. Where the task has "
+    "true state values (the success probability from each state under the sampling policy, from its measured "
+    "per-step error rates): EV vs true = the critic against them, and ceiling = the true values' own EV against "
+    "Monte-Carlo returns, the most any critic can reach on this task; 'VP end / ceiling' = the share of it reached "
+    "when PPO starts. Figure: critic_quality.png.")
+
+
+def markdown_table(frame: pd.DataFrame) -> str:
+    from vapo_lit.report.render import markdown, num
+    from vapo_lit.report.table import pretty
+
+    head = ["row", "n", "VP iters", "EV VP end", "EV early", "EV late", "EV vs true VP end", "EV vs true early",
+            "EV vs true late", "ceiling", "VP end / ceiling"]
+    body = [[pretty(r["row"]), str(int(r["runs"])), num(r["vp_iterations"], 0), *(num(r[c], 2) for c in COLUMNS[1:8]),
+             "–" if r["vp_end_of_ceiling"] != r["vp_end_of_ceiling"] else f"{100 * r['vp_end_of_ceiling']:.0f}%"]
+            for _, r in frame.iterrows()]
+    return markdown(head, body)
+
+
+def _curve(log, col: str) -> pd.Series:
+    """`col` against the iteration relative to the start of PPO (value pretraining at <= 0)."""
+    df = log.metrics
+    if col not in df or "train/iteration" not in df:
+        return pd.Series(dtype=float)
+    vp = len(vp_rows(df))
+    rows = df[df[col].notna()]
+    return pd.Series(rows[col].to_numpy(), index=(rows["train/iteration"] - vp).to_numpy()).groupby(level=0).last()
+
+
+def plot(logs, order: list, path) -> None:
+    """critic_quality.png: EV against Monte-Carlo returns (with the ceiling dashed) and against the true
+    values, over value pretraining (x <= 0) and PPO; a centred rolling median of 5 iterations per run."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vapo_lit.report.figures import _finish_panels, _lines
+
+    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
+    drawn = False
+    for ax, col, title in ((axes[0], "value/explained_variance", "against Monte-Carlo returns (dashed: ceiling)"),
+                           (axes[1], "value/explained_variance_oracle", "against the true values")):
+        drawn |= _lines(ax, logs, order, lambda log, c=col: _curve(log, c).rolling(5, min_periods=1, center=True)
+                        .median(), robust=True)
+        ax.set_title(title, fontsize=9)
+        ax.set_xlabel("iteration (value pretraining <= 0 < PPO update)")
+        ax.axvline(0.0, color="grey", lw=0.8)
+        ax.grid(alpha=0.3)
+    ceiling = [_curve(log, "value/oracle_ceiling") for log in logs]
+    ceiling = [c for c in ceiling if len(c)]
+    if ceiling:
+        c = pd.concat(ceiling, axis=1).sort_index().median(axis=1).rolling(5, min_periods=1, center=True).median()
+        axes[0].plot(c.index, c.values, "k--", lw=1)
+    axes[0].set_ylabel("explained variance")
+    axes[0].set_ylim(-0.5, 1.0)
+    _finish_panels(fig, axes, drawn, path)
+    plt.close(fig)
