@@ -4,6 +4,7 @@ specification lives in the repository, and the prose describes the software, not
 (`make docs` builds the site with `mkdocs build --strict`; CI runs it.)"""
 from __future__ import annotations
 
+import os
 import re
 import subprocess
 import sys
@@ -84,3 +85,17 @@ def test_prose_describes_the_software_not_its_history(path):
     hits = [f"{path.relative_to(ROOT)}:{i}: {line.strip()[:120]}"
             for i, line in prose_lines(path.read_text()) if HISTORY.search(line)]
     assert not hits, "history belongs in CHANGELOG.md:\n" + "\n".join(hits)
+
+
+@pytest.mark.slow
+def test_the_readme_example_runs_as_written(tmp_path):
+    """The README's Python example (configure, train, report), executed as written in a fresh folder:
+    four smoke runs and the report with both rows."""
+    text = (ROOT / "README.md").read_text()
+    start = text.index("```python\n") + len("```python\n")
+    (tmp_path / "example.py").write_text(text[start:text.index("```", start)])
+    out = subprocess.run([sys.executable, "example.py"], cwd=tmp_path, capture_output=True, text=True, timeout=1800,
+                         env={**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"})
+    assert out.returncode == 0, out.stderr[-3000:]
+    assert "| VAPO (full) | 2 |" in out.stdout and "| ppo+token_level_loss+clip_higher | 2 |" in out.stdout
+    assert (tmp_path / "runs" / "example" / "reports" / "runs" / "table.csv").is_file()
