@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip<26.2"
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev,postgres]" "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[dev,postgres,docs]" "torch==2.13.0"
 	touch $(STAMP)
 
 demo: $(STAMP)
@@ -48,14 +48,8 @@ test-lower: $(LOWER_STAMP)
 
 # The documentation site (mkdocs.yml, docs/) into site/; --strict fails on a broken link, a missing page
 # or a page left out of the navigation. The generated reference pages are checked by tests/test_docs.py
-# (regenerate them with: python tools/gen_docs.py). The docs extra goes into .venv beside the rest.
-DOCS_STAMP := $(VENV)/.docs-installed
-
-$(DOCS_STAMP): $(STAMP)
-	$(BIN)/python -m pip install --quiet -e ".[dev,postgres,docs]" "torch==2.13.0"
-	touch $(DOCS_STAMP)
-
-docs: $(DOCS_STAMP)
+# (regenerate them with: python tools/gen_docs.py). .venv has the docs extra.
+docs: $(STAMP)
 	NO_MKDOCS_2_WARNING=1 $(BIN)/mkdocs build --strict --site-dir site
 
 bench: $(STAMP)
