@@ -63,7 +63,10 @@ def configuration_page() -> str:
             valid = (valid + "; " if valid else "") + "or `auto`"
         if f.type and "None" in str(f.type):
             valid = (valid + "; " if valid else "") + "or `none`"
-        row = (f"| `{path}` | {_cell(_type(f))} | `{_cell(repr(_default(f)))}` | {_cell(valid)} "
+        default = _default(f)
+        shown = (", ".join(f"`{x}`" for x in default) if isinstance(default, list) and default
+                 and all(isinstance(x, str) for x in default) else f"`{_cell(repr(default))}`")
+        row = (f"| `{path}` | {_cell(_type(f))} | {shown} | {_cell(valid)} "
                f"| {_cell(meta.get('doc', ''))} |")
         sections.setdefault(section, []).append(row)
     docs = {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(RunConfig)}
