@@ -1,4 +1,4 @@
-"""What only a GPU can confirm (issue 21), in one command: under 10 minutes on one H200.
+"""What only a GPU can confirm, in one command: under 10 minutes on one H200.
 
     python benchmarks/gpu_check.py --out gpu_check.json      # on a CUDA machine
     python benchmarks/gpu_check.py --cpu --out cpu.json      # every check that needs no CUDA, reduced shapes, ~1 min

@@ -130,7 +130,7 @@ def decode_one(spec: dict) -> dict:
         return _rope(q, cos, sin), _rope(k, cos, sin)
 
     class Before(StaticDecoder):
-        """The decoder at main 73e87de (the parts this benchmark compares)."""
+        """The earlier decoder, kept as this benchmark's baseline (the parts it compares)."""
 
         def __init__(self, model, cache, key_valid, capacity):
             saved = fast_decode.compute_dtype

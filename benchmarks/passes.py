@@ -1,5 +1,5 @@
 """The update's forward + backward passes on a padded micro-batch: with a dense attention mask (the
-rows as they are, the way the update ran before issue 23) against vapo-lit's mask-free causal pass
+rows as they are, the masked baseline) against vapo-lit's mask-free causal pass
 (`vapo_lit.passes`: rows moved left by their prompt padding, no mask), side by side, interleaved,
 on the same rows; the two agree to float rounding (checked here, and in tests/test_passes.py).
 

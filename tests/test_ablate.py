@@ -394,7 +394,7 @@ def _cells(tmp_path, seeds=(0, 1)):
 
 
 def test_two_workers_enqueueing_at_once_add_each_cell_once(tmp_path, storage_url, monkeypatch):
-    """The race of issue 8: both read the study, both see no trial, both add every cell. The
+    """The race of two workers started together: both read the study, both see no trial, both add every cell. The
     window between reading and adding is widened here so that, without the lock, it always opens."""
     import threading
 

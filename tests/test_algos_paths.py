@@ -91,7 +91,7 @@ def test_float64_batch_with_a_float_or_float32_lambda(backend, lam_kind, monkeyp
 
 
 def test_lambda_schedule_defaults_are_the_papers():
-    """alpha = 0.05, gamma = 1 when not given (SPEC.md: l = 20 -> 0, l = 100 -> 0.8)."""
+    """alpha = 0.05, gamma = 1 when not given (docs/algorithm.md: l = 20 -> 0, l = 100 -> 0.8)."""
     lam = length_adaptive_lambda(torch.tensor([20, 100, 10]))
     assert lam.dtype == torch.float32 and lam.tolist() == pytest.approx([0.0, 0.8, 0.0])
     assert length_adaptive_lambda(torch.tensor([100.0], dtype=torch.float64)).dtype == torch.float64

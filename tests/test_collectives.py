@@ -1,4 +1,4 @@
-"""The rules multi-process runs depend on, checked on CPU (issue 21): where a tensor handed to a
+"""The rules multi-process runs depend on, checked on CPU: where a tensor handed to a
 collective lives, decisions that steer control flow agreed across ranks, a failing rank taking
 the others down at once, explicit dtypes under a bf16 default, the cheap checkpoint read.
 

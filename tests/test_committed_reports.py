@@ -5,7 +5,7 @@ calibration.csv exactly as committed.
 
 On any CPU: the report reads the logs and computes in float64 with pandas and NumPy, and never
 imports torch (checked below), so torch's instruction sets (ATEN_CPU_CAPABILITY) cannot reach it;
-NumPy's own dispatch was varied too (issue 20: byte for byte under ATEN_CPU_CAPABILITY=default,
+NumPy's own dispatch was varied too (byte for byte under ATEN_CPU_CAPABILITY=default,
 avx2 and avx512, and under NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4 AVX512_ICL AVX512_SPR", NumPy's
 SSE4.2 baseline, and "X86_V4 AVX512_ICL AVX512_SPR", AVX2)."""
 from __future__ import annotations

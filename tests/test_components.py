@@ -223,7 +223,7 @@ def test_after_value_pretraining_the_critic_optimiser_starts_afresh(runs):
 
 def test_value_pretraining_targets_are_monte_carlo_whatever_decoupled_gae_says(runs):
     """decoupled_gae on with lambda_critic 0.5: while the critic is pretrained its targets are the
-    Monte-Carlo returns (lambda = 1, SPEC.md); from the first PPO iteration on, V + A(0.5)."""
+    Monte-Carlo returns (lambda = 1, docs/algorithm.md); from the first PPO iteration on, V + A(0.5)."""
     run = runs("pretrain_decoupled")
     its = run.probe.iterations
     assert [it.pretraining for it in its] == [True, True, False, False, False]

@@ -1,4 +1,4 @@
-"""Data-parallel VAPO is the single-process algorithm (issue 11): 2 CPU processes (gloo, float64
+"""Data-parallel VAPO is the single-process algorithm: 2 CPU processes (gloo, float64
 models) over the same global batch give the same parameters (1e-10 relative), the same metric
 history and the same run folder as one process, with DDP and with FSDP (actor and critic sharded);
 2-process runs SIGKILLed and resumed equal the uninterrupted one. Plus the pieces: the gathered batch under
@@ -8,7 +8,7 @@ the global batch shape.
 On any CPU: the ranks and the reference run are processes of this machine under one instruction set
 (the ranks inherit the environment, ATEN_CPU_CAPABILITY included), and they are compared in float64
 within 1e-9 relative (history) / 1e-10 (parameters), never exactly: what differs between them is
-the order of the all-reduce sums. Run under ATEN_CPU_CAPABILITY=default, avx2 and avx512 (issue 20)."""
+the order of the all-reduce sums. It passes under ATEN_CPU_CAPABILITY=default, avx2 and avx512."""
 from __future__ import annotations
 
 import csv

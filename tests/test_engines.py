@@ -5,7 +5,7 @@ to a recomputation by the training actor (vapo_lit.passes, the update's own code
 reproducibility, a response independent of its batch, the caller's RNG and train mode left alone,
 and weight updates visible after load_weights. Backend-specific checks follow the contract.
 Every equality here compares two computations in this process (same kernels, so it holds on any CPU;
-issue 20: passed under ATEN_CPU_CAPABILITY=default, avx2 and avx512); the one against a recorded
+it passes under ATEN_CPU_CAPABILITY=default, avx2 and avx512); the one against a recorded
 history, the cb golden, shares tests/golden.py's float64 runs and tolerance."""
 import collections
 import dataclasses

@@ -9,7 +9,7 @@ drawn from a seeded RNG over the run's iterations (FAULT_SEED, printed on failur
 need a process of their own; the other runs go through the same command in this process (faster).
 The histories are compared exactly, which holds on any CPU: the reference and the killed and resumed
 runs are processes of this machine under one instruction set (a subprocess inherits the environment,
-ATEN_CPU_CAPABILITY included); issue 20: passed under default, avx2 and avx512.
+ATEN_CPU_CAPABILITY included); it passes under default, avx2 and avx512.
 
     .venv/bin/python -m pytest tests/test_faults.py
 """
@@ -202,7 +202,7 @@ def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(tmp_p
 
 def test_a_real_full_disk_under_a_grid_hands_the_cell_back(tmp_path, capsys, monkeypatch, small_disk):
     """vapo-ablate with its output (SQLite database included) on a full disk: one line, the claimed
-    cell WAITING again (issue 8: Optuna's StorageInternalError and a cell left RUNNING); after freeing
+    cell WAITING again (not Optuna's StorageInternalError and a cell left RUNNING); after freeing
     space the rerun resumes it."""
     from vapo_lit.ablate.store import CellStore
     from vapo_lit.cli.ablate import main

@@ -1,4 +1,4 @@
-"""GAE and the length-adaptive lambda against an independent float64 loop, SPEC.md numbers and
+"""GAE and the length-adaptive lambda against an independent float64 loop, docs/algorithm.md numbers and
 invariants. Every case runs on both backends (native C sweep and pure-torch scan)."""
 from __future__ import annotations
 
@@ -12,7 +12,7 @@ from hypothesis import strategies as st
 import vapo_lit.algos.advantage as adv_mod
 from vapo_lit.algos import _native, decoupled_gae, gae, lambda_clamped, length_adaptive_lambda
 
-TOL = 1e-5  # issue 2: relative error <= 1e-5 against the float64 reference on every case
+TOL = 1e-5  # relative error <= 1e-5 against the float64 reference on every case
 
 
 # ----------------------------------------------------------------------------- reference
@@ -181,7 +181,7 @@ def test_native_threads_split_rows_exactly(monkeypatch):
     assert all(torch.equal(x, y) for x, y in zip(many, one))
 
 
-# ----------------------------------------------------------------------------- seed and SPEC cases
+# ----------------------------------------------------------------------------- seed and docs/algorithm.md cases
 def test_seed_minimal_example(backend):
     """Seed 000's minimal example: two terminal responses of 32 and 64 tokens, reward 1 at the end."""
     reward = torch.zeros(2, 64)

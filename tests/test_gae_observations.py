@@ -1,5 +1,5 @@
 """GAE across observation spans (multi-turn trajectories): the three settings skip / step / zero of
-`algos.decoupled_gae_observations` against plain float64 loops written from SPEC.md's wording
+`algos.decoupled_gae_observations` against plain float64 loops written from docs/algorithm.md's wording
 ("Multi-turn trajectories"), on random trajectories with interior observation spans, rows that end
 on an observation, truncated rows with a bootstrap value, and both GAE backends."""
 from __future__ import annotations

@@ -18,7 +18,7 @@ CHECKS = ["collectives", "train_ddp", "train_fsdp", "gpu_smoke", "autocast_value
           "cb_engine", "decode_gqa", "logprob_pass"]
 OPEN: dict[str, str] = {}
 """Checks that measure a finding not fixed yet (name: why): they may report fail, never crash or skip.
-None now: the value head under autocast (issue 21, finding 3) is float32 since part B landed."""
+None now: the value head computes in float32 under autocast (ValueModel.value_head)."""
 
 
 HAS_CB = _has_cb()  # the optional cb engine (transformers 5.2x)

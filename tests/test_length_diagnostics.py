@@ -1,4 +1,4 @@
-"""The length diagnostics of issue 24 against independent float64 loops: each token's weight in the
+"""The length diagnostics against independent float64 loops: each token's weight in the
 policy loss (token- vs sample-level), the share of the policy-gradient weight by response length,
 and the advantage's bias and variance against Monte-Carlo by length bucket."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The long chain-of-thought testbed (issue 24): the `longchain` task's shape (lengths, log-uniform
+"""The long chain-of-thought testbed: the `longchain` task's shape (lengths, log-uniform
 n, log buckets, disjoint split), the built-in models' positions for it, and the two ways its base
 policy and reward model are trained in length-sorted micro-batches without a mask, each equal (in
 float64) to the one masked pass over the whole batch that the default build uses."""

@@ -180,7 +180,7 @@ def test_load_policy_local_dirs(task, tmp_path):
 
 def test_builds_loads_and_exports_draw_no_transformers_progress_bars(task, cache_dir, tmp_path, capfd):
     """The built-in cache and the exports print none of transformers' "Loading weights" / "Writing model
-    shards" bars (issue 20: they landed between the demo's lines), and leave the user's setting as it was."""
+    shards" bars (they would land between the demo's lines), and leave the user's setting as it was."""
     from transformers.utils import logging as hf_logging
 
     from vapo_lit.models import export

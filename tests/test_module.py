@@ -223,8 +223,8 @@ def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_st
     """(1, 1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
     metrics are logged with the next row (they must survive the restart). (2, 1, 3): killed in the
     middle of value pretraining (2 of its 3 iterations done): the resumed run does the third only.
-    Exact equality holds on any CPU: both runs are in this process, on the same kernels (issue 20:
-    passed under ATEN_CPU_CAPABILITY=default, avx2 and avx512)."""
+    Exact equality holds on any CPU: both runs are in this process, on the same kernels (it passes
+    under ATEN_CPU_CAPABILITY=default, avx2 and avx512)."""
     base = dict(components=list(COMPONENTS), steps=5 - pretrain_steps + 1, eval_every=2, checkpoint_every=every,
                 vapo={"value_pretrain_steps": pretrain_steps})
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)

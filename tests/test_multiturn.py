@@ -1,4 +1,4 @@
-"""Multi-turn episodes (issue 25): the environment contract, the episode engine, the action mask
+"""Multi-turn episodes: the environment contract, the episode engine, the action mask
 through the Experience, and the rule that observation tokens never receive gradient.
 
 A scripted stand-in for the policy (`Scripted`) writes exactly the action tokens a test gives it,
@@ -355,21 +355,21 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
     assert (grad[mb.mask[:, :grad.shape[1]] > 0] != 0).float().mean() > 0.5
 
 
-# ----------------------------------------------------------------------------- the README's worked example
-def test_the_readme_worked_example_runs_as_written():
-    """The README's "Adding a tool and a multi-turn task" block, executed: its tools answer, its bad
-    calls are observations, and a scripted episode through the real engine is scored 1."""
+# ----------------------------------------------------------------------------- the docs' worked example
+def test_the_docs_worked_example_runs_as_written():
+    """docs/guides/multi-turn.md's "Adding a tool and a multi-turn task" block, executed: its tools
+    answer, its bad calls are observations, and a scripted episode through the real engine is scored 1."""
     from pathlib import Path
 
     from vapo_lit.tasks import TASKS
 
-    text = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "multi-turn.md").read_text()
     start = text.index("```python\n# mytasks.py") + len("```python\n")
     code = text[start:text.index("```", start)]
     before = dict(TASKS)
     scope: dict = {}
     try:
-        exec(compile(code, "README.md", "exec"), scope)
+        exec(compile(code, "docs/guides/multi-turn.md", "exec"), scope)
         env = get_task("cellsum")
     finally:
         TASKS.clear()

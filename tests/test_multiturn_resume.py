@@ -1,4 +1,4 @@
-"""A multi-turn run, and a grid of them, resume after SIGKILL like single-turn ones (issue 25): the
+"""A multi-turn run, and a grid of them, resume after SIGKILL like single-turn ones: the
 killed run continues from its checkpoint to the uninterrupted run's metric history (perf/ timings
 aside), and a killed grid's rerun skips finished cells and resumes the killed one."""
 from __future__ import annotations

@@ -1,4 +1,4 @@
-"""The functions a newcomer reads first stay short enough to read top to bottom (issue 22):
+"""The functions a newcomer reads first stay short enough to read top to bottom:
 the iteration, the two updates, the report and the evaluation, each at most MAX_LINES lines
 (signature and docstring included)."""
 from __future__ import annotations

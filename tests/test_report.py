@@ -344,7 +344,7 @@ def test_synthetic_regenerates_byte_for_byte(syn, tmp_path, monkeypatch):
 
 
 def test_a_new_column_is_one_tracked_metric_and_one_spec_line(tmp_path, monkeypatch):
-    """The README's "adding a report column": TRACKED gets the metric, DIAGNOSTICS the column."""
+    """docs/guides/extending.md's "Adding a report column": TRACKED gets the metric, DIAGNOSTICS the column."""
     from vapo_lit.report import collect, render
 
     monkeypatch.setitem(collect.TRACKED, "prompts", "rollout/prompts")

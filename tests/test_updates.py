@@ -317,7 +317,7 @@ def test_micro_batch_sums_are_token_weighted_whatever_the_cut():
 # ----------------------------------------------------------------------------- several mini-batches
 def test_each_minibatch_step_is_normalised_by_its_own_minibatch(runs):
     """Two mini-batches of 8 per rollout: every actor step is the gradient of the loss over its own
-    rows, the token-level and the positive-NLL denominators counting that mini-batch (SPEC: the NLL
+    rows, the token-level and the positive-NLL denominators counting that mini-batch (docs/algorithm.md: the NLL
     over the correct responses in the batch the step sees, divided by their token count); the logged
     loss/nll is the mean over the steps. The whole rollout's positive-token count as the NLL
     denominator (what one-mini-batch runs cannot tell apart) misses."""

@@ -251,7 +251,7 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
 
 
 def adaptive_lambda(length: int, alpha: float, gamma: float = 1.0) -> float:
-    """SPEC.md: 1 - 1/(alpha l), divided by gamma when gamma != 1, clamped to [0, 1]."""
+    """docs/algorithm.md: 1 - 1/(alpha l), divided by gamma when gamma != 1, clamped to [0, 1]."""
     lam = 1.0 - 1.0 / (alpha * length)
     if gamma != 1.0:
         lam /= gamma

@@ -1,5 +1,5 @@
 """What a chain-task policy does, measured on samples: the testbed properties the long Table 1
-states (issue 24), for the built-in base policy or any exported policy folder.
+states (docs/results/table1-long/index.md), for the built-in base policy or any exported policy folder.
 
     python tools/chain_properties.py                         # the longchain base policy (built if needed)
     python tools/chain_properties.py runs/x/policy-final     # a trained policy (its folder's task: --task)

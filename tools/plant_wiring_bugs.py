@@ -1,6 +1,6 @@
 """Known wiring bugs, planted one at a time in a scratch copy of the repository: each must fail at
-least one of its mapped tests. Bugs 1-4 are issue 13's; 5-14 are issue 26's ten behaviours that no
-test pinned before (each passed every relevant test when an audit planted it). Prints one line per
+least one of its mapped tests. Bugs 1-4 are the first wiring bugs found; 5-14 are ten behaviours
+that no test pinned until an audit planted each one and saw every relevant test pass. Prints one line per
 bug (exit code, seconds, the first failing test) and exits 1 if any bug passed its tests. The
 working tree is never changed.
 
@@ -31,7 +31,7 @@ BUGS = [
      "                     .filter(cols.trial_id == trial_id, cols.state == frm)\n",
      "                     .filter(cols.trial_id == trial_id)\n",
      ["tests/test_claim.py"]),
-    # ---- issue 26
+    # ---- the audit's ten behaviours
     ("5 data-parallel gather drops the bootstrap values", "vapo_lit/distributed.py",
      '    for name in ("lengths", "truncated", "scores", "bootstrap"):\n',
      '    for name in ("lengths", "truncated", "scores"):\n',

@@ -4,7 +4,7 @@ Every field has a one-line doc (shown by `vapo-train --help`) and, where it has 
 range that `validate()` enforces before any compute. Experiment files hold only deltas.
 
 The seven VAPO switches live in `Switches`; component callbacks set them (see
-`vapo_lit/components/`). A `Switches()` with nothing set is vanilla PPO as SPEC.md defines it.
+`vapo_lit/components/`). A `Switches()` with nothing set is vanilla PPO as docs/algorithm.md defines it.
 """
 from __future__ import annotations
 
@@ -24,14 +24,14 @@ COMPONENTS = (
     "positive_lm_loss",
     "group_sampling",
 )
-"""The seven VAPO components, in the order of the paper's Table 1 discussion (SPEC.md): the default recipe."""
+"""The seven VAPO components, in the order of the paper's Table 1 discussion (docs/algorithm.md): the default recipe."""
 
 OPTIONAL_COMPONENTS = (
     "kl_penalty",
 )
 """Components outside VAPO's recipe: off unless named (`--only ...,kl_penalty`, a grid row's `only`).
 This tuple is the registry of extensions: adding a component is a file
-`vapo_lit/components/<name>.py`, its name here, and its values in `ComponentValues` (README)."""
+`vapo_lit/components/<name>.py`, its name here, and its values in `ComponentValues` (docs/guides/extending.md)."""
 
 ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
@@ -119,7 +119,7 @@ class ComponentValues:
 
 @dataclass
 class Switches(ComponentValues):
-    """What the module reads. All booleans False: vanilla PPO (SPEC.md table, column 'off').
+    """What the module reads. All booleans False: vanilla PPO (docs/algorithm.md table, column 'off').
 
     Set only by the component callbacks, each of which declares the fields it may change.
     """
@@ -190,8 +190,8 @@ class RunConfig:
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
-    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, README 'Rollout engines')")
-    observations: str = _f("skip", "multi-turn tasks: how GAE crosses observation (tool output) spans: skip (carry the next value and the running advantage through unchanged, verl/NeMo-RL/AReaL), step (every token a timestep, SkyRL/ROLL/slime) or zero (values zeroed there, OpenRLHF; biased when gamma*lambda < 1); SPEC.md",
+    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, docs/guides/rollout-engines.md)")
+    observations: str = _f("skip", "multi-turn tasks: how GAE crosses observation (tool output) spans: skip (carry the next value and the running advantage through unchanged, verl/NeMo-RL/AReaL), step (every token a timestep, SkyRL/ROLL/slime) or zero (values zeroed there, OpenRLHF; biased when gamma*lambda < 1); docs/algorithm.md",
                            choices=("skip", "step", "zero"))
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
                                   choices=("gae", "grpo"))

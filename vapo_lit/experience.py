@@ -24,7 +24,7 @@ from vapo_lit import algos, passes
 
 TRUNCATION = ("terminal", "bootstrap")
 """How a response cut by the length limit ends: scored and treated as terminal (verl's choice,
-SPEC.md's default), or bootstrapped from V(state after its last token)."""
+docs/algorithm.md's default), or bootstrapped from V(state after its last token)."""
 
 POSITION_EDGES = (1, 8, 32, 128, 512)
 """Response-position buckets of value/bias: first token, 1-7, 8-31, 32-127, 128-511, 512+."""
@@ -286,7 +286,7 @@ class AdvantageSettings:
     whiten: bool = True
     """Normalise the actor advantages over the batch's valid tokens (critic targets never)."""
     observations: str = "skip"
-    """How GAE crosses observation spans of multi-turn episodes: skip, step or zero (SPEC.md)."""
+    """How GAE crosses observation spans of multi-turn episodes: skip, step or zero (docs/algorithm.md)."""
     values: str = "critic"
     """The state values GAE reads: the critic's (critic) or the task's true ones (oracle)."""
 

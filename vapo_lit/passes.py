@@ -18,8 +18,8 @@ of (n, P + R, vocab) in float32). The result is the same as the unchunked pass (
 
 No attention mask: :func:`state_values` and :func:`response_logprobs` move each row left by its
 prompt padding (:func:`left_aligned`) and run the model causally, without a mask, so SDPA takes its
-fused causal kernel instead of a dense (n, 1, L, L) mask (on the CPU about 1.7x faster attention at
-1,000 tokens, benchmarks/step.py). Every real token sees the same tokens at the same positions as
+fused causal kernel instead of a dense (n, 1, L, L) mask (faster: benchmarks/passes.py compares
+the two on a padded micro-batch). Every real token sees the same tokens at the same positions as
 with the mask: the left padding is gone, and a right-padded response's padding comes after every
 real token, where causal attention never looks. The outputs are read back at the same state
 columns, so the numbers equal the masked passes' (tested, float64, Llama, Qwen2 and Mistral).

@@ -1,7 +1,7 @@
 """Named starting points (deltas from `RunConfig()`'s vanilla/paper values).
 
 * `default`: the paper's recipe (its ratios) scaled to the built-in task and tiny model on a
-  2-core CPU (the README's main job); every departure is listed with its reason below.
+  2-core CPU (`make demo`); every departure is listed with its reason below.
 * `long`: the same ratios on the built-in long chain-of-thought task (longchain: responses of 23 to
   2,003 tokens), for Table 1 in the regime VAPO is about (`vapo-ablate --grid table1 --preset long`).
 * `smoke`: a few iterations on a shrunken task, to check that everything runs (tests, CI).
@@ -15,17 +15,16 @@ PRESETS: dict[str, dict] = {
         # The paper's recipe scaled to the built-in chain task on a 2-core CPU. Its ratios are kept:
         # 16 samples per prompt, 16 mini-batches per rollout, critic lr = 2 x actor lr, 50 value-
         # pretraining steps, Clip-Higher 0.2 / 0.28, mu 0.1, lambda_critic 1. Only what size forces
-        # is scaled (measured in reports/README.md):
+        # is scaled (how it was chosen: docs/results/table1/index.md, "How the preset was chosen"):
         #   * 128 responses per step (8 prompts x 16) instead of 8192 (512 x 16), mini-batch 8
         #     (128 / 16) instead of 512: 2 CPU cores;
         #   * learning rates actor 3e-5 / critic 6e-5 (paper 1e-6 / 2e-6 for a 7B-32B model): a
-        #     140k-parameter model needs larger steps. Measured (6 updates without value
-        #     pretraining, seed 0): at 1e-5 the ratio stays within 1.3 and the clip almost never
-        #     binds (Clip-Higher would be a no-op), avg@8 18 -> 32; at 3e-5 both clip sides bind
-        #     (ratio max up to 1.9) and avg@8 18 -> 75;
+        #     140k-parameter model needs larger steps, and at 1e-5 the clip almost never binds
+        #     (Clip-Higher would be a no-op) while at 3e-5 both clip sides do (the measurement is
+        #     in docs/results/table1/index.md);
         #   * alpha 1.0 instead of 0.05: responses here are 11-223 tokens, not thousands; alpha = 1
         #     gives lambda_policy 0.95 at l = 20 and 0.9955 at l = 223, the range alpha = 0.05
-        #     gives the paper's 400-4000-token responses (SPEC.md);
+        #     gives the paper's 400-4000-token responses (docs/algorithm.md);
         #   * 30 PPO updates with an eval every 5 on 32 problems x 8 samples (avg@8; the paper's
         #     avg@32 costs 4x more), so curves show speed, not only the end point; the task
         #     saturates near 95% within ~15-20 updates of the full recipe.
@@ -36,7 +35,7 @@ PRESETS: dict[str, dict] = {
         "steps": 30, "eval_every": 5, "eval_problems": 32, "eval_k": 8,
     },
     "long": {
-        # Table 1 where VAPO lives (issue 24): the built-in longchain task, responses of 23-2,003
+        # Table 1 where VAPO lives: the built-in longchain task, responses of 23-2,003
         # tokens in one batch (vapo_lit/tasks/longchain.py), the tiny model's base policy and reward
         # model built for it. The paper's ratios are kept as in `default` (16 samples per prompt, 16
         # mini-batches per rollout, critic lr = 2 x actor lr, 50 value-pretraining steps, Clip-Higher
@@ -47,14 +46,14 @@ PRESETS: dict[str, dict] = {
         #     tens of thousands of tokens), so alpha x length spans what 0.05 x the paper's lengths spans:
         #     lambda_policy 0.913 at 23 tokens, 0.99 at 200, 0.999 at 2,003 (at alpha 0.05 the paper's
         #     230-token response gets 0.913 and a 20,000-token one 0.999);
-        #   * learning rates as `default` (same model size; measured there);
+        #   * learning rates as `default` (same model size; chosen there);
         #   * 100 PPO updates, eval every 10 on 32 problems (8 per length bucket) x 4 samples at top-p
         #     1.0 (the paper evaluates at 0.7, which cuts any error below 30% per step out of the
         #     samples: the compounding errors this task is built to show would be invisible).
         "task": "longchain",
         #   * micro-batches of one response (the update's math is the same for any micro-batch size):
-        #     at these mixed lengths a micro-batch of 4 pads to its longest; measured on 4 PPO updates,
-        #     one core each, critic + actor updates 1.7x faster (e.g. 11.2 s vs 22.2 s at 939 tokens).
+        #     at these mixed lengths a micro-batch of 4 pads to its longest response, which made the
+        #     updates slower (docs/results/table1-long/index.md, "Micro-batches of one response").
         "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "responses_per_step": 64, "mini_batch_size": 4,
                 "micro_batch_size": 1},
         "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,

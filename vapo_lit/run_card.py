@@ -1,4 +1,4 @@
-"""`run_card.json`: everything SPEC.md says a run must record, with this project's answers."""
+"""`run_card.json`: everything docs/algorithm.md says a run must record, with this project's answers."""
 from __future__ import annotations
 
 import json
@@ -14,7 +14,7 @@ from vapo_lit.models import resolve_critic_init
 
 
 def run_card(cfg: RunConfig, module) -> dict:
-    """Everything SPEC.md says a run must record, with this project's answers."""
+    """Everything docs/algorithm.md says a run must record, with this project's answers."""
     card = _single_turn_card(cfg, module)
     if getattr(module.task, "multi_turn", False):
         card["multi_turn"] = multi_turn_card(cfg, module)
@@ -22,7 +22,7 @@ def run_card(cfg: RunConfig, module) -> dict:
 
 
 def multi_turn_card(cfg: RunConfig, module) -> dict:
-    """What a multi-turn run adds (SPEC.md "Multi-turn trajectories"): the segment definitions."""
+    """What a multi-turn run adds (docs/algorithm.md "Multi-turn trajectories"): the segment definitions."""
     task = module.task
     return {
         "observations": cfg.observations,

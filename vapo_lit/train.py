@@ -1,7 +1,7 @@
 """`train(cfg)`: build task, models, module, component callbacks and loggers; fit; return a summary.
 
 This is the one entry that `vapo-train`, the ablation runner and the tests call. A run folder
-holds `metrics.csv` (every logged metric, one row per iteration), `run_card.json` (SPEC.md's
+holds `metrics.csv` (every logged metric, one row per iteration), `run_card.json` (docs/algorithm.md's
 "a run must record" list), `config.yaml`, `checkpoints/last.ckpt` and `best.ckpt`, and the W&B
 run under `wandb/`. The pieces live next door: `build.py` (task and models), `logs.py` (CSV and
 W&B loggers), `checkpoints.py`, `run_card.py`.

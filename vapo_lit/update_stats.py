@@ -21,8 +21,8 @@ class MicroBatchSums:
 
     * `weighted`: token-weighted means. A micro-batch's value counts by its share of its
       mini-batch's valid tokens, a ratio of exact token counts taken in float64 (a float32 share
-      made the logged means depend on how the mini-batch was cut into micro-batches, e.g. per
-      rank under DDP: commit 1dac344).
+      would make the logged means depend on how the mini-batch is cut into micro-batches, e.g.
+      per rank under DDP).
     * `totals`: plain sums (a loss: each micro-batch adds its part of its mini-batch's loss).
     * `peaks`: maxima.
     Keys are declared up front (`declared`), so every rank reduces the same vector even where a
@@ -137,7 +137,7 @@ class IterationStats:
     components: dict[str, float]
     """What the components' `on_experience` hooks returned."""
     value: ValueStats | None
-    """The critic against Monte-Carlo returns (SPEC: in every row), and its own targets; None critic-free."""
+    """The critic against Monte-Carlo returns (docs/algorithm.md: in every row), and its own targets; None critic-free."""
     critic: CriticStats | None
     actor: ActorStats | None
     """None during value pretraining (the policy stays fixed)."""

@@ -1,6 +1,6 @@
 """Generalized advantage estimation for sparse-reward token MDPs, with VAPO's two lambdas.
 
-Conventions (SPEC.md "Formulas"):
+Conventions (docs/algorithm.md "Formulas"):
   * `rewards`, `values`, `mask` are (B, T). `mask` is 1 on the policy's own response tokens and 0
     elsewhere, including zeros *inside* a response (tool or environment observations): the
     recursion skips those positions as if they were cut out of the row, so a masked position's
@@ -56,7 +56,7 @@ def length_adaptive_lambda(lengths, alpha: float = 0.05, gamma: float = 1.0) -> 
     """lambda_policy = 1 - 1/(alpha * l) per sequence (VAPO Eq. 5), clamped to [0, 1].
 
     Derived from keeping the effective GAE window 1/(1 - gamma*lambda) equal to alpha*l; with
-    gamma != 1 this project uses (1 - 1/(alpha*l)) / gamma (SPEC.md). Returns a (B,) float32
+    gamma != 1 this project uses (1 - 1/(alpha*l)) / gamma (docs/algorithm.md). Returns a (B,) float32
     tensor (float64 when `lengths` is float64). l=20, alpha=0.05 -> 0; l=100 -> 0.8.
     """
     _check_alpha_gamma(alpha, gamma)
@@ -132,7 +132,7 @@ def decoupled_gae(
 
 
 OBSERVATION_MODES = ("skip", "step", "zero")
-"""How GAE crosses observation spans (SPEC.md "Multi-turn trajectories"): skip (carry the next
+"""How GAE crosses observation spans (docs/algorithm.md "Multi-turn trajectories"): skip (carry the next
 value and the running advantage through unchanged), step (every token a timestep), zero (values
 zeroed on observation tokens, which then take part in the recursion; biased when gamma*lambda < 1)."""
 

@@ -1,6 +1,6 @@
 """PPO losses for VAPO (torch only). Shapes: (B, T) per-token tensors with a (B, T) `mask`.
 
-Aggregation ("token" vs "sample", SPEC.md):
+Aggregation ("token" vs "sample", docs/algorithm.md):
   * token:  L = sum(m * x) / N_tok, N_tok = valid tokens in the *whole* mini-batch (DAPO/VAPO Eq. 7)
   * sample: L = sum_i mean_t(x_i) / N_seq (mean within each response, then over responses; Eq. 6)
 Pass `denominator` (N_tok or N_seq of the whole mini-batch, summed over gradient-accumulation

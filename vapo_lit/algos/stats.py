@@ -60,7 +60,7 @@ def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, 
 
 
 def explained_variance(values: torch.Tensor, returns: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """1 - Var(R - V) / Var(R) over valid tokens (SPEC.md). nan when there are no tokens or Var(R)
+    """1 - Var(R - V) / Var(R) over valid tokens (docs/algorithm.md). nan when there are no tokens or Var(R)
     is zero, counting a variance at rounding level of the values' scale as zero (returns computed
     as V + A carry rounding noise where every outcome is 0; dividing by it gives nonsense).
 
@@ -104,7 +104,7 @@ def bucketed_mean(x: torch.Tensor, mask: torch.Tensor, bucket: torch.Tensor, n_b
 
 
 def value_bias(values, returns, mask, edges, by: str = "position"):
-    """Mean of V - R per bucket, with token counts (VAPO's value-bias audit, seed 000).
+    """Mean of V - R per bucket, with token counts (VAPO's value-bias audit).
 
     by="position": bucket of each token's index within its response (0 = first response token);
     by="length": bucket of the response's length (number of valid tokens) the token belongs to.

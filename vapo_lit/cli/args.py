@@ -18,7 +18,7 @@ from vapo_lit.presets import PRESETS
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per config field (`--steps`, `--ppo.actor_lr`, `--vapo.alpha`, ...)."""
-    group = parser.add_argument_group("settings (see README; any field of the YAML config)")
+    group = parser.add_argument_group("settings (docs/reference/configuration.md; any field of the YAML config)")
     for name, kind, f in walk_fields():
         doc = f.metadata.get("doc", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()

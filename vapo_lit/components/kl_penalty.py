@@ -3,7 +3,7 @@ kl_coef * KL(pi || pi_initial) to the actor loss, estimated per token with k3 =
 exp(log pi_init - log pi) - (log pi_init - log pi) - 1 (>= 0, unbiased for the KL under pi's
 samples) and averaged over the mini-batch's valid tokens. Off: no reference model, no term.
 
-Also the README's worked example of adding a component: this file, its name in
+Also the worked example (docs/guides/extending.md) of adding a component: this file, its name in
 `config.OPTIONAL_COMPONENTS`, its value `kl_coef` in `config.ComponentValues`.
 """
 from __future__ import annotations

@@ -2,7 +2,7 @@
 window 1/(1 - lambda) grows with the response length l. Off: ppo.lam (0.95) for every response.
 
 alpha = 0.05 assumes chains of thousands of tokens: below l = 20/alpha the adaptive lambda is
-*smaller* than vanilla's 0.95 (SPEC.md); choose alpha for your task's lengths."""
+*smaller* than vanilla's 0.95 (docs/algorithm.md); choose alpha for your task's lengths."""
 from vapo_lit.components.base import Component
 
 

@@ -1,6 +1,6 @@
 """Positive-example LM loss (VAPO Eq. 9-10, self-imitation): L = L_PPO + mu * NLL over the tokens
 of the correct responses in the mini-batch, normalised by their count; exactly 0 with no correct
-response. Off: mu = 0. Caution (seed 000): it also imitates shortcuts a lax verifier lets through."""
+response. Off: mu = 0. Caution: it also imitates shortcuts a lax verifier lets through."""
 from vapo_lit.components.base import Component
 
 

@@ -15,13 +15,13 @@ Backends:
   actor's weights in place (``load_weights`` points it at the module it is given).
 * ``cb`` -- :class:`ContinuousBatchingEngine`, transformers' continuous batching (paged KV cache,
   finished responses leave the batch) with vapo-lit's per-sample sampler and behaviour log-probs
-  recomputed by one forward pass (see its module docstring; README "Rollout engines" has the
+  recomputed by one forward pass (see its module docstring; docs/guides/rollout-engines.md has the
   measured speed of both).
 
 A remote engine (vLLM, SGLang) plugs in the same way: ``load_weights`` pushes the actor's state
 dict to the server after each update and ``generate`` returns its tokens and log-probs; if the
 server cannot give log-probs under the trainer's exact numerics, the trainer recomputes them
-(see README "Rollout engines").
+(see docs/guides/rollout-engines.md).
 """
 from __future__ import annotations
 

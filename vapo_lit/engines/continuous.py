@@ -5,7 +5,7 @@ transformers' continuous batching (`model.init_continuous_batching`, the machine
 ragged forward pass per step: a finished response leaves the batch at once, so no compute is spent
 on padding rows that are already done. This engine uses that machinery as it is (scheduler, paged
 cache, per-request EOS and length limits) and replaces two things, for reasons measured on
-transformers 5.24 (README "Rollout engines"):
+transformers 5.24 (docs/guides/rollout-engines.md):
 
 * **sampling**: its sampler draws with `torch.multinomial` from the process-wide torch RNG, which
   `ContinuousBatchingConfig.seed` re-seeds once per manager (so it also resets the trainer's
@@ -137,9 +137,9 @@ class ContinuousBatchingEngine:
     max_requests_per_batch: int | None = 64
     """Requests per forward step (None: all). Without flash-attention kernels (CPU) each step's
     attention is dense over every key of the step under a block-diagonal mask, so its cost grows
-    with the square of the requests in the step; 64 measured best here (512 responses of up to 64
-    tokens, one call each on a loaded 2-core machine: 23.8 s with all, 17.1 s with 128, 17.4 s
-    with 64, 21.9 s with 32)."""
+    with the square of the requests in the step. 64 is the smallest cap that was as fast as the
+    best one when 512 responses of up to 64 tokens were timed on a 2-core CPU with all, 128, 64 and
+    32 requests per step (re-time it with benchmarks/engines.py on other hardware)."""
     logprob_tokens = 1 << 22
     """Rows x columns x vocabulary per chunk of the log-prob recomputation (bounds its logits memory)."""
 

@@ -109,8 +109,8 @@ class StaticDecoder:
         """Attention of the new token's queries q (n, heads, d) over layer i's first `length` cached
         positions; (n, heads * d). Grouped-query heads share their K/V without copies. On the CPU in
         float32/64 as two batched matrix products over the cache's own storage (the live prefix
-        of each (row, K/V head), a strided view), which measured 4-7% faster than SDPA's CPU
-        kernel on a single query (README, benchmarks); elsewhere SDPA's own decode kernels."""
+        of each (row, K/V head), a strided view), a few percent faster than SDPA's CPU
+        kernel on a single query when the token loop was timed; elsewhere SDPA's own decode kernels."""
         n, heads, d = q.shape
         keys, values = self.k[i][:, :, :length], self.v[i][:, :, :length]
         kv_heads = keys.shape[1]

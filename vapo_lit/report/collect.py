@@ -32,9 +32,9 @@ MEDIAN_LAST = ("ev_mc", "ev_target")
 BIAS_BUCKETS = ("first", "1-7", "8-31", "32-127", "ge128")
 """`value/bias_pos_<bucket>`: mean V - return by response position (first token, then 1-7, ...)."""
 LONG_BIAS_BUCKETS = ("first", "1-7", "8-31", "32-127", "128-511", "ge512")
-"""The same since issue 24 split 128+ at 512 (vapo_lit.experience.POSITION_EDGES): used where a log
-has a bucket past 128 under the new edges; runs whose responses stay under 128 tokens look alike
-under both."""
+"""The same with 128+ split at 512 (vapo_lit.experience.POSITION_EDGES, what runs log now; older
+logs have one 128+ bucket): used where a log has a bucket past 128 under these edges; runs whose
+responses stay under 128 tokens look alike under both."""
 CALIBRATION_UPDATES = 5
 """Value calibration: mean bias over the first and the last this many PPO iterations of a run."""
 

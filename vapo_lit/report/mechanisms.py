@@ -1,6 +1,6 @@
 """Long and short responses: how each row's advantages and loss treat response length, from the logs.
 
-Runs since issue 24 log, per PPO iteration, by response-length bucket `<b>` (vapo_lit.experience):
+Runs log, per PPO iteration, by response-length bucket `<b>` (vapo_lit.experience):
 `gae/lambda_policy_len_<b>` (mean lambda_policy of the bucket's responses), `gae/adv_bias_len_<b>`,
 `gae/adv_var_len_<b>` and `gae/adv_var_mc_len_<b>` (the actor advantage before whitening against
 the Monte-Carlo one: mean difference, both variances) and `policy/loss_share_len_<b>` (the bucket's

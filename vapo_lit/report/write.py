@@ -48,7 +48,7 @@ def grids_in(out: Path) -> list[str]:
 
 
 def caveats(table: pd.DataFrame) -> str:
-    """SPEC.md's 'what the results do not support', applied to this table."""
+    """docs/algorithm.md's 'what the results do not support', applied to this table."""
     n_min = int(table["n"].min()) if len(table) else 0
     single = [pretty(r) for r in table["row"] if r.startswith("vapo-no-") and "+" not in r]
     lines = ["## What these deltas do and do not support", "",

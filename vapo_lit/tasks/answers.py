@@ -23,7 +23,7 @@ venv, grep for eval/exec/parse_expr/sympify/getattr; `tests/test_answers.py` che
   extraction config of ``parse``) calls ``sympy.parse_expr`` -- ``eval`` underneath -- on a
   substring of the response. A regex restricts that substring to digits, ``.``, whitespace and
   ``+-*/^()×÷``, so no name, attribute or string literal reaches it (a test confirms it over
-  injection payloads), but it is still ``eval`` of model text, which issue 3 forbids.
+  injection payloads), but it is still ``eval`` of model text, which a verifier must never run.
   **Decision: we never use ``ExprExtractionConfig``**; math-verify only gets
   ``LatexExtractionConfig``.
 * The LaTeX path (``latex2sympy``) is an ANTLR grammar whose visitor builds sympy objects directly

@@ -40,7 +40,7 @@ class Task:
 
     name: str = "base"
     version: str = "0"
-    """Recorded in the run card (SPEC.md: 'verifier version')."""
+    """Recorded in the run card (docs/algorithm.md: 'verifier version')."""
     max_new_tokens: int = 256
     """Default response-length limit for this task."""
 

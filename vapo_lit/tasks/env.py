@@ -1,5 +1,5 @@
 """The environment contract: a multi-turn task whose episodes interleave policy turns and tool
-observations (SPEC.md "Multi-turn trajectories").
+observations (docs/algorithm.md "Multi-turn trajectories").
 
 An :class:`Environment` is a :class:`~vapo_lit.tasks.base.Task` (prompts, tokenizer, verifier,
 buckets) that also answers the policy between turns:
@@ -61,7 +61,7 @@ class Tool:
     fn: Callable[[Problem, list], str]
     """(problem, argument words) -> observation text; raises ToolError on bad arguments."""
     doc: str = ""
-    """One line: what it returns (shown in the README's tool table, never to the policy)."""
+    """One line: what it returns (a description for people; never shown to the policy)."""
 
 
 class Environment(Task):

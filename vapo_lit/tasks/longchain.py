@@ -1,5 +1,5 @@
 """The built-in long chain-of-thought task "longchain": the countdown chain of `chain`, stretched
-to the response lengths VAPO is about (the `long` preset's task; issue 24).
+to the response lengths VAPO is about (the `long` preset's task).
 
 The same prompt, rule, verifier and imperfect demonstrator as `chain` (see vapo_lit.tasks.chain),
 with a different shape:
