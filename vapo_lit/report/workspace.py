@@ -56,7 +56,7 @@ def workspace_spec(entity: str, project: str, group: str, k: int, *, name: str |
         entity=entity, project=project, name=name or f"vapo-lit {group}",
         sections=[rows, report, pretrain],
         settings=ws.WorkspaceSettings(x_axis=PPO_AXIS, smoothing_type="none", max_runs=100),
-        runset_settings=ws.RunsetSettings(filters=[ws.Metric("Group") == group], groupby=[ws.Metric("JobType")]),
+        runset_settings=ws.RunsetSettings(filters=ws.And(ws.Metric("Group") == group), groupby=[ws.Metric("JobType")]),
     )
 
 
