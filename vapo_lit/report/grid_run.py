@@ -126,8 +126,8 @@ def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", setting
     finally:
         run.finish()
     if where:
-        return (f"W&B grid run {run.id} (group {group}, offline) in {where}; upload it with the cells: "
-                f"wandb sync {where}")
+        return (f"W&B grid run {run.id} (group {group}, offline); upload it with: wandb sync {where} "
+                f"(the cells' command is in {folder / 'table.md'})")
     return f"W&B grid run {run.id} (group {group}): {run.url}"
 
 
