@@ -25,6 +25,7 @@ from vapo_lit.config import RunConfig, merge
 from vapo_lit.presets import PRESETS
 from vapo_lit.train import train
 from vapo_lit.wandb_runs import AXES, PPO_AXIS, PRETRAIN_AXIS, stable_id
+from report_synth import write_manifest, write_run
 from wandb_offline import read_run, wait_complete
 
 SECRET_PW = "Sup3rSecretPw"    # in sys.argv, as a storage URL's password
@@ -145,68 +146,96 @@ def _grid(tmp_path, *extra) -> list[str]:
             "--drop", "positive_lm_loss", *extra]
 
 
+def check_grid_run(folder: Path, group: str, project: str, cell_ids: list) -> Path:
+    """The one grid run in FOLDER/wandb holds the report folder: its tables equal the CSVs."""
+    (run_file,) = offline_runs(folder / "wandb")
+    run = read_run(run_file)
+    assert run["run"].run_id == stable_id("report", project, group)
+    assert run["run"].run_group == group and run["run"].job_type == "report"
+    assert sorted(run["config"]["cell_run_ids"]) == sorted(cell_ids)
+    for name in ("table", "seeds", "calibration"):  # every column, every row, every value of the CSV
+        header, rows = csv_values(folder / f"{name}.csv")
+        logged = table_of(run_file, f"grid/{name}")
+        assert logged["columns"] == header, name
+        assert len(logged["data"]) == len(rows), name
+        for got, want in zip(logged["data"], rows):
+            assert all(same(g, w) for g, w in zip(got, want)), (name, got, want)
+    assert {"delta_final", "delta_final_p_holm", "delta_auc_p_holm"} <= set(table_of(run_file, "grid/table")["columns"])
+    links = table_of(run_file, "grid/cells")
+    assert sorted(r[links["columns"].index("wandb_id")] for r in links["data"]) == sorted(cell_ids)
+    caveats = [r[0] for r in table_of(run_file, "grid/caveats")["data"]]
+    assert any("need not add up" in c for c in caveats)
+    figures = {k.rsplit("/", 1)[0] for h in run["history"] for k in h if k.startswith("figures/")}
+    assert figures == {f"figures/{p.stem}" for p in folder.glob("*.png")}
+    return run_file
+
+
+def no_secret_in(folder: Path) -> None:
+    for path in Path(folder).rglob("*"):  # no secret in any logged config, history or file
+        if path.is_file():
+            data = path.read_bytes()
+            assert SECRET_PW.encode() not in data and SECRET_KEY.encode() not in data, path
+
+
 def test_grid_run_holds_the_report_and_is_one_run_after_two_reports(tmp_path, offline, capsys):
+    """Synthetic logs (tests/report_synth.py) whose run cards say the cells were logged offline."""
+    out = tmp_path / "o"
+    cells = []
+    for row in ("vapo", "vapo-no-clip_higher"):
+        for seed in range(3):
+            evals = {u: 0.1 + 0.05 * u + (0.02 if row == "vapo" else 0.0) + 0.01 * seed * (u > 0) for u in range(0, 5, 2)}
+            d = write_run(out / "runs" / f"{row}-s{seed}", row, seed, evals, steps=4, wandb="offline")
+            card = json.loads((d / "run_card.json").read_text())
+            card["wandb"].update({"id": f"{row[-4:]}{seed}", "project": "proj", "group": "syn"})
+            (d / "run_card.json").write_text(json.dumps(card))
+            cells.append((row, seed, d))
+    write_manifest(out, "syn", ["vapo", "vapo-no-clip_higher"], cells)
+    ids = [json.loads((d / "run_card.json").read_text())["wandb"]["id"] for *_, d in cells]
+    folder = out / "reports" / "syn"
+    assert report([str(out), "--grid", "syn"]) == 0  # with figures
+    printed = capsys.readouterr().out
+    assert f"W&B grid run {stable_id('report', 'proj', 'syn')} (group syn, offline)" in printed
+    assert "wandb sync " in printed and not [line for line in printed.splitlines() if line.startswith("wandb:")]
+    check_grid_run(folder, "syn", "proj", ids)
+    before = time.time()
+    assert report([str(out), "--grid", "syn", "--no-figures"]) == 0
+    second = check_grid_run(folder, "syn", "proj", ids)  # still one grid run, the same id, written anew
+    assert second.stat().st_mtime >= before - 1
+    assert not [line for line in capsys.readouterr().out.splitlines() if line.startswith("wandb:")]
+    no_secret_in(out)
+    assert offline.hits == 0
+
+
+@pytest.mark.slow
+def test_ablate_logs_cells_on_the_ppo_axis_and_the_grid_run(tmp_path, offline, capsys):
+    """End to end: vapo-ablate's cells (real training, offline W&B) and the grid run it logs at the end."""
     assert ablate(_grid(tmp_path)) == 0
     printed = capsys.readouterr().out
     assert not [line for line in printed.splitlines() if line.startswith("wandb:")]  # W&B's own lines: none
     grid = "drop-positive_lm_loss"
-    folder = tmp_path / "out" / "reports" / grid
     assert f"[{grid}] W&B grid run {stable_id('report', 'vapo-lit', grid)}" in printed and "wandb sync " in printed
-
-    cells = sorted((tmp_path / "out" / "runs").glob("*/run_card.json"))
-    cell_ids = sorted(json.loads(c.read_text())["wandb"]["id"] for c in cells)
+    cards = sorted((tmp_path / "out" / "runs").glob("*/run_card.json"))
+    cell_ids = [json.loads(c.read_text())["wandb"]["id"] for c in cards]
     assert len(cell_ids) == 4
-    for card in cells:  # every PPO metric of every cell run on the ppo/update axis
+    for card in cards:  # every PPO metric of every cell run on the ppo/update axis
         (run_file,) = offline_runs(card.parent / "wandb")
         axes = read_run(run_file)["metrics"]
-        assert {k: v for k, v in axes.items() if k.startswith(("policy/", "value/", "eval/", "objective/"))}
-        assert all(v == PPO_AXIS for k, v in axes.items() if k.startswith(("policy/", "value/", "eval/", "objective/")))
-
-    def check_grid_run() -> Path:
-        (run_file,) = offline_runs(folder / "wandb")
-        run = read_run(run_file)
-        assert run["run"].run_id == stable_id("report", "vapo-lit", grid)
-        assert run["run"].run_group == grid and run["run"].job_type == "report"
-        assert sorted(run["config"]["cell_run_ids"]) == cell_ids
-        for name in ("table", "seeds", "calibration"):  # every column, every row, every value of the CSV
-            header, rows = csv_values(folder / f"{name}.csv")
-            logged = table_of(run_file, f"grid/{name}")
-            assert logged["columns"] == header, name
-            assert len(logged["data"]) == len(rows), name
-            for got, want in zip(logged["data"], rows):
-                assert all(same(g, w) for g, w in zip(got, want)), (name, got, want)
-        assert {"delta_final", "delta_final_p_holm", "delta_auc_p_holm"} <= set(table_of(run_file, "grid/table")["columns"])
-        links = table_of(run_file, "grid/cells")
-        assert sorted(r[links["columns"].index("wandb_id")] for r in links["data"]) == cell_ids
-        caveats = [r[0] for r in table_of(run_file, "grid/caveats")["data"]]
-        assert any("do not add up" in c or "need not add up" in c for c in caveats)
-        figures = {k.rsplit("/", 1)[0] for h in run["history"] for k in h if k.startswith("figures/")}
-        assert figures == {f"figures/{p.stem}" for p in folder.glob("*.png")} and figures
-        return run_file
-
-    check_grid_run()
-    before = time.time()
-    assert report([str(tmp_path / "out"), "--grid", grid, "--no-figures"]) == 0
-    printed = capsys.readouterr().out
-    second = check_grid_run()  # still one grid run, the same id, written anew
-    assert second.stat().st_mtime >= before - 1 and "W&B grid run" in printed
-    assert not [line for line in printed.splitlines() if line.startswith("wandb:")]
-
-    for path in (tmp_path / "out").rglob("*"):  # no secret in any logged config, history or file
-        if path.is_file():
-            data = path.read_bytes()
-            assert SECRET_PW.encode() not in data and SECRET_KEY.encode() not in data, path
+        ppo = {k: v for k, v in axes.items() if k.startswith(("policy/", "value/", "eval/", "objective/", "rollout/"))}
+        assert ppo and set(ppo.values()) == {PPO_AXIS}
+    check_grid_run(tmp_path / "out" / "reports" / grid, grid, "vapo-lit", cell_ids)
+    no_secret_in(tmp_path / "out")
     assert offline.hits == 0
 
 
-def test_report_grid_run_follows_the_cells(tmp_path, monkeypatch, capsys):
-    """Cells without W&B: no grid run; --wandb disabled: none either."""
-    monkeypatch.setenv("HOME", str(tmp_path / "home"))
-    args = _grid(tmp_path)
-    args[args.index("offline")] = "disabled"
-    assert ablate(args) == 0
-    assert not list((tmp_path / "out" / "reports").rglob("offline-run-*"))
-    assert "W&B grid run" not in capsys.readouterr().out
+def test_report_grid_run_follows_the_cells(tmp_path, offline, capsys):
+    """Cells without W&B: no grid run; cells offline but `--wandb disabled`: none either."""
+    for name, mode, flags in (("none", None, []), ("off", "offline", ["--wandb", "disabled"])):
+        out = tmp_path / name
+        for seed in range(2):
+            write_run(out / "runs" / f"vapo-s{seed}", "vapo", seed, {0: 0.1, 2: 0.3}, steps=2, wandb=mode)
+        assert report([str(out), "--no-figures", *flags]) == 0
+        assert not list(out.rglob("offline-run-*")) and "W&B grid run" not in capsys.readouterr().out
+    assert offline.hits == 0
 
 
 def test_workspace_command_needs_an_online_account(tmp_path, monkeypatch, capsys):

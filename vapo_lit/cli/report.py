@@ -8,7 +8,7 @@
 
 Writes OUT_DIR/reports/<grid>/table.{md,tex,csv}, seeds.csv, calibration.csv and the figures;
 prints the Markdown. When the cells were logged to W&B, the report is logged too, as the grid's
-run (job_type report, in the grid's group; offline unless logged in, like the cells; a rerun
+run (job_type report, in the grid's group; offline when the cells were offline; a rerun
 updates the same run): see vapo_lit/report/grid_run.py. Exit 2 (one line on stderr) for a bad argument, a malformed or empty log
 (the file and line named) or a folder without any run log.
 """
@@ -48,8 +48,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--to", type=Path, help="write the report into this folder (one grid only; default "
                                             "OUT_DIR/reports/<grid>)")
     ap.add_argument("--wandb", choices=("auto", "online", "offline", "disabled"), default="auto",
-                    help="the grid run: auto (default) = online when logged in, else offline, like the cells; "
-                         "none when no cell was logged to W&B")
+                    help="the grid run: auto (default) = like the cells (offline when they were logged offline; "
+                         "online when they were online and you are logged in); none when no cell was logged to W&B")
     ap.add_argument("--wandb-workspace", action="store_true",
                     help="also save a W&B workspace for the grid's group: rows grouped by job_type, the diagnostic "
                          "panels on the ppo/update axis (needs an online W&B account and the 'workspace' extra)")

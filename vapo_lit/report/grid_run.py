@@ -14,8 +14,8 @@ its seeds.csv (their W&B id, project, group and mode):
 - `grid/cells`: row, seed, run folder and W&B run id (and URL, online) of every cell run; the ids
   are in the config too.
 The run's id is derived from project and group (`vapo_lit.wandb_runs.stable_id`), so rerunning the
-report updates this one run. Mode: the cells' (`auto`: online when logged in, else offline), and
-no grid run when no cell was logged to W&B.
+report updates this one run. Mode (`auto`): offline when the cells were logged offline; when some
+were online, online if logged in, else offline. No grid run when no cell was logged to W&B.
 """
 from __future__ import annotations
 
@@ -97,6 +97,8 @@ def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", setting
     logged = [c for c in cells if c["id"]]
     if not logged or mode == "disabled":
         return None
+    if mode == "auto" and "online" not in {c["mode"] for c in logged}:
+        mode = "offline"  # like the cells: a grid run online that links to runs not uploaded yet would mislead
     project = _common([c["project"] for c in logged], "vapo-lit")
     group = _common([c["group"] for c in logged], grid or folder.name)
     config = {"grid": grid or group, "report_folder": folder.name, "rows": list(dict.fromkeys(c["row"] for c in cells)),
