@@ -73,7 +73,7 @@ def no_network_offline(mode: str) -> None:
     if mode not in ("offline", "dryrun"):
         return
     os.environ["WANDB_ERROR_REPORTING"] = "false"
-    try:  # wandb >= 0.2x: the process-wide switch of its OpenTelemetry proxy
+    try:  # the process-wide switch of its OpenTelemetry proxy (older releases have none)
         from wandb.analytics.opentelemetry.opentelemetry_proxy import disable
     except ImportError:
         return
