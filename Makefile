@@ -12,7 +12,7 @@ $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install --quiet --upgrade "pip<26.2"
 	$(BIN)/python -m pip install --quiet "torch==2.13.0"
-	$(BIN)/python -m pip install --quiet -e ".[dev,postgres,docs]" "torch==2.13.0"
+	$(BIN)/python -m pip install --quiet -e ".[dev,postgres,docs,workspace]" "torch==2.13.0"
 	touch $(STAMP)
 
 demo: $(STAMP)

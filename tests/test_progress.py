@@ -87,5 +87,7 @@ def test_wandb_summary_only_when_asked_and_metrics_still_recorded(tmp_path, capf
     assert ("Run history:" in printed.err + printed.out) == loud
     (run_file,) = (tmp_path / "runs" / "r" / "wandb").glob("offline-run-*/run-*.wandb")
     wait_complete(run_file)
-    scores = [row["objective/score"] for row in read_run(run_file)["history"] if "objective/score" in row]
-    assert len(scores) == 2 + 2  # 2 value-pretraining + 2 PPO iterations, each logged
+    history = read_run(run_file)["history"]
+    scores = [row["objective/score"] for row in history if "objective/score" in row]
+    pretrain = [row["value_pretrain/objective/score"] for row in history if "value_pretrain/objective/score" in row]
+    assert len(pretrain) == 2 and len(scores) == 2  # 2 value-pretraining + 2 PPO iterations, each logged

@@ -49,8 +49,10 @@ class RecordedArgs(Callback):
         self.args = None
 
     def on_train_start(self, trainer, pl_module):
+        from lightning.pytorch.loggers import WandbLogger
+
         for lg in trainer.loggers:
-            if type(lg).__name__ == "WandbLogger":
+            if isinstance(lg, WandbLogger):
                 self.args = list(lg.experiment.settings._args)
 
 

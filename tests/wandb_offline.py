@@ -38,8 +38,9 @@ def records(path):
 
 
 def read_run(path) -> dict:
-    """{'history': [row dicts], 'config': {key: value}, 'run': Record.run} of one offline run."""
-    out = {"history": [], "config": {}, "run": None}
+    """{'history': [row dicts], 'config': {key: value}, 'run': Record.run, 'metrics': {name: step
+    metric ('' for none)} from `define_metric`} of one offline run."""
+    out = {"history": [], "config": {}, "run": None, "metrics": {}}
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "history":
@@ -50,6 +51,10 @@ def read_run(path) -> dict:
                 out["config"][item.key] = json.loads(item.value_json)
         elif kind == "run":
             out["run"] = rec.run
+            for item in rec.run.config.update:  # the config given to wandb.init
+                out["config"][item.key] = json.loads(item.value_json)
+        elif kind == "metric" and rec.metric.name:
+            out["metrics"][rec.metric.name] = rec.metric.step_metric
     return out
 
 

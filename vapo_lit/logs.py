@@ -4,21 +4,18 @@ from __future__ import annotations
 
 import csv
 import io
-import netrc
 import os
 import warnings
 from pathlib import Path
-from urllib.parse import urlparse
 
-from lightning.pytorch.loggers import CSVLogger
+from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vapo_lit import faults
 from vapo_lit.config import COMPONENTS, RunConfig, label_of
 from vapo_lit.secrets import scrub_argv
-
-SUMMARY_ENV = "VAPO_LIT_WANDB_SUMMARY"
-"""Set to 1 to get W&B's console header and end-of-run summary (sparklines) back."""
+from vapo_lit.wandb_runs import (SUMMARY_ENV, AxisDefiner, no_network_offline, wandb_mode,  # noqa: F401
+                                 wandb_row, wandb_settings)
 
 
 # ----------------------------------------------------------------------------- metrics.csv
@@ -139,44 +136,43 @@ class ResumableCSVLogger(CSVLogger):
 
 
 # ----------------------------------------------------------------------------- W&B
-def wandb_mode(choice: str) -> str:
-    """auto: online when the user is logged in (WANDB_API_KEY or a netrc entry), else offline."""
-    if choice != "auto":
-        return choice
-    if os.environ.get("WANDB_MODE"):
-        return os.environ["WANDB_MODE"]
-    if os.environ.get("WANDB_API_KEY"):
-        return "online"
-    host = urlparse(os.environ.get("WANDB_BASE_URL", "https://api.wandb.ai")).hostname
-    try:
-        if host and netrc.netrc().authenticators(host):
-            return "online"
-    except (FileNotFoundError, netrc.NetrcParseError, OSError):
-        pass
-    return "offline"
+class AxesWandbLogger(WandbLogger):
+    """Lightning's W&B logger with our axes (vapo_lit/wandb_runs.py): every PPO metric stepped on
+    `ppo/update`, value pretraining under `value_pretrain/` on its own axis, instead of Lightning's
+    one `trainer/global_step` for every row."""
 
+    @property
+    def experiment(self):
+        from lightning.pytorch.utilities import rank_zero_only
 
-def wandb_settings():
-    """Quiet unless asked: W&B's header and end-of-run history/summary block (~40 lines of
-    sparklines per run) only with VAPO_LIT_WANDB_SUMMARY=1 (or W&B's own WANDB_QUIET/WANDB_SILENT,
-    which are left to W&B). Metrics, config and files are recorded either way."""
-    import wandb
+        if self._experiment is None and rank_zero_only.rank == 0:
+            import wandb
 
-    if any(k in os.environ for k in ("WANDB_QUIET", "WANDB_SILENT")):
-        return wandb.Settings()
-    loud = os.environ.get(SUMMARY_ENV, "").strip().lower() in ("1", "true", "yes")
-    return wandb.Settings(quiet=not loud)
+            if wandb.run is None:  # else Lightning reuses the open run (and says so)
+                self._experiment = wandb.init(**self._wandb_init)
+                self._axes = AxisDefiner(self._experiment)
+        return super().experiment
+
+    def log_metrics(self, metrics, step=None) -> None:
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if rank_zero_only.rank != 0:
+            return
+        run = self.experiment
+        axes = getattr(self, "_axes", None)
+        if axes is None or axes.run is not run:
+            axes = self._axes = AxisDefiner(run)
+        axes.log(wandb_row(metrics))
 
 
 def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | None):
     mode = wandb_mode(cfg.wandb)
     if mode == "disabled":
         return None
-    from lightning.pytorch.loggers import WandbLogger
-
     scrub_argv()  # W&B records sys.argv (its "args"): no database password may be in it
+    no_network_offline(mode)
     dropped = [c for c in COMPONENTS if c not in cfg.components]
-    logger = WandbLogger(
+    logger = AxesWandbLogger(
         name=run_dir.name, project=cfg.wandb_project, group=cfg.wandb_group or run_dir.name,
         job_type=cfg.wandb_job_type or label_of(cfg),
         tags=[f"no-{c}" for c in dropped] + [f"seed-{cfg.seed}"], save_dir=str(run_dir), mode=mode,

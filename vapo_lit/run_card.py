@@ -136,8 +136,10 @@ class RunCardWriter(Callback):
             return
         card = run_card(pl_module.cfg, pl_module)
         card.update(self.extra)
+        from lightning.pytorch.loggers import WandbLogger
+
         for lg in trainer.loggers:
-            if type(lg).__name__ == "WandbLogger":
+            if isinstance(lg, WandbLogger):
                 card["wandb"] = {"id": lg.version, "project": pl_module.cfg.wandb_project,
                                  "group": pl_module.cfg.wandb_group or self.run_dir.name,
                                  "mode": lg.experiment.settings.mode}

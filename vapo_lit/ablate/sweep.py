@@ -20,7 +20,8 @@ Each trial is one `train()` run in OUT/trials/<study>-t<number>/; eval avg@k is 
 trial at every eval (step = PPO update) and a pruned trial stops there (state PRUNED, its logs
 kept). Storage: Optuna RDB with heartbeats; a trial whose worker died is retried by Optuna's
 retry-stale-trial callback and resumes from its run folder's last checkpoint. Look at it with
-`optuna-dashboard sqlite:///OUT/sweeps.db` (pip install optuna-dashboard).
+`optuna-dashboard sqlite:///OUT/sweeps.db` (pip install optuna-dashboard), or in W&B: the study
+run (ablate/study_run.py) holds the trials table, the best trial and the parameter importances.
 """
 from __future__ import annotations
 
@@ -246,4 +247,12 @@ def run_sweep(spec: SweepSpec, base: RunConfig, out, storage: str | None = None,
         best = max(complete, key=lambda t: t.value)
         log(f"[{spec.study}] best trial {best.number}: eval avg@k {spec.objective} = {best.value:.4f} "
             f"params {best.params} run {best.user_attrs.get('run_dir')}")
+    from vapo_lit.ablate.study_run import log_study
+
+    try:
+        line = log_study(study, spec, base, out)
+    except Exception as e:  # noqa: BLE001 - the trials are stored; W&B trouble must not fail the sweep
+        line = f"[{spec.study}] W&B study run not logged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
+    if line:
+        log(line)
     return study

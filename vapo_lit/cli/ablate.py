@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import argparse
 import sys
+import time
 from pathlib import Path
 
 from vapo_lit.cli import errors
@@ -115,12 +116,18 @@ def reporter(args):
 
     def report(p) -> str:
         from vapo_lit.report import LogError, write_report
+        from vapo_lit.report.grid_run import log_grid_runs
 
+        since = time.time()
         try:
             kw = {"max_seeds": args.max_seeds} if args.seeds == "auto" else {}
-            return write_report(p.out, grid_id=p.grid.grid_id, last_n=args.last_n, **kw)
+            text = write_report(p.out, grid_id=p.grid.grid_id, last_n=args.last_n, **kw)
         except LogError as e:  # no log at all (every cell failed) or a malformed one: say so, keep the exit code
             return f"[{p.grid.grid_id}] no report: {e}"
+        settings = {"last_n": args.last_n, **kw}
+        lines = log_grid_runs(p.out, p.grid.grid_id, since=since, mode=p.cells[0].cfg.wandb if p.cells else "auto",
+                              settings=settings)
+        return "\n".join([text, *(f"[{p.grid.grid_id}] {line}" for line in lines)])
 
     return report
 

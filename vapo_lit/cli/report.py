@@ -4,9 +4,12 @@
     vapo-report runs/ablate --grid table1   # one grid
     vapo-report runs/                       # any folder of run folders (rows from their configs)
     vapo-report runs/ablate --grid table1 --threshold 80 --to reports/table1   # fixed threshold, own folder
+    vapo-report runs/ablate --grid table1 --wandb-workspace --wandb-entity ME  # + a saved W&B workspace
 
 Writes OUT_DIR/reports/<grid>/table.{md,tex,csv}, seeds.csv, calibration.csv and the figures;
-prints the Markdown. Exit 2 (one line on stderr) for a bad argument, a malformed or empty log
+prints the Markdown. When the cells were logged to W&B, the report is logged too, as the grid's
+run (job_type report, in the grid's group; offline when the cells were offline; a rerun
+updates the same run): see vapo_lit/report/grid_run.py. Exit 2 (one line on stderr) for a bad argument, a malformed or empty log
 (the file and line named) or a folder without any run log.
 """
 from __future__ import annotations
@@ -44,7 +47,30 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--no-figures", action="store_true", help="tables only (the PNGs take most of the time)")
     ap.add_argument("--to", type=Path, help="write the report into this folder (one grid only; default "
                                             "OUT_DIR/reports/<grid>)")
+    ap.add_argument("--wandb", choices=("auto", "online", "offline", "disabled"), default="auto",
+                    help="the grid run: auto (default) = like the cells (offline when they were logged offline; "
+                         "online when they were online and you are logged in); none when no cell was logged to W&B")
+    ap.add_argument("--wandb-workspace", action="store_true",
+                    help="also save a W&B workspace for the grid's group: rows grouped by job_type, the diagnostic "
+                         "panels on the ppo/update axis (needs an online W&B account and the 'workspace' extra)")
+    ap.add_argument("--wandb-entity", help="--wandb-workspace: the W&B entity (default: the account's default entity)")
     return ap
+
+
+def workspace_error(args) -> str | None:
+    """Why --wandb-workspace cannot run here (checked before anything is computed)."""
+    if not args.wandb_workspace:
+        return "--wandb-entity is a --wandb-workspace flag" if args.wandb_entity else None
+    from vapo_lit.wandb_runs import wandb_mode
+
+    if args.wandb in ("offline", "disabled") or wandb_mode(args.wandb) != "online":
+        return ("--wandb-workspace saves the workspace to W&B and needs an online account: run `wandb login` "
+                "(or set WANDB_API_KEY) and leave --wandb at auto or online")
+    try:
+        import wandb_workspaces  # noqa: F401
+    except ImportError:
+        return "--wandb-workspace needs the wandb-workspaces library: pip install 'vapo-lit[workspace]'"
+    return None
 
 
 def main(argv=None) -> int:
@@ -56,6 +82,8 @@ def main(argv=None) -> int:
         err = "--last-n must be >= 1"
     elif args.max_seeds < 2:
         err = "--max-seeds must be >= 2"
+    else:
+        err = workspace_error(args)
     if err:
         print(f"vapo-report: error: {err}", file=sys.stderr)
         return 2
@@ -69,6 +97,9 @@ def main(argv=None) -> int:
     if args.to is not None and not args.grid and len(grids) > 1:
         print(f"vapo-report: error: --to takes one grid; add --grid (one of {', '.join(grids)})", file=sys.stderr)
         return 2
+    import time
+
+    since = time.time()
     try:
         print(write_report(args.out_dir, grid_id=args.grid, last_n=args.last_n, to=args.to,
                            reference=args.reference or REFERENCE, threshold=args.threshold, max_seeds=args.max_seeds,
@@ -76,6 +107,17 @@ def main(argv=None) -> int:
     except ValueError as e:  # LogError included: a malformed or empty log, named by file and line
         print(f"vapo-report: error: {e}", file=sys.stderr)
         return 2
+    from vapo_lit.report.grid_run import log_grid_runs
+
+    settings = {"last_n": args.last_n, "threshold": args.threshold, "reference": args.reference or REFERENCE,
+                "max_seeds": args.max_seeds}
+    for line in log_grid_runs(args.out_dir, args.grid, to=args.to, since=since, mode=args.wandb, settings=settings):
+        print(line)
+    if args.wandb_workspace:
+        from vapo_lit.report.workspace import save_workspaces
+
+        for line in save_workspaces(args.out_dir, args.grid, to=args.to, entity=args.wandb_entity):
+            print(line)
     return 0
 
 

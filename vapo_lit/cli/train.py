@@ -68,8 +68,22 @@ def main(argv=None) -> int:
     keys = [k for k in last if k.startswith("eval/avg@") and k.count("/") == 1]
     print(json.dumps({"run_dir": summary["run_dir"], "ppo_updates": summary["ppo_updates"],
                       "best_eval": summary["best_eval"], "final_eval": {k: last[k] for k in keys},
-                      "wall_seconds": round(summary["wall_seconds"], 1)}, indent=1))
+                      "wall_seconds": round(summary["wall_seconds"], 1),
+                      **({"wandb": w} if (w := wandb_line(Path(summary["run_dir"]))) else {})}, indent=1))
     return 0
+
+
+def wandb_line(run_dir: Path) -> str | None:
+    """Where the run's W&B record is (W&B's own lines are silenced): the `wandb sync` command for an
+    offline run, project/id for an online one; None without one."""
+    card = run_dir / "run_card.json"
+    wb = (json.loads(card.read_text()).get("wandb") or {}) if card.is_file() else {}
+    if not wb.get("id"):
+        return None
+    if wb.get("mode") == "offline":
+        found = sorted((run_dir / "wandb").glob(f"offline-run-*-{wb['id']}"))
+        return f"offline run; upload with: wandb sync {shlex.quote(str(found[-1]))}" if found else None
+    return f"{wb.get('project')}/{wb['id']} (group {wb.get('group')})"
 
 
 def failure(e: BaseException, sig: errors.Signals, run_dir: Path) -> tuple[int, str]:
