@@ -339,6 +339,12 @@ def test_identical_nonzero_paired_differences_show_no_p_value_and_say_why(tmp_pa
     assert "paired t statistic (the mean over its standard error, here 0) is undefined and no p-value" in paired
     assert "w/o group_sampling (Δ peak +0.8 in all 3 pairs)." in paired
     assert "n/a $^\\ddagger$" in (folder / "table.tex").read_text()
+    from vapo_lit.report.render import Context, holm_note
+
+    ctx = Context(k=4, last_n=10, threshold=50.0, reference="vapo", token_budget=1.0, time_budget=1.0, max_seeds=20)
+    assert holm_note(table.reset_index(), ctx, "peak", "Δ peak") == (
+        "Multiple comparisons (Δ peak, Holm over the 1 rows compared with VAPO (full), family-wise 5%): survive: none; "
+        "do not: w/o clip_higher (p=1.000); no p-value (zero spread, ‡): w/o group_sampling.")
 
 
 def test_synthetic_diagnostics_nan_robust_crashes_and_calibration(syn):
