@@ -34,6 +34,7 @@ import torch
 
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.engines import ContinuousBatchingEngine, SamplingParams, make_engine
+from vapo_lit.engines.continuous import page_size_kwarg
 from vapo_lit.models import load_policy
 from vapo_lit.presets import PRESETS
 from vapo_lit.rng import sample_seed
@@ -54,7 +55,7 @@ def native_cb(model, tok, prompts, sampling, seed: int):
     gen = GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
                            max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids_of(model, tok),
                            pad_token_id=pad_id_of(tok))
-    cfg = ContinuousBatchingConfig(page_size=sizing.page_size, num_blocks=pages,
+    cfg = ContinuousBatchingConfig(**page_size_kwarg(ContinuousBatchingConfig, sizing.page_size), num_blocks=pages,
                                    max_batch_tokens=max(sizing.max_batch_tokens, len(inputs)), use_async_batching=False,
                                    max_requests_per_batch=sizing.max_requests_per_batch,
                                    allow_block_sharing=False, return_logprobs=True, seed=seed)

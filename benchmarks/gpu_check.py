@@ -274,12 +274,11 @@ def check_cb_engine(cpu: bool) -> dict:
     from synthetic import word_tokenizer
 
     from vapo_lit.engines import SamplingParams, make_engine
-    from vapo_lit.engines.continuous import _import_cb
+    from vapo_lit.engines.continuous import unavailable
 
-    try:
-        _import_cb()
-    except ImportError as e:  # an optional engine (transformers 5.2x): its absence is not a failure
-        return result("skip", f"skip (no continuous batching in the installed transformers: {str(e).splitlines()[0][:120]})")
+    why = unavailable()
+    if why:  # an optional engine (transformers' continuous batching): its absence is not a failure
+        return result("skip", f"skip ({why.splitlines()[0][:300]})")
     device = device_of(cpu)
     vocab = 512 if cpu else 32_000
     model, tok = _small_llm(cpu, device, vocab), word_tokenizer(vocab)

@@ -17,24 +17,22 @@ from test_rollout import PROMPTS, check_invariants, tiny_model
 from vapo_lit import passes
 from vapo_lit.config import RunConfig
 from vapo_lit.engines import ENGINES, RolloutEngine, SamplingParams, make_engine
-from vapo_lit.engines.continuous import ContinuousBatchingEngine, _import_cb, bits_to_uniform, uniform_bits
+from vapo_lit.engines.continuous import (ContinuousBatchingEngine, _import_cb, bits_to_uniform, unavailable,
+                                         uniform_bits)
 from vapo_lit.rng import sample_seed, uniforms
 from vapo_lit.tasks import get_task
 
 
 def _has_cb() -> bool:
-    try:
-        _import_cb()
-        return True
-    except ImportError:
-        return False
+    return unavailable() is None
 
 
-# The "cb" engine is optional: it needs transformers' continuous batching (5.2x) and says so when it is
-# missing (make test-lower runs the suite with transformers 4.56, which has none); the Makefile's
-# .venv has it, so `make test` runs every cb test.
-NEEDS_CB = pytest.mark.skipif(not _has_cb(), reason="rollout engine 'cb' needs transformers' continuous batching "
-                                                     "(transformers 5.2x); not in the installed transformers")
+# The "cb" engine is optional: it needs transformers' continuous batching and says so when it is
+# missing (make test-lower runs the suite with transformers 4.56, which has none) or cannot run (a
+# transformers that cannot measure this machine's memory); the Makefile's .venv has it, so `make test`
+# runs every cb test, and `make test-mid` runs them on transformers 5.17 (the same classes, a config
+# field under its older name).
+NEEDS_CB = pytest.mark.skipif(not _has_cb(), reason=str(unavailable()))
 
 
 @pytest.fixture(scope="module")
@@ -296,6 +294,73 @@ def test_cb_uniform_bits_round_down_the_stream():
     got_rows = got[::97]
     assert bool((got_rows <= want).all()) and bool((want - got_rows < 2.0 ** -32).all())
     assert float(got.min()) >= 0 and float(got.max()) < 1 and got.dtype == torch.float64
+
+
+def test_cb_config_page_size_is_found_by_its_field_name():
+    """The tokens per KV-cache page go to whichever field the installed ContinuousBatchingConfig
+    has: `block_size` (transformers 5.17), `page_size` (later, where block_size is a deprecated alias)."""
+    from vapo_lit.engines.continuous import page_size_kwarg
+
+    @dataclasses.dataclass
+    class Older:
+        block_size: int = 256
+        num_blocks: int | None = None
+
+    @dataclasses.dataclass
+    class Newer:
+        page_size: int = 256
+        num_blocks: int | None = None
+        block_size: int | None = None
+
+    assert page_size_kwarg(Older, 32) == {"block_size": 32}
+    assert page_size_kwarg(Newer, 32) == {"page_size": 32}
+    Older(**page_size_kwarg(Older, 32))
+    Newer(**page_size_kwarg(Newer, 32))
+
+
+@NEEDS_CB
+def test_cb_refuses_a_continuous_batching_config_without_the_fields_it_sets(monkeypatch):
+    """A transformers whose ContinuousBatchingConfig lacks a field the engine sets: one line naming
+    the version and the missing fields, before any model is touched."""
+    import transformers.generation.configuration_utils as cu
+
+    @dataclasses.dataclass
+    class Bare:
+        num_blocks: int | None = None
+        seed: int | None = None
+
+    monkeypatch.setattr(cu, "ContinuousBatchingConfig", Bare)
+    with pytest.raises(ImportError, match=r"rollout engine 'cb' needs ContinuousBatchingConfig fields that "
+                                          r"transformers \S+ lacks: page_size or block_size, max_batch_tokens, "
+                                          r"max_requests_per_batch, use_async_batching, allow_block_sharing "
+                                          r"\(use rollout_engine=hf\)"):
+        _import_cb()
+
+
+@NEEDS_CB
+def test_cb_refuses_a_machine_whose_memory_transformers_reads_as_zero(task, monkeypatch):
+    """Where transformers' memory probe reports 0 (a CPU-only machine without psutil, under
+    transformers 5.17), its continuous batching would refuse every request from a background
+    thread: the engine says so in one line when it is made, before any sampling."""
+    import importlib
+
+    from vapo_lit.engines import continuous
+
+    if torch.cuda.is_available():
+        pytest.skip("transformers measures a CUDA machine's memory directly")
+    for name in ("utils", "requests"):
+        mod = importlib.import_module(f"transformers.generation.continuous_batching.{name}")
+        monkeypatch.setattr(mod, "get_device_and_memory_breakdown", lambda: (torch.device("cpu"), 0, 0, 0),
+                            raising=False)
+    continuous.memory_unmeasured.cache_clear()
+    try:
+        with pytest.raises(RuntimeError, match=r"^rollout engine 'cb': transformers \S+ reads this machine's cpu "
+                                               r"memory as 0 \(it needs psutil for that\), so its continuous batching "
+                                               r"would refuse every request; pip install psutil, or use "
+                                               r"rollout_engine=hf$"):
+            make_engine("cb", tiny_model("llama", len(task.tokenizer), task.tokenizer), task.tokenizer)
+    finally:
+        continuous.memory_unmeasured.cache_clear()
 
 
 @NEEDS_CB

@@ -183,6 +183,17 @@ def test_chain_reward_needs_every_step(long_task):
         get_task("chain", reward="steps")
 
 
+def test_every_step_right_but_a_wrong_final_answer_earns_nothing(long_task):
+    """reward='chain' pays a chain whose every step is right only with the right final answer too,
+    and `strict` (either reward) requires the right final answer."""
+    p = long_task.make_problem(7, 40)
+    toks = long_task.solution(p).split()
+    toks[-1] = str((int(toks[-1]) + 1) % 10)  # the steps all right, then a wrong "=> v"
+    for task in (long_task, get_task("longchain", reward="answer")):
+        v = task.verify(p, " ".join(toks))
+        assert v.reward == 0.0 and v.strict is False and v.error is None, (task.config.reward, v)
+
+
 def test_step_errors_judge_each_step_from_the_value_written_before_it(long_task):
     """tools/chain_properties.py: one wrong hard step (+1), carried on consistently, is one error;
     a wrong easy value and a wrong counter are counted where they occur (the counter ends the walk)."""

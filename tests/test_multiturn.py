@@ -77,6 +77,17 @@ def test_a_final_answer_is_scored_by_the_verifier(task, problem):
     assert task.respond(problem, wrong, "1: x", turns_done=4, final=True).reward == 0.0
 
 
+def test_a_final_answer_on_the_last_allowed_turn_is_scored_by_the_verifier(task, problem):
+    """EOS on turn max_turns is the final answer, not a turn-limit cut: the verifier scores it and
+    the episode is not truncated; only a tool call on that turn ends the episode with reward 0."""
+    right = task.solution(problem)
+    step = task.respond(problem, right, "1: x => 1", turns_done=task.max_turns, final=True)
+    assert step.done and step.reward == 1.0 and not step.truncated
+    wrong = right[:-1] + str((int(problem.answer) + 1) % 10)
+    step = task.respond(problem, wrong, "1: x => 1", turns_done=task.max_turns, final=True)
+    assert step.done and step.reward == 0.0 and not step.truncated
+
+
 def test_an_environment_bug_ends_the_episode_instead_of_raising(task, problem):
     class Buggy(type(task)):
         def verify(self, problem, response):
@@ -183,6 +194,19 @@ def test_the_turn_limit_ends_an_endless_caller(task, problem):
     assert int(ro.turns[0]) == task.max_turns and bool(ro.truncated[0])
     assert words[-1] == "?" and amask[-1] == 1.0  # ended on the call, no observation after it
     assert task.verify(problem, ro.texts[0]).reward == 0.0
+
+
+def test_an_episode_answering_on_its_last_allowed_turn_terminates(problem):
+    """Through the engine: a task whose turn limit is exactly the correct episode's turns (three
+    tool calls and the answer: 4) ends that episode by its answer, terminated, not truncated."""
+    from vapo_lit.tasks.toolchain import ToolChainTask
+
+    tight = ToolChainTask(max_turns=4)
+    actions = " ".join(t for t, is_action in tight.solution_spans(problem) if is_action)
+    ro = run_script(tight, [problem], [actions])
+    assert int(ro.turns[0]) == tight.max_turns == 4
+    assert bool(ro.terminated[0]) and not bool(ro.truncated[0])
+    assert ro.texts[0] == tight.solution(problem) and tight.verify(problem, ro.texts[0]).reward == 1.0
 
 
 def test_the_token_budget_can_cut_inside_an_observation(task, problem):
@@ -294,6 +318,27 @@ def test_values_and_advantages_through_the_stages(task, mode):
     assert torch.allclose(exp.lam_policy, lam.clamp(0, 1))
     # lambda_critic = 1, gamma = 1: critic targets are the outcome, whatever the setting
     assert torch.allclose(exp.returns, exp.scores[:, None] * exp.mask, atol=1e-6)
+
+
+@pytest.mark.parametrize("mode", ["step", "zero"])
+def test_the_configured_observation_setting_reaches_the_runs_advantages(tmp_path, mode):
+    """A real training iteration configured `observations=step` / `zero`: the module's advantage
+    stage gives the critic targets of that setting (float64 loops of test_gae_observations on the
+    recorded Experience), which differ from the default skip's on this batch; the actor's
+    advantages are those of the setting, whitened."""
+    from test_gae_observations import reference
+    from wiring import probe_run, whiten
+
+    run = probe_run(tmp_path, [], task="toolchain", task_options={"max_n": 3}, observations=mode)
+    exp = run.probe.iterations[0].exp
+    assert exp.obs_mask is not None and exp.obs_mask.sum() > 0 and exp.lam_policy.max() < 1
+    action, obs = exp.mask.double(), exp.obs_mask.double()
+    want = {m: reference(exp.rewards, exp.values, action, obs, exp.lam_policy, run.cfg.ppo.gamma, exp.bootstrap, m)
+            for m in ("skip", mode)}
+    torch.testing.assert_close(exp.returns.double(), want[mode][1], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(want["skip"][1], want[mode][1], rtol=1e-5, atol=1e-5)
+    adv = whiten(want[mode][0], exp.mask) if run.cfg.ppo.whiten_advantages else want[mode][0]
+    torch.testing.assert_close(exp.advantages.double(), adv, rtol=1e-4, atol=1e-4)
 
 
 # ----------------------------------------------------------------------------- no gradient on observations

@@ -307,6 +307,46 @@ def test_strict_peak_is_the_best_strict_eval_of_the_trained_policy(tmp_path):
     assert table.loc["vapo", "strict_peak_std"] == pytest.approx(math.sqrt(50.0))
 
 
+def test_identical_nonzero_paired_differences_show_no_p_value_and_say_why(tmp_path):
+    """A row whose Δ peak is the same nonzero number in every seed (one eval sample of 128 more,
+    as a quantised score gives it): its p is undefined, so table.csv holds NaN, the Holm p cell
+    reads "n/a ‡" (not "<0.001") and a footnote gives the reason; a row identical to the reference
+    (every difference 0) keeps p = 1; a column with spread keeps its p."""
+    out = tmp_path / "flat"
+    q = 1 / 128  # the eval's quantum: one sample of 128
+    evals = {"vapo": lambda s: {0: 16 * q, 2: (70 + s) * q, 4: (60 + 3 * s) * q},
+             "vapo-no-group_sampling": lambda s: {0: 16 * q, 2: (71 + s) * q, 4: (62 + s * s) * q},
+             "vapo-no-clip_higher": lambda s: {0: 16 * q, 2: (70 + s) * q, 4: (60 + 3 * s) * q}}
+    cells = [(row, seed, write_run(out / "runs" / f"{row}-s{seed}", row, seed, make(seed), steps=4))
+             for row, make in evals.items() for seed in range(3)]
+    write_manifest(out, "flat", list(evals), cells)
+    assert report([str(out), "--grid", "flat", "--no-figures"]) == 0
+    folder = out / "reports" / "flat"
+    table = pd.read_csv(folder / "table.csv").set_index("row")
+    flat, same = table.loc["vapo-no-group_sampling"], table.loc["vapo-no-clip_higher"]
+    assert flat["delta_peak"] == flat["delta_peak_ci_lo"] == flat["delta_peak_ci_hi"] == 100 * q
+    assert math.isnan(flat["delta_peak_p"]) and math.isnan(flat["delta_peak_p_holm"])
+    assert 0 < flat["delta_final_p"] < 1 and flat["delta_final_ci_lo"] < flat["delta_final_ci_hi"]  # spread: a p
+    assert same["delta_peak"] == 0.0 and same["delta_peak_p"] == 1.0
+    md = (folder / "table.md").read_text()
+    paired = md[md.index("## Paired deltas"):]
+    line = next(x for x in paired.splitlines() if x.startswith("| w/o group_sampling |")).split(" | ")
+    assert line[4:6] == ["+0.8 [+0.8, +0.8]", "n/a ‡"], line
+    line = next(x for x in paired.splitlines() if x.startswith("| w/o clip_higher |")).split(" | ")
+    assert line[4:6] == ["+0.0 [+0.0, +0.0]", "1.000"], line
+    assert "<0.001" not in md
+    assert md.count("‡ n/a: zero spread: every seed's difference is the same") == 1
+    assert "paired t statistic (the mean over its standard error, here 0) is undefined and no p-value" in paired
+    assert "w/o group_sampling (Δ peak +0.8 in all 3 pairs)." in paired
+    assert "n/a $^\\ddagger$" in (folder / "table.tex").read_text()
+    from vapo_lit.report.render import Context, holm_note
+
+    ctx = Context(k=4, last_n=10, threshold=50.0, reference="vapo", token_budget=1.0, time_budget=1.0, max_seeds=20)
+    assert holm_note(table.reset_index(), ctx, "peak", "Δ peak") == (
+        "Multiple comparisons (Δ peak, Holm over the 1 rows compared with VAPO (full), family-wise 5%): survive: none; "
+        "do not: w/o clip_higher (p=1.000); no p-value (zero spread, ‡): w/o group_sampling.")
+
+
 def test_synthetic_diagnostics_nan_robust_crashes_and_calibration(syn):
     _, folder, table, seeds = syn
     # EV over the last 3 PPO rows (updates 8, 9, 10 -> EV[2], EV[3], EV[4] = -23, 0.4, 0.5): median 0.4

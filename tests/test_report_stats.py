@@ -81,6 +81,25 @@ def test_paired_delta_pairs_only_shared_seeds_and_names_the_others():
     assert one["pairs"] == 1 and math.isnan(one["ci_lo"]) and math.isnan(one["p"])
 
 
+def test_identical_nonzero_differences_have_no_p_value():
+    """Every seed's difference the same nonzero number: the t statistic is a nonzero mean over a
+    zero standard error, undefined, so p is NaN (not 0, which would read as a certain effect); the
+    interval is that one point. All differences 0 keep p = 1 (nothing to detect). Welch likewise
+    when both samples have zero spread. Holm leaves the undefined p out of its family."""
+    d = stats.paired_delta({0: 63.28125, 1: 61.71875, 2: 64.0625}, {0: 62.5, 1: 60.9375, 2: 63.28125})
+    assert d["pairs"] == 3 and d["mean"] == 0.78125 and d["std"] == 0.0
+    assert d["ci_lo"] == d["ci_hi"] == 0.78125 and math.isnan(d["p"])
+    for values in ([0.8, 0.8], [-2.5, -2.5, -2.5, -2.5]):
+        t = stats.one_sample_t(values)
+        assert t["std"] == 0.0 and t["mean"] == values[0] and math.isnan(t["p"]), (values, t)
+    assert stats.one_sample_t([0.0, 0.0, 0.0])["p"] == 1.0
+    w = stats.welch_delta([3.0, 3.0], [1.0, 1.0, 1.0])
+    assert w["mean"] == w["ci_lo"] == w["ci_hi"] == 2.0 and math.isnan(w["p"])
+    assert stats.welch_delta([1.0, 1.0], [1.0, 1.0])["p"] == 1.0
+    adj = stats.holm([0.01, d["p"], 0.04])
+    assert adj[0] == pytest.approx(0.02) and math.isnan(adj[1]) and adj[2] == pytest.approx(0.04)
+
+
 def test_welch_equals_scipy():
     w = stats.welch_delta(A, B)
     assert w["mean"] == pytest.approx(np.mean(A) - np.mean(B))

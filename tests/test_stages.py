@@ -445,3 +445,33 @@ def test_length_diagnostics_of_the_advantages_and_the_loss_weight():
         assert set(share) == set(st.by_length)  # every bucket of the batch; 0 where this mini-batch has none
         for label, s in share.items():
             assert s == pytest.approx(mass.get(label, 0.0) / total, rel=1e-9, abs=1e-12)
+
+
+@pytest.mark.parametrize("settings", [AdvantageSettings(lam=0.95, whiten=False),  # vanilla PPO: one lambda
+                                      AdvantageSettings(alpha=0.05, lam_critic=0.9, whiten=True)],  # decoupled
+                         ids=["shared_lambda", "decoupled"])
+def test_length_diagnostics_measure_against_monte_carlo_not_the_critic_targets(settings):
+    """`gae/adv_bias_len_*` and `gae/adv_var_mc_len_*` compare the actor's advantages with the
+    Monte-Carlo advantage G - V (lambda = 1), whatever lambda the critic's targets use. Measured
+    against the critic's own targets instead, a shared lambda (vanilla PPO) would read bias exactly
+    0 and variance ratio exactly 1 in every bucket."""
+    from vapo_lit.experience import LENGTH_EDGES
+
+    lengths = [5, 25, 60, 25, 150, 9, 30, 12]
+    exp = scored(lengths, seed=6)
+    st = fill_advantages(exp, settings)
+    lams = ([settings.lam] * exp.n if settings.alpha is None
+            else [adaptive_lambda(length, settings.alpha, 1.0) for length in lengths])
+    raw, mc = ref_advantages(exp, lams), ref_advantages(exp, [1.0] * exp.n)
+    labels = bucket_labels(LENGTH_EDGES)
+    bucket = [sum(length >= e for e in LENGTH_EDGES) for length in lengths]
+    logged = st.log()
+    for b in set(bucket):
+        toks = [(float(raw[i, t]), float(mc[i, t])) for i in range(exp.n) if bucket[i] == b for t in range(lengths[i])]
+        n = len(toks)
+        bias = sum(a - m for a, m in toks) / n
+        mean_mc = sum(m for _, m in toks) / n
+        var_mc = sum((m - mean_mc) ** 2 for _, m in toks) / n
+        assert logged[f"gae/adv_bias_len_{labels[b]}"] == pytest.approx(bias, abs=1e-6)
+        assert logged[f"gae/adv_var_mc_len_{labels[b]}"] == pytest.approx(var_mc, rel=1e-5, abs=1e-8)
+        assert abs(bias) > 1e-3  # lambda < 1 against a random critic: a bias the reference must show

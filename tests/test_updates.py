@@ -338,3 +338,48 @@ def test_each_minibatch_step_is_normalised_by_its_own_minibatch(runs):
     assert max(wrong) > 100 * TOL, wrong
     whole = [gap(s.grads, actor_reference(run, s, **settings)["grads"]) for s in steps]
     assert max(whole) > 100 * TOL, whole
+
+
+# ----------------------------------------------------------------------------- loss share by length
+def test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight(tmp_path):
+    """GRPO with groups of 2 in four mini-batches of 4: the verifier makes every group that has a
+    response in the first actor mini-batch score alike (advantage 0 on all of its rows: no
+    policy-gradient weight, its share by length 0/0) and the other groups mixed. The logged
+    `policy/loss_share_len_*` is the mean over the mini-batches that carry weight, recomputed from
+    the recorded Experience and the rows of each optimizer step; averaging the empty mini-batch in
+    would make it NaN."""
+    from vapo_lit.experience import LENGTH_EDGES, bucket_labels
+    from vapo_lit.tasks.base import Verdict
+
+    group = 2
+
+    def prepare(module):
+        def verify_batch(problems, texts):  # rows in order, `group` consecutive rows per prompt
+            first = set(next(module._minibatches(len(texts), salt=20))[0].tolist())  # the actor's first mini-batch
+            flat = {i // group for i in first}
+            return [Verdict(1.0 if i // group in flat or i % group == 0 else 0.0) for i in range(len(texts))]
+
+        module.task.verify_batch = verify_batch
+
+    run = probe_run(tmp_path, ["group_sampling"], verifier=None, prepare=prepare, advantage_estimator="grpo",
+                    vapo={"samples_per_prompt": group}, ppo={"mini_batch_size": 4})
+    exp = run.probe.iterations[0].exp
+    steps = run.probe.of("actor", 0)
+    assert len(steps) == 4 and sorted(r for s in steps for r in s.rows) == list(range(exp.n))
+    labels = bucket_labels(LENGTH_EDGES)
+    lengths = [int(x) for x in exp.mask.sum(1).tolist()]
+    bucket = [labels[sum(length >= e for e in LENGTH_EDGES)] for length in lengths]
+    shares, empty = [], 0
+    for s in steps:  # sample-level loss: w = 1 / (rows of the mini-batch * the response's length)
+        mass = {b: 0.0 for b in set(bucket)}
+        for i in s.rows:
+            mass[bucket[i]] += sum(abs(float(exp.advantages[i, t])) for t in range(lengths[i])) / (len(s.rows) * lengths[i])
+        total = sum(mass.values())
+        if total == 0:
+            empty += 1
+            continue
+        shares.append({b: m / total for b, m in mass.items()})
+    assert empty >= 1 and shares  # the run did build a mini-batch without weight, and others with
+    for b in set(bucket):
+        assert run.last[f"policy/loss_share_len_{b}"] == pytest.approx(sum(x[b] for x in shares) / len(shares),
+                                                                        rel=1e-9, abs=1e-12)

@@ -1,6 +1,6 @@
 """Known wiring bugs, planted one at a time in a scratch copy of the repository: each must fail at
-least one of its mapped tests. Bugs 1-4 are the first wiring bugs found; 5-14 are ten behaviours
-that no test pinned until an audit planted each one and saw every relevant test pass. Prints one line per
+least one of its mapped tests. Bugs 1-4 are the first wiring bugs found; 5-14 and 15-20 are
+behaviours that no test pinned until an audit planted each one and saw every relevant test pass. Prints one line per
 bug (exit code, seconds, the first failing test) and exits 1 if any bug passed its tests. The
 working tree is never changed.
 
@@ -71,6 +71,35 @@ BUGS = [
     ("14 resume restarts the generated-token counter", "vapo_lit/module.py",
      's.get("generated_tokens", 0.0)', "0.0",
      ["tests/test_module.py::test_resume_reproduces_metric_history[5-2-1]"]),
+    # ---- issue 37
+    ("15 a final answer on the last allowed turn is cut as the turn limit", "vapo_lit/tasks/env.py",
+     "            if final:\n"
+     "                return EnvStep(done=True, reward=float(self.verify(problem, transcript).reward))\n"
+     "            if turns_done >= self.max_turns:\n"
+     "                return EnvStep(done=True, reward=0.0, truncated=True)\n",
+     "            if turns_done >= self.max_turns:\n"
+     "                return EnvStep(done=True, reward=0.0, truncated=True)\n"
+     "            if final:\n"
+     "                return EnvStep(done=True, reward=float(self.verify(problem, transcript).reward))\n",
+     ["tests/test_multiturn.py::test_a_final_answer_on_the_last_allowed_turn_is_scored_by_the_verifier",
+      "tests/test_multiturn.py::test_an_episode_answering_on_its_last_allowed_turn_terminates"]),
+    ("16 the module's advantage stage drops the observations setting", "vapo_lit/module.py",
+     "whiten=p.whiten_advantages, observations=self.cfg.observations)", "whiten=p.whiten_advantages)",
+     ["tests/test_multiturn.py::test_the_configured_observation_setting_reaches_the_runs_advantages"]),
+    ("17 length diagnostics against the critic's targets", "vapo_lit/experience.py",
+     "advantage_by_length(lam_policy, advantages, exp.mc_returns - exp.values, exp.mask)",
+     "advantage_by_length(lam_policy, advantages, returns - exp.values, exp.mask)",
+     ["tests/test_stages.py::test_length_diagnostics_measure_against_monte_carlo_not_the_critic_targets"]),
+    ("18 strict chain without the right final answer", "vapo_lit/tasks/chain.py",
+     "strict = ok and values == self.values(x0, n)", "strict = values == self.values(x0, n)",
+     ["tests/test_long_task.py::test_every_step_right_but_a_wrong_final_answer_earns_nothing"]),
+    ("19 identical nonzero paired differences get p = 0", "vapo_lit/statistics.py",
+     '"p": 1.0 if s["mean"] == 0.0 else NAN}', '"p": 1.0 if s["mean"] == 0.0 else 0.0}',
+     ["tests/test_report_stats.py::test_identical_nonzero_differences_have_no_p_value",
+      "tests/test_report.py::test_identical_nonzero_paired_differences_show_no_p_value_and_say_why"]),
+    ("20 loss share averages in mini-batches without weight", "vapo_lit/update_stats.py",
+     "mean(s[k] for s in shares if math.isfinite(s[k]))", "mean(s[k] for s in shares)",
+     ["tests/test_updates.py::test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight"]),
 ]
 words = sys.argv[1:]  # a number picks that bug, another word the bugs whose name contains it
 chosen = [b for b in BUGS if not words or any(w == b[0].split()[0] if w.isdigit() else w in b[0] for w in words)]
@@ -79,7 +108,7 @@ if not chosen:
 survived = []
 for name, path, old, new, tests in chosen:
     tmp = Path(tempfile.mkdtemp()) / "p"
-    shutil.copytree(SRC, tmp, ignore=shutil.ignore_patterns(".venv", "runs", ".git", "__pycache__"))
+    shutil.copytree(SRC, tmp, ignore=shutil.ignore_patterns(".venv", ".venv-*", "runs", ".git", "__pycache__"))
     f = tmp / path
     s = f.read_text()
     assert s.count(old) == 1, (name, s.count(old))

@@ -4,7 +4,8 @@ them (`decide_seeds`); this module is the one place both import, so the rule is 
 
 Conventions: NaN (or None) means "no value" and is left out; intervals are two-sided t-intervals
 at `level` (0.95); std is the sample std (ddof 1); with fewer than two values there is no spread,
-so std, intervals and p-values are NaN.
+so std, intervals and p-values are NaN; with zero spread and a nonzero mean the t statistic is
+undefined, so the p-value is NaN too (a zero-width interval with n >= 2 tells that case apart).
 
     summarize([0.5, 0.6, 0.7])            -> {'n': 3, 'mean': 0.6, 'std': 0.1, 'ci_lo': ..., 'ci_hi': ...}
     paired_delta({0: .6, 1: .7}, {0: .9, 1: .95})   # per-seed row - reference, t-interval over the differences
@@ -110,13 +111,16 @@ def summarize(values, level: float = 0.95) -> dict:
 
 
 def one_sample_t(values, level: float = 0.95) -> dict:
-    """`summarize` plus the two-sided p-value of H0: mean = 0. Zero spread: p = 1 when every value
-    is 0 (nothing to detect), p = 0 otherwise (the interval is the single point)."""
+    """`summarize` plus the two-sided p-value of H0: mean = 0. Zero spread (every value the same):
+    p = 1 when every value is 0 (nothing to detect); otherwise p is undefined (NaN), since the t
+    statistic divides a nonzero mean by a zero standard error: identical values say nothing about
+    how far chance could move them (a quantised score often gives them), so no p-value is claimed
+    (the interval is the single point)."""
     s = summarize(values, level)
     if s["n"] < 2:
         return {**s, "p": NAN}
     if s["std"] == 0.0:
-        return {**s, "p": 1.0 if s["mean"] == 0.0 else 0.0}
+        return {**s, "p": 1.0 if s["mean"] == 0.0 else NAN}
     return {**s, "p": t_sf2(s["mean"] / (s["std"] / math.sqrt(s["n"])), s["n"] - 1)}
 
 
@@ -147,8 +151,8 @@ def welch_delta(a, b, level: float = 0.95) -> dict:
         return {"mean": mean, "ci_lo": NAN, "ci_hi": NAN, "df": NAN, "p": NAN}
     va, vb = sa["std"] ** 2 / len(xa), sb["std"] ** 2 / len(xb)
     se = math.sqrt(va + vb)
-    if se == 0.0:
-        return {"mean": mean, "ci_lo": mean, "ci_hi": mean, "df": NAN, "p": 1.0 if mean == 0.0 else 0.0}
+    if se == 0.0:  # zero spread in both: as one_sample_t, p undefined unless the means are equal
+        return {"mean": mean, "ci_lo": mean, "ci_hi": mean, "df": NAN, "p": 1.0 if mean == 0.0 else NAN}
     df = (va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1))
     half = t_ppf(0.5 + level / 2, df) * se
     return {"mean": mean, "ci_lo": mean - half, "ci_hi": mean + half, "df": df, "p": t_sf2(mean / se, df)}

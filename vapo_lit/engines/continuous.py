@@ -28,6 +28,8 @@ The model must be a transformers `PreTrainedModel` (it carries `init_continuous_
 from __future__ import annotations
 
 import dataclasses
+import functools
+import inspect
 import math
 import time
 from typing import ClassVar
@@ -43,8 +45,20 @@ from vapo_lit.rollout import Rollout, as_seeds, encode_prompts, eos_ids_of, pad_
 _SEED, _PROMPT_LEN = "vapo_seed", "vapo_prompt_len"  # per-request keyword arguments of the sampler
 
 
+PAGE_SIZE_NAMES = ("page_size", "block_size")
+"""What `ContinuousBatchingConfig` calls the tokens per KV-cache page, newest name first: the field
+was renamed within the transformers versions that have these classes (5.17 has block_size, later
+ones page_size; the same quantity, with num_blocks counting those pages either way)."""
+CONFIG_FIELDS = ("num_blocks", "max_batch_tokens", "max_requests_per_batch", "use_async_batching",
+                 "allow_block_sharing", "seed")
+"""The other `ContinuousBatchingConfig` fields the engine sets."""
+
+
 def _import_cb():
-    """The continuous-batching classes (transformers >= 5.2x); ImportError saying what is missing."""
+    """The continuous-batching classes; ImportError saying what is missing. Found by what the
+    installed transformers has (its classes and their fields), not by its version number."""
+    import transformers
+
     try:
         from transformers import GenerationConfig, LogitsProcessorList
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
@@ -52,12 +66,64 @@ def _import_cb():
             ContinuousBatchingLogitsProcessor, ContinuousBatchingLogitsProcessorList)
         from transformers.generation.continuous_batching.utils import WorkloadHints
     except ImportError as e:  # pragma: no cover - depends on the installed transformers
-        import transformers
-
-        raise ImportError(f"rollout engine 'cb' needs transformers' continuous batching (transformers 5.2x); "
-                          f"installed: {transformers.__version__} ({e})") from e
+        raise ImportError(f"rollout engine 'cb' needs transformers' continuous batching with per-request logits "
+                          f"processors, which transformers {transformers.__version__} does not have ({e}); "
+                          "use rollout_engine=hf") from e
+    fields = _fields(ContinuousBatchingConfig)
+    missing = [n for n in CONFIG_FIELDS if n not in fields]
+    if not any(n in fields for n in PAGE_SIZE_NAMES):
+        missing.insert(0, " or ".join(PAGE_SIZE_NAMES))
+    if missing:  # pragma: no cover - depends on the installed transformers
+        raise ImportError(f"rollout engine 'cb' needs ContinuousBatchingConfig fields that transformers "
+                          f"{transformers.__version__} lacks: {', '.join(missing)} (use rollout_engine=hf)")
     return (GenerationConfig, LogitsProcessorList, ContinuousBatchingConfig, ContinuousBatchingLogitsProcessor,
             ContinuousBatchingLogitsProcessorList, WorkloadHints)
+
+
+@functools.lru_cache(maxsize=1)
+def memory_unmeasured() -> str | None:
+    """Why transformers' continuous batching cannot size its KV cache on this machine (one line), or
+    None. It checks the cache against the memory its `get_device_and_memory_breakdown` reports; on a
+    machine without CUDA some versions (5.17) read a CPU's memory only through psutil and report 0
+    without it, and then refuse every request. Asked of transformers itself (never on a CUDA machine,
+    whose memory it always measures, so that no CUDA context is made here)."""
+    if torch.cuda.is_available():
+        return None
+    import transformers
+
+    try:
+        from transformers.generation.continuous_batching.utils import get_device_and_memory_breakdown
+    except ImportError:
+        try:
+            from transformers.generation.continuous_batching.requests import get_device_and_memory_breakdown
+        except ImportError:  # pragma: no cover - depends on the installed transformers
+            return None
+    device, total = get_device_and_memory_breakdown()[:2]
+    if total > 0:
+        return None
+    return (f"rollout engine 'cb': transformers {transformers.__version__} reads this machine's {device.type} memory "
+            "as 0 (it needs psutil for that), so its continuous batching would refuse every request; "
+            "pip install psutil, or use rollout_engine=hf")
+
+
+def unavailable() -> str | None:
+    """Why the cb engine cannot run here (one line: its classes are missing, or transformers cannot
+    measure the memory its cache must fit in), or None."""
+    try:
+        _import_cb()
+    except ImportError as e:
+        return str(e)
+    return memory_unmeasured()
+
+
+def _fields(cls) -> set[str]:
+    return set(inspect.signature(cls).parameters)
+
+
+def page_size_kwarg(config_cls, tokens: int) -> dict:
+    """{name: tokens} under the name `config_cls` (a ContinuousBatchingConfig) gives the page size."""
+    fields = _fields(config_cls)
+    return {next(n for n in PAGE_SIZE_NAMES if n in fields): tokens}
 
 
 def uniform_bits(seeds: torch.LongTensor, steps: torch.LongTensor) -> torch.Tensor:
@@ -146,6 +212,9 @@ class ContinuousBatchingEngine:
     def __init__(self, actor, tokenizer):
         self.model, self.tokenizer = actor, tokenizer
         self.CounterSampler, self.SamplerList = _make_sampler_classes()
+        why = memory_unmeasured()
+        if why:
+            raise RuntimeError(why)
         self.recompute_seconds = 0.0
         """Seconds the last `generate` spent recomputing behaviour log-probs (benchmarks/engines.py)."""
 
@@ -173,7 +242,8 @@ class ContinuousBatchingEngine:
 
     def _cb_config(self, inputs, max_new_tokens: int):
         _, _, ContinuousBatchingConfig, _, _, WorkloadHints = _import_cb()
-        cfg = ContinuousBatchingConfig(page_size=self.page_size, num_blocks=self.cache_pages(inputs, max_new_tokens),
+        cfg = ContinuousBatchingConfig(**page_size_kwarg(ContinuousBatchingConfig, self.page_size),
+                                       num_blocks=self.cache_pages(inputs, max_new_tokens),
                                        max_batch_tokens=max(self.max_batch_tokens, len(inputs)),
                                        max_requests_per_batch=self.max_requests_per_batch,
                                        # synchronous steps: the sampler reads each request's step when

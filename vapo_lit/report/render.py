@@ -44,6 +44,22 @@ def pval(p) -> str:
     return "<0.001" if p < 0.001 else f"{p:.3f}"
 
 
+UNDEFINED_P = "n/a ‡"
+"""A Holm p cell whose paired t statistic is undefined (zero spread; see `zero_spread_note`)."""
+
+
+def zero_spread(rec, m: str) -> bool:
+    """Two or more paired seeds whose differences row - reference are all the same nonzero number:
+    the interval is one point and the t statistic divides by a zero standard error, so
+    `statistics.one_sample_t` gives no p-value (NaN), and Holm leaves the row out of its family."""
+    pairs, lo, hi = rec[f"delta_{m}_pairs"], rec[f"delta_{m}_ci_lo"], rec[f"delta_{m}_ci_hi"]
+    return not _nan(pairs) and pairs >= 2 and _nan(rec[f"delta_{m}_p"]) and not _nan(lo) and lo == hi
+
+
+def holm_p(rec, m: str) -> str:
+    return UNDEFINED_P if zero_spread(rec, m) else pval(rec[f"delta_{m}_p_holm"])
+
+
 def tokens(x) -> str:
     if _nan(x):
         return DASH
@@ -133,7 +149,7 @@ MAIN: list[Column] = [
     ("final avg@{k}", lambda r, c: spread(r, "final")),
     ("peak avg@{k}", lambda r, c: spread(r, "peak")),
     ("Δ final (paired, 95% CI)", lambda r, c: delta(r, "final", c)),
-    ("Holm p", lambda r, c: pval(r["delta_final_p_holm"])),
+    ("Holm p", lambda r, c: holm_p(r, "final")),
     ("updates to {threshold}", lambda r, c: reach(r)),
     ("AUC avg@{k}", lambda r, c: spread(r, "auc")),
     ("strict final", lambda r, c: spread(r, "strict_final")),
@@ -142,11 +158,11 @@ PAIRED: list[Column] = [  # rows other than the reference
     ("row", lambda r, c: marked(r)),
     ("pairs", lambda r, c: num(r["delta_final_pairs"], 0)),
     ("Δ final [95% CI]", lambda r, c: delta(r, "final", c)),
-    ("Holm p", lambda r, c: pval(r["delta_final_p_holm"])),
+    ("Holm p", lambda r, c: holm_p(r, "final")),
     ("Δ peak [95% CI]", lambda r, c: delta(r, "peak", c)),
-    ("Holm p", lambda r, c: pval(r["delta_peak_p_holm"])),
+    ("Holm p", lambda r, c: holm_p(r, "peak")),
     ("Δ AUC [95% CI]", lambda r, c: delta(r, "auc", c)),
-    ("Holm p", lambda r, c: pval(r["delta_auc_p_holm"])),
+    ("Holm p", lambda r, c: holm_p(r, "auc")),
     ("Δ updates to {threshold} [95% CI]", lambda r, c: delta(r, "updates_to_threshold", c)),
     ("unpaired Δ final [Welch 95% CI]", lambda r, c: welch(r, "final", c)),
 ]
@@ -198,7 +214,7 @@ def markdown(head, body) -> str:
 def _esc(s: str) -> str:
     return (s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
             .replace("#", "\\#").replace("±", "$\\pm$").replace("Δ", "$\\Delta$").replace("—", "---")
-            .replace("–", "--").replace("†", "$^\\dagger$").replace("<", "$<$"))
+            .replace("–", "--").replace("†", "$^\\dagger$").replace("‡", "$^\\ddagger$").replace("<", "$<$"))
 
 
 def latex(head, body) -> str:
@@ -225,8 +241,28 @@ def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "
         return f"Multiple comparisons ({what}): no row has two paired seeds with {pretty(ctx.reference)}, so no p-value."
     yes = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] <= 0.05]
     no = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] > 0.05]
+    flat = [pretty(r["row"]) for r in table.to_dict("records") if r["row"] != ctx.reference and zero_spread(r, m)]
     return (f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with {pretty(ctx.reference)}, "
-            f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}.")
+            f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}"
+            + (f"; no p-value (zero spread, ‡): {', '.join(flat)}." if flat else "."))
+
+
+def zero_spread_note(table: pd.DataFrame, ctx: Context, metrics: dict) -> str:
+    """The footnote of the n/a p-values (`zero_spread`) in the columns `metrics` ({m: 'Δ peak'})."""
+    parts = []
+    for r in table.to_dict("records"):
+        if r["row"] == ctx.reference:
+            continue
+        cells = [f"{what} {num(r[f'delta_{m}'], 1, True)} in all {int(r[f'delta_{m}_pairs'])} pairs"
+                 for m, what in metrics.items() if zero_spread(r, m)]
+        if cells:
+            parts.append(f"{pretty(r['row'])} ({', '.join(cells)})")
+    if not parts:
+        return ""
+    return ("‡ n/a: zero spread: every seed's difference is the same, so the paired t statistic (the mean over its "
+            "standard error, here 0) is undefined and no p-value is given; the row is left out of that column's Holm "
+            "adjustment. Identical differences are what a quantised score gives (one sample more or fewer in the "
+            "eval), not evidence of an effect: " + "; ".join(parts) + ".")
 
 
 def seeds_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "Δ final") -> str:

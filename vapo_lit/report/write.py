@@ -251,13 +251,15 @@ def render_markdown(rep: GridReport) -> str:
     ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
     sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
                 render.markdown(*render.rows("main", table, ctx))]
-    notes = [render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
+    notes = [render.zero_spread_note(table, ctx, {"final": "Δ final"}) if reference else "",
+             render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
              render.pairing_note(table, ctx, rep.missing), render.no_log_note(rep.no_log_rows, rep.missing),
              render.truncation_note(seeds)]
     sections += [n for n in notes if n]
     if reference and len(rep.order) > 1:
+        flat = render.zero_spread_note(table, ctx, {"final": "Δ final", "peak": "Δ peak", "auc": "Δ AUC"})
         sections += [f"## Paired deltas against {ref_name}", PAIRED_TEXT.format(ref=ref_name),
-                     render.markdown(*render.rows("paired", table, ctx)),
+                     render.markdown(*render.rows("paired", table, ctx)), *([flat] if flat else []),
                      render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
     sources = sorted(set(seeds["cost_source"]))
     cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
