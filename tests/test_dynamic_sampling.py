@@ -312,3 +312,30 @@ def test_two_processes_sample_and_train_what_one_does(tmp_path):
     assert_same_history(tmp_path / "single", tmp_path / "ddp")
     assert_same_parameters(tmp_path / "single", tmp_path / "ddp")
     assert math.isfinite(float(rows[-1]["perf/cumulative_tokens"]))
+
+
+def test_multi_turn_episodes_pool_like_single_turn_ones(tmp_path):
+    """A multi-turn task (tool observations inside responses) through two rounds: the random-init
+    policy solves nothing, so every group is uniform, the cap (2 rounds) is hit and the batch is
+    filled with round 0's groups: exactly the step's own episodes, observation masks included."""
+    from vapo_lit.build import build_module
+    from vapo_lit.config import Switches
+    from vapo_lit.presets import PRESETS
+
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
+        "task": "toolchain", "task_options": {"max_n": 3}, "model": "random", "wandb": "disabled",
+        "out_dir": str(tmp_path), "components": [*GRPO, "dynamic_sampling"], "advantage_estimator": "grpo"})
+    module = build_module(cfg)
+    module.switches = Switches(token_level_loss=True, clip_higher=True, group_sampling=True, samples_per_prompt=4,
+                               dynamic_sampling=True, dynamic_max_rounds=2)
+    problems = module.task.train_problems(module.prompts_per_step, 0)
+    own = module.sample(problems)
+    with pytest.warns(UserWarning, match="filled with 4 groups"):
+        exp = module.rollout(problems)
+    assert module._carry["rollout/dynamic_rounds"] == 2.0 and module._carry["rollout/dynamic_filled_groups"] == 4.0
+    assert exp.obs_mask is not None and float(exp.obs_mask.sum()) > 0
+    assert exp.texts == own.texts and torch.equal(exp.lengths, own.lengths)
+    R = int(own.lengths.max())
+    for name in ("mask", "obs_mask", "response_ids", "behaviour_logprobs"):
+        assert torch.equal(getattr(exp, name)[:, :R], getattr(own, name)[:, :R]), name
+    assert module.generated_tokens == module._carry["rollout/dynamic_discarded_tokens"] > 0
