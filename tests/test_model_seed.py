@@ -102,3 +102,18 @@ def test_the_report_says_what_a_seed_varied(tmp_path, model_seeds, model, says):
     text = (tmp_path / "reports" / "g" / "table.md").read_text()
     lines = [x for x in text.splitlines() if x.startswith("Seeds: ")]
     assert len(lines) == 1 and says in lines[0], lines
+
+
+@pytest.mark.slow
+def test_a_follow_grid_runs_and_its_report_says_so(tmp_path):
+    """vapo-ablate end to end (random-init tiny models, one PPO update per cell): each cell's logged
+    config carries model_seed = seed, and the report's seeds line says the whole pipeline varied."""
+    out = tmp_path / "out"
+    assert main(["--drop", "clip_higher", "--seeds", "2", "--model_seed", "follow", "--preset", "smoke", "--model",
+                 "random", "--steps", "1", "--wandb", "disabled", "--threads", "1", "--cache_dir",
+                 str(tmp_path / "cache"), "--out", str(out)]) == 0
+    configs = [yaml.safe_load(p.read_text()) for p in sorted((out / "runs").glob("*/config.yaml"))]
+    assert len(configs) == 4 and all(c["model_seed"] == c["seed"] for c in configs)
+    assert {c["seed"] for c in configs} == {0, 1}
+    text = (out / "reports" / "drop-clip_higher" / "table.md").read_text()
+    assert "Seeds: each seed builds its own base policy and reward model (model_seed = seed" in text
