@@ -331,7 +331,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if critic_parts:
             raise ValueError(
                 f"advantage_estimator=grpo is critic-free: {', '.join(critic_parts)} do not apply; valid with grpo: "
-                "token_level_loss, clip_higher, positive_lm_loss, group_sampling"
+                "token_level_loss, clip_higher, positive_lm_loss, group_sampling (and the optional kl_penalty, dynamic_sampling)"
             )
         if "group_sampling" not in cfg.components:
             raise ValueError("advantage_estimator=grpo needs group_sampling (the baseline is the group's mean score)")
