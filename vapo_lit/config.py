@@ -28,6 +28,7 @@ COMPONENTS = (
 
 OPTIONAL_COMPONENTS = (
     "kl_penalty",
+    "dynamic_sampling",
 )
 """Components outside VAPO's recipe: off unless named (`--only ...,kl_penalty`, a grid row's `only`).
 This tuple is the registry of extensions: adding a component is a file
@@ -115,6 +116,9 @@ class ComponentValues:
     mu: float = _f(0.1, "weight of the positive-example NLL (paper: 0.1)", lo=0.0)
     samples_per_prompt: int = _f(16, "samples per prompt with group sampling (paper: 16)", lo=2)
     kl_coef: float = _f(0.05, "weight of the KL(policy || initial policy) penalty of the optional kl_penalty component (not in VAPO)", lo=0.0)
+    dynamic_max_rounds: int = _f(10, "dynamic_sampling (DAPO, not in VAPO): at most this many prompt batches sampled per "
+                                     "iteration, the step's own included (DAPO's max_num_gen_batches, 10 in its recipe); "
+                                     "when they hold too few mixed groups the batch is filled with uniform ones, logged", lo=1)
 
 
 @dataclass
@@ -131,6 +135,8 @@ class Switches(ComponentValues):
     clip_higher: bool = _f(False, "asymmetric clip range [1 - eps, 1 + eps_high] (else eps on both sides)")
     positive_lm_loss: bool = _f(False, "add mu * NLL of the correct responses to the policy loss")
     group_sampling: bool = _f(False, "fewer prompts, samples_per_prompt samples each, same responses per step")
+    dynamic_sampling: bool = _f(False, "drop groups whose responses all score the same and sample more prompts until "
+                                       "the batch is full (DAPO; optional component, not in VAPO)")
 
 
 @dataclass
@@ -193,7 +199,8 @@ class RunConfig:
     rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, docs/guides/rollout-engines.md)")
     observations: str = _f("skip", "multi-turn tasks: how GAE crosses observation (tool output) spans: skip (carry the next value and the running advantage through unchanged, verl/NeMo-RL/AReaL), step (every token a timestep, SkyRL/ROLL/slime) or zero (values zeroed there, OpenRLHF; biased when gamma*lambda < 1); docs/algorithm.md",
                            choices=("skip", "step", "zero"))
-    advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome, the GRPO/DAPO baseline)",
+    advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome: the GRPO baseline; "
+                                  "with clip_higher, token_level_loss and dynamic_sampling, DAPO without overlong shaping)",
                                   choices=("gae", "grpo"))
     gae_values: str = _f("critic", "state values GAE reads: critic (the learned critic) or oracle (the task's true success "
                                    "probability from each state, measured from the policy's per-step error rates each "
@@ -273,7 +280,14 @@ def _group_sampling(values: dict, cfg: RunConfig) -> str | None:
     return f"samples_per_prompt={k} must divide ppo.responses_per_step={n}" if n % k else None
 
 
-COMPONENT_CHECKS = {"clip_higher": _clip_higher, "group_sampling": _group_sampling}
+def _dynamic_sampling(values: dict, cfg: RunConfig) -> str | None:
+    if "group_sampling" not in cfg.components:
+        return ("dynamic_sampling needs group_sampling: it drops groups whose samples all score the same, and a "
+                "group of one response always does; valid: components with group_sampling")
+    return None
+
+
+COMPONENT_CHECKS = {"clip_higher": _clip_higher, "group_sampling": _group_sampling, "dynamic_sampling": _dynamic_sampling}
 """Each component's rule across settings (beyond the ranges of its own values): name -> (its values,
 the run config) -> what is wrong, or None. The one place each rule is written: `validate` asks it
 for every named component (values from cfg.vapo), the component's callback asks it again in
@@ -344,7 +358,7 @@ def validate(cfg: RunConfig) -> RunConfig:
         if critic_parts:
             raise ValueError(
                 f"advantage_estimator=grpo is critic-free: {', '.join(critic_parts)} do not apply; valid with grpo: "
-                "token_level_loss, clip_higher, positive_lm_loss, group_sampling"
+                "token_level_loss, clip_higher, positive_lm_loss, group_sampling (and the optional kl_penalty, dynamic_sampling)"
             )
         if "group_sampling" not in cfg.components:
             raise ValueError("advantage_estimator=grpo needs group_sampling (the baseline is the group's mean score)")

@@ -22,6 +22,7 @@ import contextlib
 import math
 import random
 import time
+import warnings
 from dataclasses import dataclass
 
 import lightning as L
@@ -29,6 +30,7 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
+from vapo_lit import dynamic_sampling as dynamic
 from vapo_lit.config import RunConfig, Switches, to_dict
 from vapo_lit.devices import (autocast_off, clear_autocast_cache_after_steps, longest_prompt, recompute_logprobs,
                               resolve_memory_defaults)
@@ -225,21 +227,70 @@ class VapoModule(L.LightningModule):
             self._trained("actor"), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
 
     def rollout(self, problems) -> Experience:
-        """prompts_per_step prompts x samples_per_prompt samples from the engine, in chunks of
-        ppo.rollout_batch_size; response i is seeded by (run seed, iteration, i), so chunking
-        does not change what is sampled."""
+        """prompts_per_step prompts x samples_per_prompt samples from the engine (this rank's share of
+        the prompt groups). With dynamic sampling (PPO iterations only), groups whose samples all
+        score the same are dropped and more prompt batches sampled (`dynamic_rollout`)."""
+        exp = self.sample(problems)
+        if self.switches.dynamic_sampling and not self.pretrain.active:
+            exp = self.dynamic_rollout(exp)
+        return exp
+
+    def sample(self, problems, round_: int = 0) -> Experience:
+        """This rank's share of `problems` (whole groups), k samples each, in chunks of
+        ppo.rollout_batch_size; response i is seeded by (run seed, iteration, round, i), so chunking
+        and the number of ranks do not change what is sampled (round 0 is the step's own batch)."""
         k = self.samples_per_prompt
         rank, world = rank_and_world()
         share = len(problems) // world  # whole prompt groups per rank; global index = rank offset + local
         problems = list(problems)[rank * share:(rank + 1) * share]
         per_response = [pr for pr in problems for _ in range(k)]
         first = rank * share * k
-        seeds = [sample_seed(self.cfg.seed, self.iteration, 2, first + i) for i in range(len(per_response))]
+        if round_ == 0:
+            seeds = [sample_seed(self.cfg.seed, self.iteration, 2, first + i) for i in range(len(per_response))]
+        else:
+            seeds = [sample_seed(self.cfg.seed, self.iteration, 5, round_, first + i) for i in range(len(per_response))]
         step = self.cfg.ppo.rollout_batch_size or len(per_response)
         with self.sampling_context():
             parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
                                           seeds[s:s + step]) for s in range(0, len(per_response), step)]
         return Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
+
+    def extra_prompts(self, round_: int) -> list:
+        """The prompt batch of dynamic sampling's round `round_` >= 1: a pure function of (run seed,
+        iteration, round), so a resumed run samples what the uninterrupted one did."""
+        seed = sample_seed(self.cfg.seed, self.iteration, 4, round_) & (2**63 - 1)
+        return self.task.train_problems(self.prompts_per_step, seed=seed)
+
+    def dynamic_rollout(self, exp: Experience) -> Experience:
+        """DAPO's dynamic sampling: score each round, pool the rounds (every rank sees the whole pool),
+        keep the first prompts_per_step mixed groups (vapo_lit/dynamic_sampling.py: the fill rule when
+        dynamic_max_rounds runs out) and return this rank's contiguous share of them. The tokens
+        sampled but not kept are added to the run's token count here (the kept ones at logging)."""
+        pad, k, target = pad_id_of(self.tokenizer), self.samples_per_prompt, self.prompts_per_step
+
+        def sample_round(r: int) -> Experience:
+            part = exp if r == 0 else self.sample(self.extra_prompts(r), r)
+            score(part, self.task.verify_batch(part.problems, part.texts))
+            return gather_experience(part, pad)  # (every rank decides on the whole round)
+
+        parts, sel = dynamic.run_rounds(sample_round, k, target, self.switches.dynamic_max_rounds)
+        round_ = len(parts)
+        pool = dynamic.concat_experiences(parts, pad)
+        rank, world = rank_and_world()
+        share = target // world
+        kept_tokens = float(pool.mask[dynamic.group_rows(sel.kept, k)].sum())
+        stats = dynamic.DynamicStats(rounds=round_, groups_sampled=pool.n // k, mixed_groups=sel.mixed,
+                                     kept_groups=len(sel.kept), filled_groups=sel.filled,
+                                     extra_tokens=float(pool.mask.sum()) - kept_tokens)
+        self.generated_tokens += stats.extra_tokens
+        self._carry.update(stats.log())
+        if sel.filled and rank == 0:
+            warnings.warn(f"iteration {self.iteration}: dynamic sampling's {round_} rounds (vapo.dynamic_max_rounds) gave "
+                          f"{sel.mixed} mixed groups of the {target} needed; the batch is filled with {sel.filled} "
+                          "groups that all scored the same (logged as rollout/dynamic_filled_groups)")
+        if round_ == 1 and sel.kept == list(range(target)) and world == 1:
+            return exp  # the step's own batch whole (all mixed, or one round allowed): as sampled
+        return pool.select(dynamic.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True)
 
     def update_critic(self, exp: Experience) -> CriticStats:
         """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is

@@ -99,6 +99,13 @@ def _single_turn_card(cfg: RunConfig, module) -> dict:
             "responses_per_step": p.responses_per_step,
             "max_new_tokens": module.max_new_tokens,
             "total_rollout_tokens": "see rollout/response_length x responses_per_step in metrics.csv",
+            "dynamic_sampling": {
+                "rule": "groups whose responses all score the same are dropped; prompt batches of prompts_per_step "
+                        "are sampled until the batch holds prompts_per_step mixed groups (PPO iterations only)",
+                "max_rounds": sw.dynamic_max_rounds,
+                "when_the_rounds_run_out": "filled with the earliest uniform groups (rollout/dynamic_filled_groups)",
+                "cost": "every sampled response token counts in perf/cumulative_tokens (rollout/dynamic_discarded_tokens)",
+            } if sw.dynamic_sampling else None,
         },
         "sampling": {
             "temperature": p.temperature, "top_p": p.top_p,

@@ -12,6 +12,8 @@ A grid comes from `--drop a[,b]` (full recipe + that drop) or from `ablations/NA
         only: [token_level_loss, clip_higher, group_sampling]
         set: {advantage_estimator: grpo}
     generate: [full, single_drops, pair_drops, vanilla]   # optional: rows generated for you
+    model_seed: follow          # optional: each seed builds its own base policy and reward model
+                                # (model_seed = seed); default shared: every seed uses one model_seed
 
 A cell = (row config, seed). Its identity is a hash of the fully resolved config minus the
 bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, caches): two
@@ -34,6 +36,11 @@ BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wand
 """Config fields that do not change what a run computes; left out of a cell's identity."""
 
 GENERATORS = ("full", "single_drops", "pair_drops", "vanilla")
+MODEL_SEEDS = ("shared", "follow")
+"""What a grid's seeds vary: `shared` (default), every cell's model_seed is the base config's, so a
+seed varies the RL run only (prompt stream, sampling, mini-batch order) around one base policy and
+reward model; `follow`, a cell's model_seed is its seed, so a seed varies the whole pipeline (the
+built base policy, the reward model and RL) and the intervals over seeds include all three."""
 
 
 @dataclass
@@ -63,6 +70,8 @@ class Grid:
     grid_id: str
     rows: list
     description: str = ""
+    model_seed: str = "shared"
+    """One of MODEL_SEEDS."""
 
 
 def _row_from_spec(spec: dict, where: str) -> Row:
@@ -148,9 +157,13 @@ def load_grid(name_or_path: str) -> Grid:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping with 'rows' and/or 'generate'")
-    bad = set(spec) - {"name", "description", "rows", "generate"}
+    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed"}
     if bad:
-        raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate")
+        raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed")
+    model_seed = spec.get("model_seed", "shared")
+    if model_seed not in MODEL_SEEDS:
+        raise ValueError(f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "
+                         "(a fixed model_seed for every cell: --model_seed N)")
     specs = [s for kind in spec.get("generate") or [] for s in _generated(kind)] + list(spec.get("rows") or [])
     rows = [_row_from_spec(s, f"{path} row {i}") for i, s in enumerate(specs)]
     if not rows:
@@ -159,7 +172,7 @@ def load_grid(name_or_path: str) -> Grid:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise ValueError(f"{path}: duplicate row label(s) {dup}")
-    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""))
+    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed)
 
 
 def cell_identity(cfg: RunConfig) -> str:
@@ -170,11 +183,20 @@ def cell_identity(cfg: RunConfig) -> str:
 
 
 def cells_of(grid: Grid, base: RunConfig, seeds: list[int], runs_dir: Path) -> list[Cell]:
-    """Every (row, seed) cell, validated, with its identity and run folder (nothing is written)."""
+    """Every (row, seed) cell, validated, with its identity and run folder (nothing is written).
+    With grid.model_seed == "follow" a cell's model_seed is its seed (MODEL_SEEDS)."""
+    if grid.model_seed not in MODEL_SEEDS:
+        raise ValueError(f"grid {grid.grid_id!r}: model_seed={grid.model_seed!r} is not valid; choose one of: "
+                         f"{', '.join(MODEL_SEEDS)}")
     cells = []
     for row in grid.rows:
+        if grid.model_seed == "follow" and "model_seed" in row.delta:
+            raise ValueError(f"row {row.label!r}: set.model_seed contradicts the grid's model_seed: follow "
+                             "(each seed builds its own models); drop one of them")
         for seed in seeds:
-            cfg = merge(row.config(base), {"seed": seed, "wandb_group": grid.grid_id, "wandb_job_type": row.label})
+            per_seed = {"model_seed": seed} if grid.model_seed == "follow" else {}
+            cfg = merge(row.config(base), {"seed": seed, **per_seed, "wandb_group": grid.grid_id,
+                                           "wandb_job_type": row.label})
             try:
                 validate(cfg)
             except ValueError as e:

@@ -6,6 +6,7 @@
     vapo-ablate --grid table1 --storage postgresql://user@db/vapo --out /shared/abl   # on each machine
     vapo-ablate --drop clip_higher --preset smoke --steps 5  # any config flag goes to every cell
     vapo-ablate --grid table1 --seeds auto --max-seeds 10 --rows vanilla_ppo  # seeds until resolved
+    vapo-ablate --grid table1 --seeds 5 --model_seed follow   # each seed builds its own base models
 
 Rerunning the same command resumes: finished cells are reused, a killed cell continues from its
 last checkpoint (after --grace seconds without heartbeat), failed cells get a fresh set of retries.
@@ -55,6 +56,12 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--last-n", type=int, default=10, help="report: average the last N PPO iterations (default 10)")
     ap.add_argument("--no-report", action="store_true", help="do not write the report at the end")
     add_config_flags(ap)
+    for action in ap._actions:  # vapo-ablate's --model_seed also takes 'follow' (a grid setting, not a config value)
+        if action.dest == "set:model_seed":
+            action.help = ("seed of the built-in base policy and reward model: an integer shared by every cell "
+                           "(default: the config's, 0), or 'follow': each cell's model_seed is its seed, so the "
+                           "seeds vary the whole pipeline (base policy, reward model and RL) and so do the "
+                           "report's intervals; a grid file may say `model_seed: follow`")
     return ap
 
 
@@ -84,6 +91,7 @@ def make_plans(args):
     if drop == []:
         raise ValueError("--drop needs at least one component")
     grid = grid_from_drop(drop) if drop else load_grid(args.grid)
+    grid.model_seed = model_seed_mode(args, grid)
     args.drop = ""
     base = config_from_args(args)
 
@@ -93,6 +101,19 @@ def make_plans(args):
                     devices_per_cell=args.devices_per_cell)
 
     return plan_for
+
+
+def model_seed_mode(args, grid) -> str:
+    """'follow' or 'shared' from --model_seed and the grid file; --model_seed follow is taken off the
+    config flags (the config field is an integer). A fixed --model_seed N with a follow grid is refused."""
+    given = getattr(args, "set:model_seed")
+    if given is not None and given.strip().lower() == "follow":
+        setattr(args, "set:model_seed", None)
+        return "follow"
+    if given is not None and grid.model_seed == "follow":
+        raise ValueError(f"--model_seed {given}: grid {grid.grid_id!r} sets model_seed: follow (each seed builds its "
+                         "own base policy and reward model); drop --model_seed, or use a grid without it")
+    return grid.model_seed
 
 
 def check_auto(args, plan_for) -> list[str]:

@@ -39,6 +39,10 @@ class RunLog:
     card: dict = field(default_factory=dict)
     cut_last_line: bool = False
     attempts: dict = field(default_factory=dict)   # outcome -> count (attempts.jsonl "end" events)
+    model: str = "builtin"
+    """The config's policy: builtin, random (tests) or a model folder."""
+    model_seed: int = 0
+    """The config's seed of the built base policy and reward model (or of the critic's fresh value head)."""
 
     @property
     def score_key(self) -> str:
@@ -173,7 +177,8 @@ def load_run(run_dir: Path, row: str | None = None) -> RunLog:
     estimator = cfg.get("advantage_estimator", "gae")
     return RunLog(run_dir, row or label_of(cfg), int(cfg.get("seed", 0)), int(cfg.get("eval_k", 8)),
                   int(cfg.get("steps", 0)), components, estimator, df, card, cut,
-                  read_attempts(run_dir / "attempts.jsonl"))
+                  read_attempts(run_dir / "attempts.jsonl"), str(cfg.get("model", "builtin")),
+                  int(cfg.get("model_seed", 0)))
 
 
 @dataclass

@@ -77,6 +77,33 @@ def caveats(table: pd.DataFrame) -> str:
     return "\n".join(lines)
 
 
+def seed_scope_note(logs) -> str:
+    """What a seed varies in these runs, hence what the intervals over seeds include: read from each
+    run's config (seed, model, model_seed). model_seed builds the built-in base policy and reward
+    model; with a policy from a model folder it seeds only a critic's fresh value head."""
+    built = all(log.model in ("builtin", "random") for log in logs)
+    model_seeds = sorted({log.model_seed for log in logs})
+    rl = "the RL run (prompt stream, sampling, mini-batch order)"
+    follows = len({log.seed for log in logs}) > 1 and all(log.model_seed == log.seed for log in logs)
+    if follows and built:
+        return ("Seeds: each seed builds its own base policy and reward model (model_seed = seed, `--model_seed "
+                f"follow`), so the intervals include the variance of the whole pipeline: the built models and {rl}.")
+    if follows:
+        return ("Seeds: the policy is the same model folder in every run; a critic's fresh value head follows the seed "
+                f"(model_seed = seed), so the intervals include the variance of {rl} and of that initialisation, not "
+                "that of the base policy.")
+    if len(model_seeds) == 1 and built:
+        return (f"Seeds: every run starts from the same base policy and reward model (model_seed {model_seeds[0]}); "
+                f"a seed varies {rl} only, so the intervals include the seed variance of RL, not that of building the "
+                "models (`vapo-ablate --model_seed follow` varies both).")
+    if len(model_seeds) == 1:
+        return (f"Seeds: every run starts from the same policy (a model folder) and critic initialisation (model_seed "
+                f"{model_seeds[0]}); a seed varies {rl} only, so the intervals include the seed variance of RL, not "
+                "that of the base model.")
+    return (f"Seeds: model_seed differs between runs ({', '.join(map(str, model_seeds))}) without following the seed: "
+            "runs of one seed may start from different models, so a paired Δ mixes both sources of variance.")
+
+
 def wandb_section(logs, grid_id: str, folder: Path) -> str:
     """From the run cards only (so it is the same wherever the logs were copied)."""
     groups, offline = set(), []
@@ -254,7 +281,7 @@ def render_markdown(rep: GridReport) -> str:
     notes = [render.zero_spread_note(table, ctx, {"final": "Δ final"}) if reference else "",
              render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
              render.pairing_note(table, ctx, rep.missing), render.no_log_note(rep.no_log_rows, rep.missing),
-             render.truncation_note(seeds)]
+             render.truncation_note(seeds), seed_scope_note(rep.logs)]
     sections += [n for n in notes if n]
     if reference and len(rep.order) > 1:
         flat = render.zero_spread_note(table, ctx, {"final": "Δ final", "peak": "Δ peak", "auc": "Δ AUC"})
