@@ -107,13 +107,17 @@ def markdown_table(frame: pd.DataFrame) -> str:
 
 
 def _curve(log, col: str) -> pd.Series:
-    """`col` against the iteration relative to the start of PPO (value pretraining at <= 0)."""
+    """`col` against the PPO update, value pretraining at x <= 0 (its last iteration at 0)."""
     df = log.metrics
-    if col not in df or "train/iteration" not in df:
+    if col not in df:
         return pd.Series(dtype=float)
-    vp = len(vp_rows(df))
-    rows = df[df[col].notna()]
-    return pd.Series(rows[col].to_numpy(), index=(rows["train/iteration"] - vp).to_numpy()).groupby(level=0).last()
+    vp, ppo = vp_rows(df), ppo_rows(df)
+    vp_x = pd.Series(range(1 - len(vp), 1), index=vp.index, dtype=float)
+    ppo_x = _col(ppo, "train/ppo_update")
+    x = pd.concat([vp_x, ppo_x]).sort_index()
+    rows = df.loc[x.index]
+    keep = rows[col].notna() & x.notna()
+    return pd.Series(rows[col][keep].to_numpy(), index=x[keep].to_numpy()).groupby(level=0).last()
 
 
 def plot(logs, order: list, path) -> None:
@@ -127,21 +131,24 @@ def plot(logs, order: list, path) -> None:
     from vapo_lit.report.figures import _finish_panels, _lines
 
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
-    drawn = False
+    drawn = []
     for ax, col, title in ((axes[0], "value/explained_variance", "against Monte-Carlo returns (dashed: ceiling)"),
                            (axes[1], "value/explained_variance_oracle", "against the true values")):
-        drawn |= _lines(ax, logs, order, lambda log, c=col: _curve(log, c).rolling(5, min_periods=1, center=True)
-                        .median(), robust=True)
+        drawn.append(_lines(ax, logs, order, lambda log, c=col: _curve(log, c).rolling(5, min_periods=1, center=True)
+                            .median(), robust=True))
         ax.set_title(title, fontsize=9)
-        ax.set_xlabel("iteration (value pretraining <= 0 < PPO update)")
+        ax.set_xlabel("PPO update (value pretraining at <= 0)")
         ax.axvline(0.0, color="grey", lw=0.8)
         ax.grid(alpha=0.3)
-    ceiling = [_curve(log, "value/oracle_ceiling") for log in logs]
-    ceiling = [c for c in ceiling if len(c)]
+    ceiling = [c for c in (_curve(log, "value/oracle_ceiling") for log in logs) if len(c)]
     if ceiling:
         c = pd.concat(ceiling, axis=1).sort_index().median(axis=1).rolling(5, min_periods=1, center=True).median()
         axes[0].plot(c.index, c.values, "k--", lw=1)
+    if not drawn[1]:
+        axes[1].text(0.5, 0.5, "not logged: these runs have no true values", ha="center", va="center",
+                     transform=axes[1].transAxes, fontsize=8)
     axes[0].set_ylabel("explained variance")
     axes[0].set_ylim(-0.5, 1.0)
-    _finish_panels(fig, axes, drawn, path)
+    panels = list(axes) if drawn[1] else [axes[1], axes[0]]  # the legend goes in the last panel with lines
+    _finish_panels(fig, panels, drawn[0], path)
     plt.close(fig)
