@@ -65,7 +65,8 @@ def _single_turn_card(cfg: RunConfig, module) -> dict:
         },
         "update_frequencies": {
             "actor_updates_per_iteration": (p.responses_per_step // p.mini_batch_size) * p.ppo_epochs,
-            "critic_updates_per_iteration": (p.responses_per_step // p.mini_batch_size) * p.critic_epochs,
+            "critic_updates_per_iteration": (p.responses_per_step // (p.critic_mini_batch_size or p.mini_batch_size))
+                                            * p.critic_epochs,
             "order": "critic then actor, on the same rollout, advantages computed before either update",
         },
         "lambdas": {
@@ -73,6 +74,9 @@ def _single_turn_card(cfg: RunConfig, module) -> dict:
             "lambda_critic": sw.lambda_critic if sw.decoupled_gae else "same as lambda_policy",
             "length_definition": "number of valid response tokens (EOS included) of that response",
             "gamma": p.gamma,
+            "state_values": ("the task's true values (oracle: success probability from each state, from per-kind "
+                             "error rates measured on each batch); the critic trains and is measured, GAE ignores it"
+                             if cfg.gae_values == "oracle" else "the critic's"),
         },
         "masks": {
             "terminal": "response ended with EOS: no value after the last token (bootstrap 0)",
