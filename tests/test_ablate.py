@@ -164,10 +164,11 @@ def test_one_label_for_run_folders_wandb_and_reports(tmp_path):
     for name in available_grids():
         for row in load_grid(name).rows:
             cfg = row.config(base)
-            assert row.label == run_label(cfg.components, cfg.advantage_estimator, cfg.observations), (name, row.label)
+            assert row.label == run_label(cfg.components, cfg.advantage_estimator, cfg.observations,
+                                          cfg.gae_values), (name, row.label)
             assert run_dir_of(merge(cfg, {"out_dir": "x"})).name == f"{row.label}-s0"
             assert label_of({"components": cfg.components, "advantage_estimator": cfg.advantage_estimator,
-                             "observations": cfg.observations}) == row.label
+                             "observations": cfg.observations, "gae_values": cfg.gae_values}) == row.label
             seen += 1
     assert seen >= 9 + 29 + 3
     assert run_label([], "grpo") == "grpo+" and run_label(list(COMPONENTS)) == "vapo"
@@ -176,7 +177,7 @@ def test_one_label_for_run_folders_wandb_and_reports(tmp_path):
 
 def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
     base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
-    sizes = {"table1": 10, "pairwise": 29, "critic_free": 4, "agentic": 7, "critic_pilot": 3, "critic_fit": 5}
+    sizes = {"table1": 10, "pairwise": 29, "critic_free": 4, "agentic": 7, "critic_pilot": 3}
     for name, n in sizes.items():
         grid = load_grid(name)
         cells = cells_of(grid, base, [0, 1], tmp_path / "runs")
