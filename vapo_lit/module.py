@@ -176,15 +176,9 @@ class VapoModule(L.LightningModule):
         # 1. rollout (this rank's share of the prompts; the only step that samples)
         exp = self.rollout(problems)
         clock.append(("rollout", time.perf_counter()))
-        # 2. score   3. values (of this rank's responses; their stats, step 7, are the whole batch's)
+        # 2. score   3. values (then the whole batch on every rank)
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
-        if not self.critic_free:
-            fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
-        exp = gather_experience(exp, pad_id_of(self.tokenizer))
-        if self.oracle is not None:  # the task's true values (the whole batch's error rates): GAE or diagnostics
-            fill_oracle_values(exp, self.oracle)
-        if self.recompute_logprobs:  # the sampler's log-probs replaced by the update's own (auto under bf16)
-            self.recompute_behaviour_logprobs(exp)
+        exp = self.values(exp)
         clock.append(("values", time.perf_counter()))
         # 4. advantages
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
@@ -212,6 +206,19 @@ class VapoModule(L.LightningModule):
         self.log_iteration(stats, exp, pretraining, clock)
         if self.ppo_updates >= self.cfg.steps:
             self.trainer.should_stop = True
+
+    def values(self, exp: Experience) -> Experience:
+        """Step 3: the critic's values of this rank's responses, then the whole batch gathered on every
+        rank; the task's true values where it has them (their error rates from the whole batch); the
+        behaviour log-probs recomputed by the update's own forward where configured."""
+        if not self.critic_free:
+            fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
+        exp = gather_experience(exp, pad_id_of(self.tokenizer))
+        if self.oracle is not None:  # GAE's values (gae_values=oracle) or the critic's diagnostics
+            fill_oracle_values(exp, self.oracle)
+        if self.recompute_logprobs:  # the sampler's log-probs replaced by the update's own (auto under bf16)
+            self.recompute_behaviour_logprobs(exp)
+        return exp
 
     def eval_due(self) -> bool:
         """After a PPO update: every `eval_every` of them, and after the last (`steps`)."""
