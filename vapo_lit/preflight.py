@@ -52,7 +52,21 @@ def preflight(cfg: RunConfig) -> RunConfig:
         if cfg.critic_init not in ("auto", "reward_model", "actor"):
             check_model_dir(cfg.critic_init, "critic_init")
     check_task(cfg)
+    if cfg.rollout_engine == "vllm":
+        check_vllm(cfg)
     return cfg
+
+
+def check_vllm(cfg: RunConfig) -> None:
+    """rollout_engine=vllm: vLLM installed and able to run the policy as the run will build it
+    (vapo_lit.engines.vllm.preflight: install, dtype, model shape, KV-cache memory)."""
+    from vapo_lit.build import policy_config
+    from vapo_lit.devices import resolve_accelerator
+    from vapo_lit.engines.vllm import preflight as vllm_preflight
+    from vapo_lit.tasks import get_task
+
+    vllm_preflight(cfg, policy_config(cfg, get_task(cfg.task, **task_options_of(cfg))),
+                   resolve_accelerator(cfg.accelerator))
 
 
 def preflight_grid(cells) -> None:
