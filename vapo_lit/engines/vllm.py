@@ -60,6 +60,14 @@ DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "
 """The weights' dtypes vLLM samples in (it has no float64)."""
 
 MIN_KV_BYTES = 64 << 20
+SPARE_TOKENS = 256
+"""KV room beyond one full-length sequence that vLLM wants (its cache keeps a reserved block; blocks
+of up to 128 tokens on the CPU backend)."""
+
+
+def one_sequence_bytes(max_len: int, per_token: int) -> int:
+    """The least KV cache vLLM starts with: one sequence of the model's full length, and its spare block."""
+    return (max_len + SPARE_TOKENS) * per_token
 
 
 def import_vllm():
@@ -156,6 +164,8 @@ class VLLMEngine:
         kv = auto_kv_bytes(per_token, n, min(longest, max_len), max_len, device_type=next(self.model.parameters()).device.type)
         if self.kv_cache_gib is not None:
             kv = int(self.kv_cache_gib * 2 ** 30)
+            if kv < one_sequence_bytes(max_len, per_token):
+                raise ValueError(too_small(self.kv_cache_gib, max_len, one_sequence_bytes(max_len, per_token)))
         config_dir = tempfile.mkdtemp(prefix="vapo-vllm-")
         config.save_pretrained(config_dir)  # the architecture only: the weights come from the actor
         device = next(self.model.parameters()).device
@@ -286,10 +296,15 @@ def auto_kv_bytes(per_token: int, n: int, tokens: int, max_len: int, device_type
     """The KV cache `vllm_kv_cache_gib=None` gives: room for `n` responses of `tokens` tokens at once,
     at most a quarter of the memory available now (vLLM queues the requests that do not fit), and
     at least one sequence of `max_len` tokens (vLLM refuses less) and 64 MiB."""
-    floor = max(max_len * per_token, MIN_KV_BYTES)
+    floor = max(one_sequence_bytes(max_len, per_token), MIN_KV_BYTES)
     free = available_memory_gib(device_type)
     cap = floor if free is None else max(floor, int(free * 2 ** 30 / 4))
     return int(min(max(n * tokens * per_token, floor), cap))
+
+
+def too_small(gib: float, max_len: int, need: int) -> str:
+    return (f"rollout_engine=vllm: vllm_kv_cache_gib={gib} holds less than one sequence of the model's "
+            f"{max_len} positions (max_position_embeddings), which vLLM refuses; give at least {need / 2 ** 30:.3f}")
 
 
 def kv_gib(config, dtype: torch.dtype, tokens: int) -> float:
@@ -343,10 +358,13 @@ def preflight(cfg, model_config, device_type: str) -> None:
                          "--model builtin (with vllm it is built with one head of 64)")
     dtype = torch.float32 if cfg.model_dtype in ("float32", "auto") else getattr(torch, cfg.model_dtype)
     max_len = int(getattr(model_config, "max_position_embeddings", 0) or 2048)
+    one = one_sequence_bytes(max_len, kv_bytes_per_token(model_config, dtype))
     if cfg.vllm_kv_cache_gib is not None:
+        if cfg.vllm_kv_cache_gib * 2 ** 30 < one:
+            raise ValueError(too_small(cfg.vllm_kv_cache_gib, max_len, one))
         need, what = float(cfg.vllm_kv_cache_gib), f"vllm_kv_cache_gib={cfg.vllm_kv_cache_gib}"
     else:  # auto sizes down to what is free, but never below one full-length sequence
-        need = max(max_len * kv_bytes_per_token(model_config, dtype), MIN_KV_BYTES) / 2 ** 30
+        need = max(one, MIN_KV_BYTES) / 2 ** 30
         what = f"one sequence of {max_len} tokens, the model's max_position_embeddings"
     free = available_memory_gib(device_type)
     if free is not None and need > free:
