@@ -170,9 +170,8 @@ class VapoModule(L.LightningModule):
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
-        sampler = None
-        if self.recompute_logprobs:  # the sampler's log-probs replaced by the update's own (auto: bf16, vllm)
-            sampler = self.recompute_behaviour_logprobs(exp)
+        # the sampler's log-probs replaced by the update's own (auto: under bf16, with vllm), their gap measured
+        sampler = self.recompute_behaviour_logprobs(exp) if self.recompute_logprobs else None
         clock.append(("values", time.perf_counter()))
         # 4. advantages
         adv = fill_advantages(exp, self.advantage_settings(pretraining))

@@ -4,7 +4,7 @@ Install vLLM beside vapo-lit: ``pip install "vapo-lit[vllm]"`` on a CUDA machine
 (vLLM's CPU build) elsewhere; docs/guides/vllm.md says what else each needs. How the engine keeps the
 contract of :class:`~vapo_lit.engines.RolloutEngine`:
 
-* **colocated**: one ``vllm.LLM`` per training process (per data-parallel rank), in the process itself
+* **colocated**: one ``vllm.LLM`` in the training process itself
   (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built at the first `generate` from the actor's config alone
   (``load_format="dummy"``: nothing is read from disk) in the actor's dtype, then given the actor's
   weights by `load_weights`. Its KV cache is ``vllm_kv_cache_gib`` GiB, or room for the first call's
@@ -332,11 +332,12 @@ def available_memory_gib(device_type: str) -> float | None:
     return None  # pragma: no cover
 
 
-def preflight(cfg, model_config, device_type: str) -> None:
+def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
     """ValueError of one line when rollout_engine=vllm cannot run `cfg`: vLLM missing (or broken by the
     registry's torchvision), a dtype it has no kernels for, a model shape its backend refuses, or less
     memory than its KV cache needs. `model_config`: the policy's transformers config (as it will be
-    built); `device_type`: 'cpu' or 'cuda'. Imports nothing of vLLM (find_spec only)."""
+    built); `device_type`: 'cpu' or 'cuda'; `processes`: training processes (devices x num_nodes).
+    Imports nothing of vLLM (find_spec only)."""
     import importlib.util
 
     where = "rollout_engine=vllm"
@@ -349,6 +350,10 @@ def preflight(cfg, model_config, device_type: str) -> None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{where}: the installed torchvision does not load against this torch ({first}); "
                              "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)") from None
+    if processes > 1:
+        raise ValueError(f"{where} runs in one training process for now (devices={cfg.devices}, num_nodes="
+                         f"{cfg.num_nodes} make {processes}): a vLLM engine per data-parallel rank beside "
+                         "the trainer's process group is not supported yet; use --devices 1, or rollout_engine hf")
     if cfg.precision == "64-true" or cfg.model_dtype == "float64":
         raise ValueError(f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
                          f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto")
