@@ -310,7 +310,8 @@ def test_preflight_refusals_are_one_line(tmp_path, task):
     cases = [({"model": str(local)}, r"head size 16 .*which vLLM's CPU backend does not run .*use a model with a head size"),
              ({"model_dtype": "float64"}, r"not float64 .*use model_dtype float32"),
              ({"precision": "64-true"}, r"not float64"),
-             ({"devices": "2"}, r"runs in one training process for now \(devices=2, num_nodes=1 make 2\)"),
+             ({"devices": "2"}, r"runs in one training process without a data-parallel strategy for now \(devices=2,"),
+             ({"strategy": "fsdp"}, r"strategy=fsdp\): a vLLM engine beside the trainer's process group"),
              ({"vllm_kv_cache_gib": 100000.0}, r"KV cache needs 100000.00 GiB .* available; set a smaller vllm_kv_cache_gib"),
              ({"vllm_kv_cache_gib": 1e-6}, r"vllm_kv_cache_gib=1e-06 holds less than one sequence of the model's 512 "
                                            r"positions .*give at least 0.000")]

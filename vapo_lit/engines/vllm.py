@@ -9,12 +9,15 @@ contract of :class:`~vapo_lit.engines.RolloutEngine`:
   (``load_format="dummy"``: nothing is read from disk) in the actor's dtype, then given the actor's
   weights by `load_weights`. Its KV cache is ``vllm_kv_cache_gib`` GiB, or room for the first call's
   responses at full length, at most a quarter of the memory available then (vLLM queues the requests
-  that do not fit), at least one sequence of the model's full length.
-* **weights**: `load_weights(actor)` streams the actor's parameters (gathered from their shards under
-  FSDP) through vLLM's own loader, ``reload_weights`` of its model runner, called in process by
-  ``collective_rpc``: vLLM maps the names (q/k/v into its fused qkv projection, gate/up into gate_up,
-  a tied output layer skipped) and repacks what its CPU kernels want repacked. No disk round trip. The
-  prefix cache is reset after every sync, so no K/V computed with the old weights is reused.
+  that do not fit), at least one sequence of the model's full length. One training process without a
+  data-parallel strategy for now (preflight refuses the rest): vLLM's in-process worker sets up a
+  process group of its own, which a data-parallel trainer's would collide with (not attempted here).
+* **weights**: `load_weights(actor)` streams the actor's parameters (FSDP-sharded ones gathered, for
+  when data-parallel training is supported) through vLLM's own loader, ``reload_weights`` of its model
+  runner, called in process by ``collective_rpc``: vLLM maps the names (q/k/v into its fused qkv
+  projection, gate/up into gate_up, a tied output layer skipped) and repacks what its CPU kernels want
+  repacked. No disk round trip. The prefix cache is reset after every sync, so no K/V computed with the
+  old weights is reused.
 * **tokens**: prompts are encoded by our tokenizer (left-padded in the Rollout, as every engine) and
   handed to vLLM as token ids (``skip_tokenizer_init``); every EOS id (tokenizer and generation config)
   is a stop token, kept in the response; vLLM's finish reason ``stop`` is `terminated`, ``length``
@@ -350,10 +353,11 @@ def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{where}: the installed torchvision does not load against this torch ({first}); "
                              "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)") from None
-    if processes > 1:
-        raise ValueError(f"{where} runs in one training process for now (devices={cfg.devices}, num_nodes="
-                         f"{cfg.num_nodes} make {processes}): a vLLM engine per data-parallel rank beside "
-                         "the trainer's process group is not supported yet; use --devices 1, or rollout_engine hf")
+    if processes > 1 or cfg.strategy != "auto":
+        raise ValueError(f"{where} runs in one training process without a data-parallel strategy for now (devices="
+                         f"{cfg.devices}, num_nodes={cfg.num_nodes}, strategy={cfg.strategy}): a vLLM engine beside the "
+                         "trainer's process group is not supported yet; use --devices 1 --strategy auto, or "
+                         "rollout_engine hf")
     if cfg.precision == "64-true" or cfg.model_dtype == "float64":
         raise ValueError(f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
                          f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto")
