@@ -400,3 +400,25 @@ def test_a_two_row_grid_with_vllm(tmp_path):
         rows = [r for r in _rows(run / "metrics.csv") if r["rollout/sampler_logprob_diff_max"]]
         assert rows and all(float(r["rollout/sampler_logprob_diff_max"]) < TOL for r in rows)
     assert list((tmp_path / "abl" / "reports").rglob("table.md"))
+
+
+def test_behaviour_logprobs_are_recomputed_by_default_with_vllm_and_with_tis():
+    """ppo.recompute_logprobs None (auto) is on for an engine with its own kernels (vllm) and with
+    truncated importance sampling, whatever the precision; an explicit setting wins; TIS without the
+    recomputation is refused in one line (it would compare the sampler with itself)."""
+    from vapo_lit.config import validate
+    from vapo_lit.devices import recompute_logprobs
+    from vapo_lit.engines import own_kernels
+
+    base = merge(RunConfig(), {"accelerator": "cpu"})
+    assert own_kernels("vllm") and not own_kernels("hf") and not own_kernels("cb")
+    assert recompute_logprobs(base, "32-true", torch.float32) is False
+    assert recompute_logprobs(merge(base, {"rollout_engine": "vllm"}), "32-true", torch.float32) is True
+    assert recompute_logprobs(merge(base, {"ppo": {"tis_cap": 2.0}}), "32-true", torch.float32) is True
+    off = merge(base, {"rollout_engine": "vllm", "ppo": {"recompute_logprobs": False}})
+    assert recompute_logprobs(off, "32-true", torch.float32) is False
+    with pytest.raises(ValueError, match=r"^ppo.tis_cap=2.0 weighs the trainer's behaviour log-probs against the "
+                                         r"sampler's, .*set ppo.recompute_logprobs to true or none"):
+        validate(merge(off, {"ppo": {"tis_cap": 2.0}}))
+    with pytest.raises(ValueError, match=r"ppo.tis_cap=0.5 is out of range; valid range: >= 1.0"):
+        validate(merge(base, {"ppo": {"tis_cap": 0.5}}))
