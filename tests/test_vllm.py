@@ -314,7 +314,7 @@ def test_preflight_refusals_are_one_line(tmp_path, task):
              ({"strategy": "fsdp"}, r"strategy=fsdp\): a vLLM engine beside the trainer's process group"),
              ({"vllm_kv_cache_gib": 100000.0}, r"KV cache needs 100000.00 GiB .* available; set a smaller vllm_kv_cache_gib"),
              ({"vllm_kv_cache_gib": 1e-6}, r"vllm_kv_cache_gib=1e-06 holds less than one sequence of the model's 512 "
-                                           r"positions .*give at least 0.000")]
+                                           r"positions .*give at least 0.00")]
     for delta, pattern in cases:
         with pytest.raises(ValueError, match=pattern) as e:
             _preflight(tmp_path, accelerator="cpu", **delta)
