@@ -6,6 +6,7 @@
     python benchmarks/engines.py --long      # hf vs cb at 32 responses x 1,024 tokens (EOS suppressed)
     python benchmarks/engines.py --vllm      # hf vs cb vs vllm on the built-in task's vLLM-variant policy
     python benchmarks/engines.py --vllm --long --reps 1   # hf vs cb vs vllm, 32 x 1,024 on a 100M-class Llama
+    python benchmarks/engines.py --vllm --long --reps 1 --shape 8x256 --engines hf,vllm   # a smaller long shape
 
 Engines timed (`engine.generate`, one torch thread, the built-in SFT policy in float32):
 
@@ -215,6 +216,7 @@ def main(argv=None):
     ap.add_argument("--vllm", action="store_true", help="add vllm (the vLLM-variant built-in policy; with --long a "
                                                          "100M-class Llama)")
     ap.add_argument("--engines", help="comma-separated subset of the engines to time (default: all of the mode's)")
+    ap.add_argument("--shape", default="32x1024", help="--vllm --long: responses x tokens (default 32x1024)")
     args = ap.parse_args(argv)
     reps = 1 if args.quick else args.reps
     torch.set_num_threads(1)
@@ -260,8 +262,9 @@ def main_vllm(args, cfg, task, reps):
         print(f"100M-class Llama, random weights ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
               f"{model.dtype}), torch {torch.__version__}, {torch.get_num_threads()} thread")
         words = random.Random(0)
-        sets = [[" ".join(f"w{words.randrange(32000)}" for _ in range(16)) for _ in range(32)] for _ in range(reps)]
-        run_shape("rollout, long (100M Llama)", model, tok, sets, SamplingParams(1024, temperature=1.0, top_p=1.0),
+        n, length = (int(x) for x in args.shape.split("x"))
+        sets = [[" ".join(f"w{words.randrange(32000)}" for _ in range(16)) for _ in range(n)] for _ in range(reps)]
+        run_shape("rollout, long (100M Llama)", model, tok, sets, SamplingParams(length, temperature=1.0, top_p=1.0),
                   reps, batch_check=False, names=names)
         return
     from vapo_lit.models.builtin import vllm_model
