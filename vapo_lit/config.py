@@ -175,6 +175,9 @@ class PPOConfig:
                                                 "precision below 32 bits (bf16-mixed, bf16 weights), where the sampler's "
                                                 "rounding differs from the update's; also for a remote engine")
     top_p: float = _f(1.0, "rollout nucleus sampling (1.0: off)", lo=0.0, hi=1.0, lo_open=True)
+    tis_cap: float | None = _f(None, "truncated importance sampling for a sampler with its own kernels (rollout_engine=vllm): "
+                                     "weight each token's policy-gradient term by min(pi_old / pi_sampler, tis_cap), pi_old "
+                                     "the trainer's recomputed behaviour log-prob (verl, OpenRLHF: 2; None: off)", lo=1.0)
 
 
 @dataclass
@@ -196,9 +199,12 @@ class RunConfig:
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
-    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop) or cb (transformers' continuous batching; 2-3x slower on CPU, docs/guides/rollout-engines.md)")
+    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop), cb (transformers' continuous batching; 2-3x slower on CPU, docs/guides/rollout-engines.md) or vllm (vLLM in process, an optional install: docs/guides/vllm.md)")
     observations: str = _f("skip", "multi-turn tasks: how GAE crosses observation (tool output) spans: skip (carry the next value and the running advantage through unchanged, verl/NeMo-RL/AReaL), step (every token a timestep, SkyRL/ROLL/slime) or zero (values zeroed there, OpenRLHF; biased when gamma*lambda < 1); docs/algorithm.md",
                            choices=("skip", "step", "zero"))
+    vllm_kv_cache_gib: float | None = _f(None, "rollout_engine=vllm: memory for vLLM's KV cache in GiB (None: room for its first "
+                                               "call's responses at full length, at most a quarter of the free memory)",
+                                         lo=0.0, lo_open=True)
     advantage_estimator: str = _f("gae", "gae (critic-based PPO) or grpo (critic-free group-normalised outcome: the GRPO baseline; "
                                   "with clip_higher, token_level_loss and dynamic_sampling, DAPO without overlong shaping)",
                                   choices=("gae", "grpo"))
@@ -353,6 +359,10 @@ def validate(cfg: RunConfig) -> RunConfig:
     if cfg.advantage_estimator == "grpo" and cfg.gae_values == "oracle":
         raise ValueError("gae_values=oracle replaces a critic's values in GAE; advantage_estimator=grpo has neither: "
                          "use advantage_estimator=gae with it")
+    if p.tis_cap is not None and p.recompute_logprobs is False:
+        raise ValueError(f"ppo.tis_cap={p.tis_cap} weighs the trainer's behaviour log-probs against the sampler's, but "
+                         "ppo.recompute_logprobs=false keeps only the sampler's; set ppo.recompute_logprobs to true or "
+                         "none (auto), or ppo.tis_cap to none")
     if cfg.advantage_estimator == "grpo":
         critic_parts = [c for c in ("value_pretraining", "decoupled_gae", "length_adaptive_gae") if c in cfg.components]
         if critic_parts:

@@ -84,9 +84,15 @@ def recompute_logprobs(cfg: RunConfig, precision: str | None, weights_dtype: tor
     """cfg.ppo.recompute_logprobs with None ('auto') resolved: on under any reduced precision
     (`precision`: the Trainer's; None: resolved from `cfg`), where the sampler (outside autocast,
     its own kernels) and the update (under autocast) round differently, so the first mini-batch's
-    ratio would not be 1; off in fp32/fp64, where the two agree to ~1e-6."""
+    ratio would not be 1; off in fp32/fp64, where the two agree to ~1e-6. Also on for an engine with
+    kernels of its own (vllm) and with truncated importance sampling (ppo.tis_cap), whose weights
+    compare the two."""
     if cfg.ppo.recompute_logprobs is not None:
         return bool(cfg.ppo.recompute_logprobs)
+    from vapo_lit.engines import own_kernels
+
+    if own_kernels(cfg.rollout_engine) or cfg.ppo.tis_cap is not None:
+        return True
     if precision is None:
         precision = resolve_precision(cfg.precision, resolve_accelerator(cfg.accelerator))
     return reduced_precision(precision, weights_dtype)

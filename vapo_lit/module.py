@@ -41,7 +41,7 @@ from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_oracle_values, fill_values,
                                  loss_share_by_length, rollout_stats, score, score_stats, value_stats)
-from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, mean
+from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, SamplerStats, mean
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
 
@@ -118,7 +118,7 @@ class VapoModule(L.LightningModule):
         # 'auto' pass sizes resolved once, from the model and the device's free memory (run card)
         self.cfg, self.memory_plan = resolve_memory_defaults(cfg, actor, critic, longest_prompt(tokenizer, self.eval_set),
                                                              self.max_new_tokens)
-        self.engine = make_engine(cfg.rollout_engine, actor, tokenizer, task=task)
+        self.engine = make_engine(cfg.rollout_engine, actor, tokenizer, task=task, cfg=self.cfg)
         self._carry: dict[str, float] = {}  # metrics of events between iterations, logged with the next row
         self._resumed = False
         self.resuming = False  # set by train() when it continues a run from its checkpoint
@@ -178,7 +178,7 @@ class VapoModule(L.LightningModule):
         clock.append(("rollout", time.perf_counter()))
         # 2. score   3. values (then the whole batch on every rank)
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
-        exp = self.values(exp)
+        exp, sampler = self.values(exp)
         clock.append(("values", time.perf_counter()))
         # 4. advantages
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
@@ -193,7 +193,7 @@ class VapoModule(L.LightningModule):
         clock.append(("actor_update", time.perf_counter()))
         # 7. the iteration's statistics (the whole batch's), and where the run stands
         stats = IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, critic=critic, actor=actor,
-                               value=None if self.critic_free else value_stats(exp, reference="mc"))
+                               value=None if self.critic_free else value_stats(exp, reference="mc"), sampler=sampler)
         self.iteration += 1
         if pretraining:  # what the phase's stopping rule reads (components/value_pretraining.py)
             self.pretrain.steps_done += 1
@@ -207,18 +207,18 @@ class VapoModule(L.LightningModule):
         if self.ppo_updates >= self.cfg.steps:
             self.trainer.should_stop = True
 
-    def values(self, exp: Experience) -> Experience:
+    def values(self, exp: Experience) -> tuple[Experience, SamplerStats | None]:
         """Step 3: the critic's values of this rank's responses, then the whole batch gathered on every
         rank; the task's true values where it has them (their error rates from the whole batch); the
-        behaviour log-probs recomputed by the update's own forward where configured."""
+        behaviour log-probs recomputed by the update's own forward where configured, with the
+        sampler-trainer gap (None when the sampler's are kept)."""
         if not self.critic_free:
             fill_values(exp, self.critic, truncation=self.cfg.truncation, chunk=self.cfg.ppo.micro_batch_size)
         exp = gather_experience(exp, pad_id_of(self.tokenizer))
         if self.oracle is not None:  # GAE's values (gae_values=oracle) or the critic's diagnostics
             fill_oracle_values(exp, self.oracle)
-        if self.recompute_logprobs:  # the sampler's log-probs replaced by the update's own (auto under bf16)
-            self.recompute_behaviour_logprobs(exp)
-        return exp
+        # the sampler's log-probs replaced by the update's own (auto: under bf16, with vllm), their gap measured
+        return exp, self.recompute_behaviour_logprobs(exp) if self.recompute_logprobs else None
 
     def eval_due(self) -> bool:
         """After a PPO update: every `eval_every` of them, and after the last (`steps`)."""
@@ -226,12 +226,23 @@ class VapoModule(L.LightningModule):
                                                            self.ppo_updates % self.cfg.eval_every == 0)
 
     @torch.no_grad()
-    def recompute_behaviour_logprobs(self, exp: Experience) -> None:
+    def recompute_behaviour_logprobs(self, exp: Experience) -> SamplerStats:
         """Behaviour log-probs from the update's own numerics (kernels, padding, precision), in the first
-        actor epoch's micro-batches (update_actor's salt 20), so its first ratio is exactly 1."""
+        actor epoch's micro-batches (update_actor's salt 20), so its first ratio is exactly 1. The
+        sampler's own stay in `exp.extras["sampler_logprobs"]` (truncated importance sampling reads
+        them); returns how far the two are apart."""
         micros = [mi for _, ms in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()) for mi in ms]
+        sampled = exp.behaviour_logprobs
         exp.behaviour_logprobs = all_reduce(passes.micro_batch_logprobs(
             self._trained("actor"), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
+        exp.extras["sampler_logprobs"] = sampled
+        gap = algos.sampler_mismatch(exp.behaviour_logprobs, sampled, exp.mask)
+        tis = {}
+        if self.cfg.ppo.tis_cap is not None:
+            w = algos.truncated_is_weights(exp.behaviour_logprobs, sampled, self.cfg.ppo.tis_cap)
+            tis = {"tis_weight_mean": float(algos.masked_mean(w.double(), exp.mask.double())),
+                   "tis_capped_frac": float(algos.masked_mean((w >= self.cfg.ppo.tis_cap).double(), exp.mask.double()))}
+        return SamplerStats(float(gap.mean_abs), float(gap.max_abs), float(gap.approx_kl), **tis)
 
     def rollout(self, problems) -> Experience:
         """prompts_per_step prompts x samples_per_prompt samples from the engine (this rank's share of
@@ -351,9 +362,13 @@ class VapoModule(L.LightningModule):
         sw, p = self.switches, self.cfg.ppo
         logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
                                            temperature=p.temperature, entropy=True, chunk=p.logits_chunk)
+        tis = None  # truncated importance sampling: the sampler's draws reweighted towards the trainer's policy
+        if p.tis_cap is not None and "sampler_logprobs" in mb.extras:
+            tis = algos.truncated_is_weights(mb.behaviour_logprobs, mb.extras["sampler_logprobs"], p.tis_cap)
         pg_loss, st = algos.policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.mask, eps_low=p.eps,
                                         eps_high=sw.eps_high if sw.clip_higher else p.eps,
-                                        aggregation="token" if sw.token_level_loss else "sample", denominator=den)
+                                        aggregation="token" if sw.token_level_loss else "sample", denominator=den,
+                                        is_weights=tis)
         loss, nll = pg_loss, torch.zeros((), device=logp.device, dtype=logp.dtype)
         if sw.positive_lm_loss:
             nll = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)[0]

@@ -53,7 +53,28 @@ def preflight(cfg: RunConfig) -> RunConfig:
             check_model_dir(cfg.critic_init, "critic_init")
         check_critic_model(cfg)
     check_task(cfg)
+    if cfg.rollout_engine == "vllm":
+        check_vllm(cfg)
     return cfg
+
+
+def check_vllm(cfg: RunConfig) -> None:
+    """rollout_engine=vllm: vLLM installed and able to run the policy as the run will build it
+    (vapo_lit.engines.vllm.preflight: install, dtype, model shape, KV-cache memory)."""
+    import torch
+
+    from vapo_lit.build import policy_config
+    from vapo_lit.config import parse_devices
+    from vapo_lit.devices import resolve_accelerator
+    from vapo_lit.engines.vllm import preflight as vllm_preflight
+    from vapo_lit.tasks import get_task
+
+    accelerator = resolve_accelerator(cfg.accelerator)
+    devices = parse_devices(cfg.devices)
+    count = (len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else
+             torch.cuda.device_count() if accelerator == "cuda" else 1)
+    vllm_preflight(cfg, policy_config(cfg, get_task(cfg.task, **task_options_of(cfg))), accelerator,
+                   processes=count * cfg.num_nodes)
 
 
 def preflight_grid(cells) -> None:

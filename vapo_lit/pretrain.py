@@ -25,7 +25,9 @@ CANNOT_AFFECT_PRETRAINING = (
     "checkpoint_every",
     # the PPO phase after pretraining: actor updates, advantages, evaluation, run length
     "steps", "eval_every", "eval_k", "eval_top_p", "eval_temperature", "eval_problems",
-    "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages",
+    "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages", "ppo.tis_cap",
+    # memory given to a sampler, not what it samples
+    "vllm_kv_cache_gib",
     # components and their values: replaced in the key by what pretraining uses of them
     # (value_pretrain_steps, value_pretrain_min_ev and the effective samples per prompt)
     "components", "vapo",

@@ -3,6 +3,7 @@ from __future__ import annotations
 
 import json
 import os
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -118,6 +119,7 @@ def _single_turn_card(cfg: RunConfig, module) -> dict:
                                    "recorded at sampling time: log softmax(logits / temperature) of the sampled "
                                    f"token, before top-p truncation (rollout engine {cfg.rollout_engine!r})"),
             "eval": {"k": cfg.eval_k, "temperature": cfg.eval_temperature, "top_p": cfg.eval_top_p},
+            "truncated_importance_sampling_cap": p.tis_cap,  # None: off
         },
         "verifier": {
             "task": cfg.task, "version": getattr(task, "version", "?"),
@@ -126,7 +128,8 @@ def _single_turn_card(cfg: RunConfig, module) -> dict:
         },
         "eps": {"eps_low": p.eps, "eps_high": sw.eps_high if sw.clip_higher else p.eps},
         "advantage_normalisation": "actor advantages whitened over valid tokens" if p.whiten_advantages else "none",
-        "software": {"torch": torch.__version__, "lightning": L.__version__},
+        "software": {"torch": torch.__version__, "lightning": L.__version__,
+                     **({"vllm": getattr(sys.modules["vllm"], "__version__", "?")} if "vllm" in sys.modules else {})},
         "hardware": {**getattr(module, "hardware", {}), "world_size": module.trainer.world_size if module._trainer else 1,
                      "model_dtype": cfg.model_dtype,
                      "gradient_checkpointing": cfg.gradient_checkpointing,

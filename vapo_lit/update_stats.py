@@ -128,6 +128,31 @@ class ActorStats:
 
 
 @dataclass(frozen=True)
+class SamplerStats:
+    """The sampling engine's log-probs of its sampled tokens against the trainer's recomputation
+    (whole batch, action tokens), when the behaviour log-probs are recomputed."""
+
+    logprob_diff_mean: float
+    """mean |log pi_trainer - log pi_sampler|."""
+    logprob_diff_max: float
+    """max |log pi_trainer - log pi_sampler|."""
+    approx_kl: float
+    """k3 estimate of KL(sampler || trainer) on the sampled tokens."""
+    tis_weight_mean: float | None = None
+    """Truncated importance sampling (ppo.tis_cap): mean weight min(pi_trainer / pi_sampler, cap)."""
+    tis_capped_frac: float | None = None
+    """... and the fraction of tokens whose weight the cap bounds."""
+
+    def log(self) -> dict[str, float]:
+        out = {"rollout/sampler_logprob_diff_mean": self.logprob_diff_mean,
+               "rollout/sampler_logprob_diff_max": self.logprob_diff_max,
+               "rollout/sampler_approx_kl": self.approx_kl}
+        if self.tis_weight_mean is not None:
+            out.update({"rollout/tis_weight_mean": self.tis_weight_mean, "rollout/tis_capped_frac": self.tis_capped_frac})
+        return out
+
+
+@dataclass(frozen=True)
 class IterationStats:
     """One iteration's statistics, stage by stage (of the whole batch: every rank's responses)."""
 
@@ -141,10 +166,12 @@ class IterationStats:
     critic: CriticStats | None
     actor: ActorStats | None
     """None during value pretraining (the policy stays fixed)."""
+    sampler: SamplerStats | None = None
+    """The sampler against the trainer; None when the behaviour log-probs are not recomputed."""
 
     def log(self) -> dict[str, float]:
         out = {**self.rollout.log(), **self.score.log(), **self.advantages.log(), **self.components}
-        for part in (self.value, self.critic, self.actor):
+        for part in (self.value, self.critic, self.actor, self.sampler):
             if part is not None:
                 out.update(part.log())
         return out

@@ -22,7 +22,10 @@ from vapo_lit.algos.losses import (
     entropy_from_logits,
     policy_loss,
     positive_nll,
+    SamplerMismatch,
+    sampler_mismatch,
     token_logprobs,
+    truncated_is_weights,
     value_loss,
     weight_share,
 )
@@ -46,6 +49,7 @@ __all__ = [
     "gae", "decoupled_gae", "decoupled_gae_observations", "OBSERVATION_MODES", "length_adaptive_lambda", "lambda_clamped", "group_normalized_advantage",
     "AGGREGATIONS", "PolicyLossStats", "aggregate", "aggregation_weights", "weight_share", "at_least_float32", "clip_fractions", "clipped_surrogate",
     "entropy_from_logits", "policy_loss", "positive_nll", "token_logprobs", "value_loss",
+    "truncated_is_weights", "SamplerMismatch", "sampler_mismatch",
     "bucketed_mean", "bucketize", "explained_variance", "masked_mean", "masked_sum", "masked_var",
     "masked_whiten", "valid_positions", "value_bias", "mean_by", "advantage_error", "length_key",
     "first_mismatch", "kind_error_rates", "target_success_values",

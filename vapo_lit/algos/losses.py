@@ -9,6 +9,7 @@ whole mini-batch exactly; left as None it is this call's own count.
 """
 from __future__ import annotations
 
+import math
 from typing import NamedTuple
 
 import torch
@@ -29,6 +30,9 @@ __all__ = [
     "entropy_from_logits",
     "token_logprobs",
     "at_least_float32",
+    "truncated_is_weights",
+    "SamplerMismatch",
+    "sampler_mismatch",
 ]
 
 AGGREGATIONS = ("token", "sample")
@@ -119,14 +123,20 @@ def policy_loss(
     eps_high: float = 0.2,
     aggregation: str = "token",
     denominator=None,
+    is_weights=None,
 ):
-    """Clipped PPO policy loss -aggregate(j) and detached diagnostics."""
-    for name, t in (("old_logprobs", old_logprobs), ("advantages", advantages), ("mask", mask)):
+    """Clipped PPO policy loss -aggregate(w * j) and detached diagnostics. `is_weights` (B, T): a
+    per-token importance weight on the surrogate (truncated importance sampling, see
+    :func:`truncated_is_weights`; detached); None: 1."""
+    checked = [("old_logprobs", old_logprobs), ("advantages", advantages), ("mask", mask)]
+    for name, t in checked + ([("is_weights", is_weights)] if is_weights is not None else []):
         if t.shape != logprobs.shape:
             raise ValueError(f"{name} must have the shape of logprobs {tuple(logprobs.shape)}; got {tuple(t.shape)}")
     old_logprobs = old_logprobs.detach()
     advantages = advantages.detach()
     j, ratio = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
+    if is_weights is not None:
+        j = j * is_weights.detach().to(j.dtype)
     loss = -aggregate(j, mask, aggregation, denominator)
     with torch.no_grad():
         low, high = clip_fractions(ratio, advantages, mask, eps_low, eps_high)
@@ -136,6 +146,47 @@ def policy_loss(
         ratio_max = torch.where(mask.bool(), r, torch.zeros_like(r)).max()
         stats = PolicyLossStats(low, high, kl, masked_mean(r, mask), ratio_max)
     return loss, stats
+
+
+def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
+    """Truncated importance sampling (TIS; Yao et al. 2025, "Your efficient RL framework secretly
+    brings you off-policy RL training", adopted by verl and OpenRLHF): per token
+    min(pi_old(y_t) / pi_sampler(y_t), cap), where pi_old is the trainer's own recomputation of the
+    behaviour policy and pi_sampler the probability the sampling engine (its own kernels) drew the
+    token with. It corrects the policy gradient for the gap between the two, bounded by `cap` so
+    that a token the sampler found far less likely than the trainer cannot dominate. Detached."""
+    if not (cap > 0 and math.isfinite(cap)):
+        raise ValueError(f"cap must be a finite number > 0 (verl's default: 2); got {cap!r}")
+    if old_logprobs.shape != sampler_logprobs.shape:
+        raise ValueError(f"sampler_logprobs must have the shape of old_logprobs {tuple(old_logprobs.shape)}; "
+                         f"got {tuple(sampler_logprobs.shape)}")
+    log_w = old_logprobs.detach() - sampler_logprobs.detach().to(old_logprobs.dtype)
+    return torch.exp(log_w).clamp(max=cap)
+
+
+class SamplerMismatch(NamedTuple):
+    """How far the sampler's log-probs of its sampled tokens are from the trainer's (valid tokens only)."""
+
+    mean_abs: torch.Tensor
+    """mean |log pi_trainer - log pi_sampler|."""
+    max_abs: torch.Tensor
+    """max |log pi_trainer - log pi_sampler| (0 without a valid token)."""
+    approx_kl: torch.Tensor
+    """k3 estimator E[(r - 1) - log r], r = pi_trainer / pi_sampler, of KL(sampler || trainer)
+    (the tokens are the sampler's draws)."""
+
+
+def sampler_mismatch(trainer_logprobs, sampler_logprobs, mask) -> SamplerMismatch:
+    """The sampler-trainer gap on the sampled tokens, in float64 (see :class:`SamplerMismatch`)."""
+    if trainer_logprobs.shape != sampler_logprobs.shape or mask.shape != trainer_logprobs.shape:
+        raise ValueError(f"trainer_logprobs, sampler_logprobs and mask must share one shape; got "
+                         f"{tuple(trainer_logprobs.shape)}, {tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}")
+    d = trainer_logprobs.detach().double() - sampler_logprobs.detach().double()
+    m = mask.double()
+    valid = m > 0
+    abs_d = d.abs()
+    max_abs = abs_d[valid].max() if bool(valid.any()) else abs_d.new_zeros(())
+    return SamplerMismatch(masked_mean(abs_d, m), max_abs, masked_mean(torch.expm1(d) - d, m))
 
 
 def positive_nll(logprobs, mask, positive, denominator=None):

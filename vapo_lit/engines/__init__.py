@@ -18,10 +18,16 @@ Backends:
   recomputed by one forward pass (see its module docstring; docs/guides/rollout-engines.md has the
   measured speed of both).
 
-A remote engine (vLLM, SGLang) plugs in the same way: ``load_weights`` pushes the actor's state
-dict to the server after each update and ``generate`` returns its tokens and log-probs; if the
-server cannot give log-probs under the trainer's exact numerics, the trainer recomputes them
-(see docs/guides/rollout-engines.md).
+* ``vllm`` -- :class:`~vapo_lit.engines.vllm.VLLMEngine`, vLLM's offline engine colocated in the
+  training process (its CUDA build, or its CPU build), the actor's weights pushed into it in place
+  after every update; its log-probs come from its own kernels, so the trainer recomputes the
+  behaviour log-probs by default and logs the gap (docs/guides/vllm.md). vLLM is an optional
+  dependency: the engine imports it when it is first used.
+
+A remote engine (SGLang, a vLLM server) plugs in the same way: ``load_weights`` pushes the actor's
+state dict to the server after each update and ``generate`` returns its tokens and log-probs; an
+engine whose log-probs come from its own kernels sets ``own_kernels = True`` and the trainer
+recomputes them (see docs/guides/rollout-engines.md).
 """
 from __future__ import annotations
 
@@ -65,10 +71,11 @@ class RolloutEngine(Protocol):
         """Make the engine sample from `actor`'s current weights (called after every actor update)."""
 
 
-def make_engine(name: str, actor, tokenizer, task=None) -> RolloutEngine:
+def make_engine(name: str, actor, tokenizer, task=None, cfg=None) -> RolloutEngine:
     """An engine by name (see ENGINES); ValueError listing the valid names. A multi-turn `task`
     (vapo_lit.tasks.env.Environment) gets the episode loop (vapo_lit.engines.episodes), which runs
-    on the `hf` engine's token loop."""
+    on the `hf` engine's token loop. `cfg`: the run config, for an engine with settings of its own
+    (its class's `from_config`)."""
     if name not in ENGINES:
         raise ValueError(f"rollout engine {name!r} is not known; valid: {', '.join(ENGINES)}")
     if task is not None and getattr(task, "multi_turn", False):
@@ -78,13 +85,24 @@ def make_engine(name: str, actor, tokenizer, task=None) -> RolloutEngine:
         from vapo_lit.engines.episodes import EpisodeEngine
 
         return EpisodeEngine(actor, tokenizer, task)
-    return ENGINES[name](actor, tokenizer)
+    engine = ENGINES[name]
+    if cfg is not None and hasattr(engine, "from_config"):
+        return engine.from_config(actor, tokenizer, cfg)
+    return engine(actor, tokenizer)
 
 
 from vapo_lit.engines.continuous import ContinuousBatchingEngine  # noqa: E402  (registry below needs the classes)
 from vapo_lit.engines.hf import HFEngine  # noqa: E402
+from vapo_lit.engines.vllm import VLLMEngine  # noqa: E402  (imports vLLM itself only when first used)
 
-ENGINES = {"hf": HFEngine, "cb": ContinuousBatchingEngine}
+ENGINES = {"hf": HFEngine, "cb": ContinuousBatchingEngine, "vllm": VLLMEngine}
 
-__all__ = ["SamplingParams", "RolloutEngine", "HFEngine", "ContinuousBatchingEngine", "ENGINES", "make_engine",
-           "Rollout"]
+
+def own_kernels(name: str) -> bool:
+    """Whether engine `name` computes its log-probs with kernels of its own (the trainer then
+    recomputes the behaviour log-probs by default: vapo_lit.devices.recompute_logprobs)."""
+    return bool(getattr(ENGINES.get(name), "own_kernels", False))
+
+
+__all__ = ["SamplingParams", "RolloutEngine", "HFEngine", "ContinuousBatchingEngine", "VLLMEngine", "ENGINES",
+           "make_engine", "own_kernels", "Rollout"]

