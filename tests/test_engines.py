@@ -107,22 +107,36 @@ def test_every_eos_id_of_the_generation_config_ends_a_response(task, backend):
     prompts, s = PROMPTS * 3, SamplingParams(max_new_tokens=16)
     seeds = [sample_seed(3, i) for i in range(len(prompts))]
     free = make(backend, model, tok).generate(prompts, s, seeds)  # the tokenizer's one EOS
-    inner = [t for i in range(len(prompts)) for t in free.response_ids[i, :int(free.lengths[i]) - 1].tolist()]
+    stop = set_extra_eos_ids(model, tok, free)
+    ro = make(backend, model, tok).generate(prompts, s, seeds)
+    assert cut_at_stop_ids(ro, free, stop, tok.pad_token_id, atol=1e-9) >= 4  # the extra ids did end responses early
+
+
+def set_extra_eos_ids(model, tok, free) -> set:
+    """The two tokens `free`'s responses sample most often inside them, added to the model's EOS ids;
+    returns every stop id."""
+    inner = [t for i in range(free.response_ids.shape[0]) for t in free.response_ids[i, :int(free.lengths[i]) - 1].tolist()]
     extra = [t for t, _ in collections.Counter(inner).most_common(2)]
     model.generation_config.eos_token_id = [tok.eos_token_id, *extra]
-    ro = make(backend, model, tok).generate(prompts, s, seeds)
-    stop, cut_short = {tok.eos_token_id, *extra}, 0
-    for i in range(len(prompts)):
+    return {tok.eos_token_id, *extra}
+
+
+def cut_at_stop_ids(ro, free, stop: set, pad_id: int, atol: float) -> int:
+    """Each response of `ro` is its `free` twin (the same seed, one EOS id) cut after its first id in
+    `stop`, terminated exactly when that id ended it, padded after it, with the same log-probs (to
+    `atol`); returns how many were cut short."""
+    cut_short = 0
+    for i in range(free.response_ids.shape[0]):
         full = free.response_ids[i, :int(free.lengths[i])].tolist()
         end = next((k + 1 for k, t in enumerate(full) if t in stop), len(full))
         L = int(ro.lengths[i])
         assert ro.response_ids[i, :L].tolist() == full[:end], i
         ended = full[end - 1] in stop
         assert bool(ro.terminated[i]) == ended and bool(ro.truncated[i]) == (not ended), i
-        assert torch.all(ro.response_ids[i, L:] == tok.pad_token_id) and ro.response_mask[i].sum() == L
-        torch.testing.assert_close(ro.logprobs[i, :L], free.logprobs[i, :L], rtol=0, atol=1e-9)
+        assert torch.all(ro.response_ids[i, L:] == pad_id) and ro.response_mask[i].sum() == L
+        torch.testing.assert_close(ro.logprobs[i, :L], free.logprobs[i, :L], rtol=0, atol=atol)
         cut_short += end < len(full)
-    assert cut_short >= 4  # the extra ids did end responses early
+    return cut_short
 
 
 def test_seeded_reproducibility(task, backend):

@@ -19,6 +19,7 @@ import sys
 import numpy as np
 import pytest
 import torch
+from test_engines import cut_at_stop_ids, set_extra_eos_ids
 from test_rollout import PROMPTS, check_invariants
 
 from vapo_lit import passes
@@ -162,24 +163,9 @@ def test_every_eos_id_of_the_generation_config_ends_a_response(task):
     prompts, s = PROMPTS * 3, SamplingParams(max_new_tokens=16)
     seeds = [sample_seed(3, i) for i in range(len(prompts))]
     free = engine.generate(prompts, s, seeds)
-    inner = [t for i in range(len(prompts)) for t in free.response_ids[i, :int(free.lengths[i]) - 1].tolist()]
-    import collections
-
-    extra = [t for t, _ in collections.Counter(inner).most_common(2)]
-    model.generation_config.eos_token_id = [tok.eos_token_id, *extra]
+    stop = set_extra_eos_ids(model, tok, free)
     ro = engine.generate(prompts, s, seeds)
-    stop, cut_short = {tok.eos_token_id, *extra}, 0
-    for i in range(len(prompts)):
-        full = free.response_ids[i, :int(free.lengths[i])].tolist()
-        end = next((k + 1 for k, t in enumerate(full) if t in stop), len(full))
-        L = int(ro.lengths[i])
-        assert ro.response_ids[i, :L].tolist() == full[:end], i
-        ended = full[end - 1] in stop
-        assert bool(ro.terminated[i]) == ended and bool(ro.truncated[i]) == (not ended), i
-        assert torch.all(ro.response_ids[i, L:] == tok.pad_token_id) and ro.response_mask[i].sum() == L
-        torch.testing.assert_close(ro.logprobs[i, :L], free.logprobs[i, :L], rtol=0, atol=0)
-        cut_short += end < len(full)
-    assert cut_short >= 4
+    assert cut_at_stop_ids(ro, free, stop, tok.pad_token_id, atol=0) >= 4
 
 
 @NEEDS_VLLM
