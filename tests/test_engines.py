@@ -141,7 +141,11 @@ def cut_at_stop_ids(ro, free, stop: set, pad_id: int, atol: float) -> int:
 
 def test_seeded_reproducibility(task, backend):
     tok = task.tokenizer
-    engine = make(backend, tiny_model("llama", len(tok), tok), tok)
+    check_seeded_reproducibility(make(backend, tiny_model("llama", len(tok), tok), tok))
+
+
+def check_seeded_reproducibility(engine) -> None:
+    """The same seed gives the same tokens and log-probs; another seed other tokens."""
     s = SamplingParams(max_new_tokens=16)
     a = engine.generate(PROMPTS * 4, s, 7)
     b = engine.generate(PROMPTS * 4, s, 7)

@@ -19,7 +19,7 @@ import sys
 import numpy as np
 import pytest
 import torch
-from test_engines import cut_at_stop_ids, set_extra_eos_ids
+from test_engines import check_seeded_reproducibility, cut_at_stop_ids, set_extra_eos_ids
 from test_rollout import PROMPTS, check_invariants
 
 from vapo_lit import passes
@@ -106,13 +106,7 @@ def test_behaviour_logprobs_equal_the_training_recomputation(task, shared, tempe
 
 @NEEDS_VLLM
 def test_seeded_reproducibility(task, shared):
-    _, engine = shared
-    s = SamplingParams(max_new_tokens=16)
-    a = engine.generate(PROMPTS * 4, s, 7)
-    b = engine.generate(PROMPTS * 4, s, 7)
-    c = engine.generate(PROMPTS * 4, s, 8)
-    assert torch.equal(a.response_ids, b.response_ids) and torch.equal(a.logprobs, b.logprobs)
-    assert not torch.equal(a.response_ids, c.response_ids)
+    check_seeded_reproducibility(shared[1])
 
 
 @NEEDS_VLLM
