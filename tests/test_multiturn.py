@@ -388,7 +388,9 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
         captured["logp"] = logp
         return logp, ent
 
-    module._dp = {"actor": scorer}
+    from vapo_lit.module import Role
+
+    module.data_parallel.wrappers = {Role.ACTOR: scorer}
     mb = exp.select(torch.arange(exp.n), trim=True)
     tokens = exp.mask.sum()
     loss, _ = module.actor_loss(mb, den=tokens, pos_den=(exp.mask * exp.positive[:, None]).sum(), tokens=tokens)

@@ -21,6 +21,7 @@ backward passes per step.
 """
 from __future__ import annotations
 
+import contextlib
 import inspect
 
 import torch
@@ -359,3 +360,52 @@ class gathered_for_sampling:
             if i:
                 m.set_reshard_after_forward(True, recurse=False)
         return False
+
+
+class DataParallel:
+    """The DDP/FSDP wrappers the training forwards go through, one per trained model (keyed by its
+    role); empty (the plain modules are used) until a data-parallel strategy calls `wrap`. The
+    models stay attributes of the LightningModule, so checkpoints and state dicts are unchanged."""
+
+    def __init__(self):
+        self.wrappers: dict = {}
+
+    def __bool__(self) -> bool:
+        return bool(self.wrappers)
+
+    def wrap(self, models: dict, wrap) -> None:
+        """`models`: {role: module}; `wrap(module)` returns its DDP/FSDP wrapper."""
+        self.wrappers = {role: wrap(m) for role, m in models.items()}
+
+    def model(self, role, plain):
+        """What role's training forward runs through: its wrapper, else `plain`."""
+        return self.wrappers.get(role, plain)
+
+    def sharded(self, role) -> bool:
+        return role in self.wrappers and is_sharded(self.wrappers[role])
+
+    def grad_sync(self, role, last: bool):
+        """Gradients are synchronised across ranks on the last micro-batch of a mini-batch only."""
+        if self.sharded(role):
+            self.wrappers[role].set_requires_gradient_sync(last)
+        elif role in self.wrappers and not last:
+            return self.wrappers[role].no_sync()
+        return contextlib.nullcontext()
+
+    def gathered(self, role):
+        """Context: role's sharded parameters gathered for sampling (nothing to do unless sharded)."""
+        return gathered_for_sampling(self.wrappers[role]) if self.sharded(role) else contextlib.nullcontext()
+
+    @torch.no_grad()
+    def lazy_init(self, forwards: dict) -> None:
+        """FSDP initialises on the first forward through each ROOT unit; sampling calls the actor's
+        blocks directly, so run `forwards[role](wrapper)` (one tiny forward) through each root first,
+        then shard the roots again (a root unit keeps its gathered parameters after a forward)."""
+        if not any(self.sharded(role) for role in self.wrappers):
+            return
+        for role, root in self.wrappers.items():
+            forwards[role](root)
+        for root in self.wrappers.values():
+            for m in root.modules():
+                if is_sharded(m):
+                    m.reshard()

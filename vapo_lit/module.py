@@ -19,6 +19,7 @@ the module owns (`self.pretrain`, vapo_lit/pretrain.py); its callback decides wh
 from __future__ import annotations
 
 import contextlib
+import enum
 import math
 import random
 import time
@@ -34,9 +35,8 @@ from vapo_lit import dynamic_sampling as dynamic
 from vapo_lit.config import RunConfig, Switches, to_dict
 from vapo_lit.devices import (autocast_off, clear_autocast_cache_after_steps, longest_prompt, recompute_logprobs,
                               resolve_memory_defaults)
-from vapo_lit.distributed import (ActorScorer, agree_any, all_reduce, barrier, broadcast_object, full_state_dict,
-                                  gather_experience, gathered_for_sampling, is_fsdp_strategy, is_sharded,
-                                  load_full_state_dict, rank_and_world, shard_model)
+from vapo_lit.distributed import (ActorScorer, DataParallel, agree_any, all_reduce, gather_experience,
+                                  is_fsdp_strategy, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_oracle_values, fill_values,
@@ -44,6 +44,16 @@ from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages,
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, SamplerStats, mean
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
+
+
+class Role(enum.Enum):
+    """One of the two trained models: its optimizer's index and the loss checked before its step."""
+
+    ACTOR = (0, "loss/policy")
+    CRITIC = (1, "value/loss")
+
+    def __init__(self, optimizer_index: int, loss_metric: str):
+        self.optimizer_index, self.loss_metric = optimizer_index, loss_metric
 
 
 class NonFiniteLossError(RuntimeError):
@@ -100,6 +110,7 @@ class VapoModule(L.LightningModule):
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
         self.policy = ActorScorer(actor)  # the actor, behind the one call the update (and DDP/FSDP) goes through
         self.critic = critic
+        self.data_parallel = DataParallel()  # the DDP/FSDP wrappers, once a strategy sets them
         self.switches = Switches()  # vanilla PPO until component callbacks switch things on
         self.pretrain = pretrain.PretrainPhase()
         self.extensions: list = []  # components that hook the iteration (components/base.py), added in setup
@@ -121,7 +132,6 @@ class VapoModule(L.LightningModule):
         self.engine = make_engine(cfg.rollout_engine, actor, tokenizer, task=task, cfg=self.cfg)
         self._carry: dict[str, float] = {}  # metrics of events between iterations, logged with the next row
         self._resumed = False
-        self.resuming = False  # set by train() when it continues a run from its checkpoint
 
     @property
     def actor(self):
@@ -234,7 +244,7 @@ class VapoModule(L.LightningModule):
         micros = [mi for _, ms in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()) for mi in ms]
         sampled = exp.behaviour_logprobs
         exp.behaviour_logprobs = all_reduce(passes.micro_batch_logprobs(
-            self._trained("actor"), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
+            self._trained(Role.ACTOR), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
         exp.extras["sampler_logprobs"] = sampled
         gap = algos.sampler_mismatch(exp.behaviour_logprobs, sampled, exp.mask)
         tis = {}
@@ -321,14 +331,14 @@ class VapoModule(L.LightningModule):
                 den, total = exp.mask[idx].sum(), 0.0
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
-                    with self._grad_sync("critic", last=j == len(micros) - 1):
-                        v = passes.state_values(self._trained("critic"), mb.input_ids, mb.attention_mask,
+                    with self.data_parallel.grad_sync(Role.CRITIC, last=j == len(micros) - 1):
+                        v = passes.state_values(self._trained(Role.CRITIC), mb.input_ids, mb.attention_mask,
                                                 mb.prompt_width)[:, :-1]
                         loss = algos.value_loss(v, mb.returns, mb.mask, old_values=mb.values,
                                                 clip_range=p.value_clip, denominator=den)
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     total += loss.item()
-                norms.append(self._optimizer_step("critic", total, finite=math.isfinite(total)))
+                norms.append(self._optimizer_step(Role.CRITIC, total, finite=math.isfinite(total)))
                 losses.append(total)
         loss_sum = all_reduce(torch.tensor(losses, dtype=torch.float64)) if losses else torch.zeros(0)
         return CriticStats(loss=mean(loss_sum.tolist()), grad_norm=mean(norms))
@@ -348,11 +358,11 @@ class VapoModule(L.LightningModule):
                 shares.append(loss_share_by_length(exp, idx, "token" if self.switches.token_level_loss else "sample", den))
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
-                    with self._grad_sync("actor", last=j == len(micros) - 1):
+                    with self.data_parallel.grad_sync(Role.ACTOR, last=j == len(micros) - 1):
                         loss, stats = self.actor_loss(mb, den=den, pos_den=pos_den, tokens=tokens)
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     sums.add(float(mb.mask.sum()) / float(tokens), **stats)  # its share of the tokens (float64)
-                norms.append(self._optimizer_step("actor", sums.totals["loss/policy"], finite=sums.finite()))
+                norms.append(self._optimizer_step(Role.ACTOR, sums.totals["loss/policy"], finite=sums.finite()))
         return ActorStats.reduce(sums, norms, shares)
 
     def actor_loss(self, mb: Experience, *, den, pos_den, tokens) -> tuple[torch.Tensor, dict]:
@@ -360,7 +370,7 @@ class VapoModule(L.LightningModule):
         positive NLL over `pos_den` tokens, + the components' terms over the mini-batch's
         `tokens`), and its statistics as `MicroBatchSums.add` takes them."""
         sw, p = self.switches, self.cfg.ppo
-        logp, ent = self._trained("actor")(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
+        logp, ent = self._trained(Role.ACTOR)(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
                                            temperature=p.temperature, entropy=True, chunk=p.logits_chunk)
         tis = None  # truncated importance sampling: the sampler's draws reweighted towards the trainer's policy
         if p.tis_cap is not None and "sampler_logprobs" in mb.extras:
@@ -384,50 +394,52 @@ class VapoModule(L.LightningModule):
         totals = {"loss/policy": pg_loss.detach(), "loss/nll": nll.detach(), "loss/total": loss.detach()}
         return loss, {"weighted": weighted, "totals": totals, "peaks": {"policy/ratio_max": st.ratio_max}}
 
-    def _optimizer_step(self, name: str, loss: float, finite: bool) -> float:
-        """The step after a mini-batch's backward passes ("actor" or "critic"): every rank stops if
-        any rank's loss is not `finite`; then clip (returns the norm before clipping, for the
-        logs), step, zero the gradients, advance the schedule and the step counter."""
-        i, model, metric = (0, self.actor, "loss/policy") if name == "actor" else (1, self.critic, "value/loss")
-        opt, sch = self._opt(i)
-        self._agree_finite(metric, finite, loss)
-        norm = self._clip(opt, model)
+    def _optimizer_step(self, role: Role, loss: float, finite: bool) -> float:
+        """The step after a mini-batch's backward passes: every rank stops if any rank's loss is not
+        `finite`; then clip (returns the norm before clipping, for the logs), step, zero the
+        gradients, advance the schedule and the step counter."""
+        opt, sch = self._opt(role.optimizer_index)
+        self._agree_finite(role.loss_metric, finite, loss)
+        norm = self._clip(opt, self.actor if role is Role.ACTOR else self.critic)
         opt.step()
         opt.zero_grad(set_to_none=True)
         sch.step()
-        setattr(self, f"{name}_steps", getattr(self, f"{name}_steps") + 1)  # actor_steps / critic_steps
+        if role is Role.ACTOR:
+            self.actor_steps += 1
+        else:
+            self.critic_steps += 1
         return norm
 
     # ------------------------------------------------------------------ data parallel
     def configure_model(self) -> None:
         """Under FSDP the policy and the critic are sharded here, before the optimizers exist."""
-        if is_fsdp_strategy(self.trainer.strategy) and not getattr(self, "_dp", None):
+        if is_fsdp_strategy(self.trainer.strategy) and not self.data_parallel:
             self.set_data_parallel(lambda m: shard_model(m, self.trainer.precision))
 
+    def set_data_parallel(self, wrap) -> None:
+        """Called by a data-parallel strategy: `wrap(module)` returns its DDP/FSDP wrapper. The
+        training forwards then go through the wrappers (`self.data_parallel`)."""
+        models = {Role.ACTOR: self.policy}
+        if not self.critic_free:
+            models[Role.CRITIC] = self.critic
+        self.data_parallel.wrap(models, wrap)
+
+    def _trained(self, role: Role):
+        """The model the update's forward runs through: its data-parallel wrapper if any."""
+        return self.data_parallel.model(role, self.policy if role is Role.ACTOR else self.critic)
+
     def _fsdp_lazy_init(self) -> None:
-        """FSDP initialises on the first forward through each ROOT unit; sampling calls the actor's
-        blocks directly, so run one tiny forward through each root first."""
-        dp = getattr(self, "_dp", None)
-        if not dp or not is_sharded(dp["actor"]):
-            return
+        """One tiny forward through each sharded root before sampling calls the blocks directly."""
         device = next(self.actor.parameters()).device
         ids = torch.full((1, 2), pad_id_of(self.tokenizer), dtype=torch.long, device=device)
-        with torch.no_grad():
-            dp["actor"](ids, torch.ones_like(ids), 1, ids[:, 1:], 1.0)
-            if "critic" in dp:
-                dp["critic"](ids, torch.ones_like(ids))
-        for root in dp.values():  # a root unit keeps its gathered parameters after a forward: shard them again
-            for m in root.modules():
-                if is_sharded(m):
-                    m.reshard()
+        self.data_parallel.lazy_init({Role.ACTOR: lambda m: m(ids, torch.ones_like(ids), 1, ids[:, 1:], 1.0),
+                                      Role.CRITIC: lambda m: m(ids, torch.ones_like(ids))})
 
     @contextlib.contextmanager
     def sampling_context(self):
         """Sampling (rollouts and every eval) runs outside Lightning's autocast, in the weights' own
         dtype; token by token it needs the whole actor: gathered for it under FSDP."""
-        dp = getattr(self, "_dp", None)
-        with autocast_off(), (gathered_for_sampling(dp["actor"]) if dp and is_sharded(dp["actor"])
-                              else contextlib.nullcontext()):
+        with autocast_off(), self.data_parallel.gathered(Role.ACTOR):
             yield
 
     @property
@@ -435,30 +447,6 @@ class VapoModule(L.LightningModule):
         """ppo.recompute_logprobs, None ('auto') resolved: on under any reduced precision (devices.py)."""
         precision = self._trainer.precision if self._trainer is not None else None
         return recompute_logprobs(self.cfg, precision, next(self.actor.parameters()).dtype)
-
-    def set_data_parallel(self, wrap) -> None:
-        """Called by a data-parallel strategy: `wrap(module)` returns its DDP/FSDP wrapper. The
-        training forwards then go through the wrappers; the models themselves stay attributes of
-        this module (checkpoints and state dicts are unchanged)."""
-        self._dp = {"actor": wrap(self.policy)}
-        if not self.critic_free:
-            self._dp["critic"] = wrap(self.critic)
-
-    def _trained(self, name: str):
-        """The model the update's forward runs through: its data-parallel wrapper if any."""
-        dp = getattr(self, "_dp", None)
-        if dp:
-            return dp[name]
-        return self.policy if name == "actor" else self.critic
-
-    def _grad_sync(self, name: str, last: bool):
-        """Gradients are synchronised across ranks on the last micro-batch of a mini-batch only."""
-        dp = getattr(self, "_dp", None)
-        if dp and is_sharded(dp[name]):
-            dp[name].set_requires_gradient_sync(last)
-        elif dp and not last:
-            return dp[name].no_sync()
-        return contextlib.nullcontext()
 
     def _agree_finite(self, name: str, finite: bool, value: float) -> None:
         """Every rank stops together when any rank's loss is not finite (a lone raise would hang the rest)."""
@@ -470,48 +458,31 @@ class VapoModule(L.LightningModule):
         self._fsdp_lazy_init()
         for i in range(len(self.optimizers()) if isinstance(self.optimizers(), list) else 1):
             adam_state(self._opt(i)[0])
-        if self.resuming:  # the checkpoint holds the phase (FSDP restores it only after this hook)
-            return
+        if self._resumed:  # the checkpoint holds the phase. (A strategy that restores after this hook, FSDP,
+            return         # overwrites the phase, critic, optimizer and counters set below with the checkpoint's.)
         if self.switches.value_pretraining and not (self.pretrain.active or self.pretrain.finished):
-            # rank 0 looks in the cache (other machines may not share its disk) and tells the rest
-            cached = broadcast_object(pretrain.load_cached(self.pretrain_key(), self.cfg.cache_dir)
-                                      if rank_and_world()[0] == 0 else None)
+            cached = pretrain.restore(self.pretrain_key(), self.cfg.cache_dir, self.critic)
             if cached is None:
                 self.pretrain.active = True
                 return
-            entry, stats = cached
-            load_full_state_dict(self.critic, self._read_critic(entry) if rank_and_world()[0] == 0 else None)
             self._reset_critic_optimizer()
-            self.pretrain = pretrain.PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"],
-                                                   from_cache=str(entry), finished=True,
-                                                   seconds=stats["seconds"], tokens=stats["tokens"])
-            self.iteration = stats["steps_done"]  # the same prompt stream as a run that pretrained
-            self._carry.update({"value_pretrain/steps": stats["steps_done"], "value_pretrain/final_ev": stats["last_ev"],
-                                "value_pretrain/from_cache": 1.0})
+            self.pretrain = cached
+            self.iteration = cached.steps_done  # the same prompt stream as a run that pretrained
+            self._carry.update(cached.log())
 
     def end_value_pretraining(self) -> None:
         """Called by the ValuePretraining callback when its stopping rule says so."""
         ph = self.pretrain
         ph.active, ph.finished = False, True
         self._reset_critic_optimizer()
-        self._carry.update({"value_pretrain/steps": ph.steps_done, "value_pretrain/final_ev": ph.last_ev})
-        state = full_state_dict(self.critic)  # (a collective under FSDP)
-        if rank_and_world()[0] == 0:
-            pretrain.save(self.pretrain_key(), self.cfg.cache_dir, self.critic,
-                          {"steps_done": ph.steps_done, "last_ev": ph.last_ev, "seconds": ph.seconds,
-                           "tokens": ph.tokens}, state_dict=state)
-        barrier()
+        self._carry.update(ph.log())
+        pretrain.store(self.pretrain_key(), self.cfg.cache_dir, self.critic, ph)
 
     def pretrain_key(self) -> dict:
         sw = self.switches
         return pretrain.cache_key(self.cfg, steps=sw.value_pretrain_steps, min_ev=sw.value_pretrain_min_ev,
                                   samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
                                   task_version=getattr(self.task, "version", "?"))
-
-    def _read_critic(self, directory) -> dict:
-        from vapo_lit.models.value import ValueModel
-
-        return ValueModel.from_pretrained(directory, dtype=next(self.critic.parameters()).dtype).state_dict()
 
     def _reset_critic_optimizer(self) -> None:
         """PPO starts with a fresh critic optimiser and schedule after value pretraining, whether

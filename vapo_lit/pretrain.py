@@ -14,6 +14,7 @@ from pathlib import Path
 
 from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
 from vapo_lit.config import to_dict
+from vapo_lit.distributed import barrier, broadcast_object, full_state_dict, load_full_state_dict, rank_and_world
 
 CACHE_NAME = "pretrained-critic"
 CACHE_VERSION = 3
@@ -55,6 +56,15 @@ class PretrainPhase:
     def state_dict(self) -> dict:
         return asdict(self)
 
+    def log(self) -> dict:
+        """The phase's outcome as metrics (logged with the first row after it)."""
+        out = {"value_pretrain/steps": self.steps_done, "value_pretrain/final_ev": self.last_ev}
+        return {**out, "value_pretrain/from_cache": 1.0} if self.from_cache else out
+
+    def cost(self) -> dict:
+        """What the cache entry keeps besides the critic: how far the phase went and what it cost."""
+        return {"steps_done": self.steps_done, "last_ev": self.last_ev, "seconds": self.seconds, "tokens": self.tokens}
+
     def load_state_dict(self, state: dict) -> None:
         for k, v in state.items():
             setattr(self, k, v)
@@ -94,3 +104,32 @@ def save(key: dict, cache_dir, critic, stats: dict, state_dict: dict | None = No
         (tmp / "pretraining.json").write_text(json.dumps(stats))
 
     return cached_build(CACHE_NAME, key, build, cache_dir=cache_dir)
+
+
+def restore(key: dict, cache_dir, critic) -> PretrainPhase | None:
+    """Load the cached pretrained critic for `key` into `critic` and return its phase (finished,
+    with the computing run's cost), or None when the cache holds none. Every rank calls it: rank 0
+    reads the cache (other machines may not share its disk) and hands the weights to the rest."""
+    zero = rank_and_world()[0] == 0
+    cached = broadcast_object(load_cached(key, cache_dir) if zero else None)
+    if cached is None:
+        return None
+    entry, stats = cached
+    load_full_state_dict(critic, _read_critic(entry, critic) if zero else None)
+    return PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"], from_cache=str(entry),
+                         finished=True, seconds=stats["seconds"], tokens=stats["tokens"])
+
+
+def store(key: dict, cache_dir, critic, phase: PretrainPhase) -> None:
+    """Cache the just-pretrained `critic` with its phase's cost. Every rank calls it (gathering a
+    sharded critic is a collective); rank 0 writes."""
+    state = full_state_dict(critic)
+    if rank_and_world()[0] == 0:
+        save(key, cache_dir, critic, phase.cost(), state_dict=state)
+    barrier()
+
+
+def _read_critic(directory, critic) -> dict:
+    from vapo_lit.models.value import ValueModel
+
+    return ValueModel.from_pretrained(directory, dtype=next(critic.parameters()).dtype).state_dict()

@@ -21,9 +21,10 @@ import yaml
 from vapo_lit.build import build_module
 from vapo_lit.checkpoints import RunCheckpoints, RunExports, checkpoint_progress
 from vapo_lit.components import build_callbacks
-from vapo_lit.config import RunConfig, label_of, to_dict
+from vapo_lit.config import RunConfig, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
 from vapo_lit.distributed import is_global_zero_env
+from vapo_lit.labels import label_of
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.preflight import preflight
 from vapo_lit.progress import ProgressLine
@@ -40,25 +41,17 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     `module_factory(cfg) -> VapoModule` builds task and models (tests pass tiny ones)."""
     preflight(cfg)  # inputs checked before any folder is created or weight loaded (preflight.py)
     run_dir = run_dir_of(cfg)
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    if resume and not ckpt.is_file():
-        raise FileNotFoundError(f"cannot resume: no checkpoint at {ckpt}")
-    if not resume and (run_dir / "metrics.csv").exists():
-        raise FileExistsError(
-            f"{run_dir} already holds a run; pass --resume to continue it or choose another --name/--out_dir"
-        )
+    ckpt = _checked_run_dir(run_dir, resume)
     hardware = trainer_kwargs(cfg)  # raises on a device that is not there, before anything is written
     if cfg.threads:
         torch.set_num_threads(cfg.threads)
     random.seed(cfg.seed)
     torch.manual_seed(cfg.seed)
-    zero = is_global_zero_env()  # with several processes only rank 0 writes the run folder
-    if zero:
+    if is_global_zero_env():  # with several processes only rank 0 writes the run folder
         run_dir.mkdir(parents=True, exist_ok=True)
         (run_dir / "config.yaml").write_text(yaml.safe_dump(to_dict(cfg), sort_keys=False))
 
-    keep_until = None
-    wandb_id = None
+    keep_until = wandb_id = None
     if resume:
         progress = checkpoint_progress(ckpt)  # memory-mapped: no tensor is read
         keep_until = progress["iteration"]
@@ -68,35 +61,20 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         if card_path.is_file():
             wandb_id = json.loads(card_path.read_text()).get("wandb", {}).get("id")
     module = module_factory(cfg)
-    loggers = [ResumableCSVLogger(run_dir, keep_until_step=keep_until if resume else None)]
+    loggers = [ResumableCSVLogger(run_dir, keep_until_step=keep_until)]
     wb = make_wandb_logger(cfg, run_dir, {"config": to_dict(cfg)}, wandb_id)
     if wb is not None:
         loggers.append(wb)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
                  RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), ProgressLine(), *extra_callbacks]
     module.hardware = describe(hardware)  # recorded in the run card
-    module.resuming = resume
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,
         logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(run_dir),
     )
     t0 = time.perf_counter()
-    try:
-        with warnings.catch_warnings():
-            warnings.filterwarnings("ignore", ".*does not have many workers.*")
-            warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
-            # ResumableCSVLogger keeps the rows up to the checkpoint itself; Lightning's generic
-            # "previous log files will be deleted" warning does not apply to it.
-            warnings.filterwarnings("ignore", ".*Experiment logs directory .* exists and is not empty.*")
-            # Models stay in eval mode on purpose: no dropout, so the PPO ratio compares the policy
-            # with itself and the recorded behaviour log-probs are reproducible.
-            warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode.*")
-            trainer.fit(module, ckpt_path=str(ckpt) if resume else None)
-    except BaseException:
-        if wb is not None and wb._experiment is not None:
-            wb.experiment.finish(exit_code=1)  # keep what was logged; mark the run failed
-        raise
+    _fit(trainer, module, str(ckpt) if resume else None, wb)
     summary = {
         "run_dir": str(run_dir), "iterations": module.iteration, "ppo_updates": module.ppo_updates,
         "best_eval": module.best_eval, "wall_seconds": time.perf_counter() - t0,
@@ -107,3 +85,35 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         wb.experiment.finish()  # flush and close this run's file now (not at interpreter exit)
     return summary
+
+
+def _checked_run_dir(run_dir: Path, resume: bool) -> Path:
+    """The run's last checkpoint path, after checking that the folder is what `resume` expects."""
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    if resume and not ckpt.is_file():
+        raise FileNotFoundError(f"cannot resume: no checkpoint at {ckpt}")
+    if not resume and (run_dir / "metrics.csv").exists():
+        raise FileExistsError(
+            f"{run_dir} already holds a run; pass --resume to continue it or choose another --name/--out_dir"
+        )
+    return ckpt
+
+
+def _fit(trainer: L.Trainer, module, ckpt_path: str | None, wb) -> None:
+    """trainer.fit without Lightning's warnings that do not apply here; a failed run's W&B run is
+    closed as failed, keeping what it logged."""
+    try:
+        with warnings.catch_warnings():
+            warnings.filterwarnings("ignore", ".*does not have many workers.*")
+            warnings.filterwarnings("ignore", ".*IterableDataset.*__len__.*")
+            # ResumableCSVLogger keeps the rows up to the checkpoint itself; Lightning's generic
+            # "previous log files will be deleted" warning does not apply to it.
+            warnings.filterwarnings("ignore", ".*Experiment logs directory .* exists and is not empty.*")
+            # Models stay in eval mode on purpose: no dropout, so the PPO ratio compares the policy
+            # with itself and the recorded behaviour log-probs are reproducible.
+            warnings.filterwarnings("ignore", ".*module\\(s\\) in eval mode.*")
+            trainer.fit(module, ckpt_path=ckpt_path)
+    except BaseException:
+        if wb is not None and wb._experiment is not None:
+            wb.experiment.finish(exit_code=1)  # keep what was logged; mark the run failed
+        raise
