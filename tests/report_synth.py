@@ -10,7 +10,8 @@ from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import COMPONENTS, run_label
+from vapo_lit.config import COMPONENTS
+from vapo_lit.labels import run_label
 
 K = 4
 BUCKETS = ("first", "1-7", "8-31", "32-127", "ge128")

@@ -24,7 +24,8 @@ from vapo_lit.ablate.grid import BOOKKEEPING, available_grids, cell_identity, ce
 from vapo_lit.ablate.progress import eta_seconds, line
 from vapo_lit.ablate.store import CellStore, Status, mask_text, mask_url
 from vapo_lit.cli.ablate import main
-from vapo_lit.config import COMPONENTS, RunConfig, merge, run_label
+from vapo_lit.config import COMPONENTS, RunConfig, merge
+from vapo_lit.labels import run_label
 from vapo_lit.presets import PRESETS
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -166,7 +166,7 @@ def test_the_cli_refuses_it_without_group_sampling_in_one_line(capsys):
 
 
 def test_the_labels_name_the_row_for_what_it_is():
-    from vapo_lit.config import run_label
+    from vapo_lit.labels import run_label
     from vapo_lit.report.table import pretty
 
     label = run_label([*GRPO, "dynamic_sampling"], "grpo")

@@ -8,7 +8,8 @@ import types
 import pytest
 import torch
 
-from vapo_lit.config import RunConfig, merge, parse_flat, validate
+from vapo_lit.cli.args import parse_flat
+from vapo_lit.config import RunConfig, merge, validate
 from vapo_lit.devices import (LOGIT_BYTES, SAMPLING_LOGIT_COPIES, SHARE, STATE_BYTES_PER_PARAM, plan_sizes,
                               resolve_memory_defaults)
 

@@ -20,7 +20,8 @@ import yaml
 from report_synth import write_manifest, write_run
 from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.cli.report import main as report
-from vapo_lit.config import COMPONENTS, row_order
+from vapo_lit.config import COMPONENTS
+from vapo_lit.labels import row_order
 from vapo_lit import statistics as stats
 from vapo_lit.report.figures import NAMES as FIGURES
 
@@ -413,7 +414,7 @@ def test_manifest_sets_order_and_labels_without_it_configs_do(tmp_path):
     assert list(pd.read_csv(out / "reports" / "mine" / "table.csv")["row"]) == [
         "vanilla_ppo", "vapo", "vapo-no-value_pretraining"]
     shutil.rmtree(out / "grids")
-    assert report([str(out), "--no-figures"]) == 0  # no manifest: config.run_label and config.row_order
+    assert report([str(out), "--no-figures"]) == 0  # no manifest: labels.run_label and labels.row_order
     assert list(pd.read_csv(out / "reports" / "runs" / "table.csv")["row"]) == ROWS
 
 

@@ -9,7 +9,6 @@ The seven VAPO switches live in `Switches`; component callbacks set them (see
 from __future__ import annotations
 
 import dataclasses
-import json
 import math
 import typing
 from dataclasses import dataclass, field
@@ -36,6 +35,9 @@ This tuple is the registry of extensions: adding a component is a file
 
 ALL_COMPONENTS = COMPONENTS + OPTIONAL_COMPONENTS
 
+ROLLOUT_ENGINES = ("hf", "cb", "vllm")
+"""The rollout engines' names (vapo_lit.engines.ENGINES maps each to its class)."""
+
 
 def check_components(names, where: str = "") -> list[str]:
     """`names` as a list, or ValueError naming the unknown ones and listing the valid names.
@@ -53,47 +55,6 @@ def check_components(names, where: str = "") -> list[str]:
 def ordered(names) -> list[str]:
     """The named components in registry order (the seven first, then the optional ones)."""
     return [c for c in ALL_COMPONENTS if c in names]
-
-
-def run_label(components, advantage_estimator: str = "gae", observations: str = "skip", gae_values: str = "critic") -> str:
-    """The one name of a component set, used for run folders, W&B job types and report rows:
-    'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
-    'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator); optional components on
-    are added as '-with-x+y'; GAE's observation treatment other than the default skip as
-    '-obs-step' / '-obs-zero' (multi-turn tasks); GAE on the task's true values as '-oracle'."""
-    on = [c for c in COMPONENTS if c in components]
-    extras = [c for c in OPTIONAL_COMPONENTS if c in components]
-    if advantage_estimator == "grpo":
-        label = "grpo+" + "+".join(on)
-    elif len(on) == len(COMPONENTS):
-        label = "vapo"
-    elif not on:
-        label = "vanilla_ppo"
-    else:
-        dropped = [c for c in COMPONENTS if c not in on]
-        label = "vapo-no-" + "+".join(dropped) if len(dropped) <= 3 else "ppo+" + "+".join(on)
-    label += "-with-" + "+".join(extras) if extras else ""
-    label += f"-obs-{observations}" if observations != "skip" else ""
-    return label + ("-oracle" if gae_values == "oracle" else "")
-
-
-def label_of(cfg: "RunConfig") -> str:
-    """`run_label` of a run's config."""
-    return run_label(cfg.components, cfg.advantage_estimator, cfg.observations, cfg.gae_values)
-
-
-def row_order(components, advantage_estimator: str = "gae", label: str = "") -> tuple:
-    """Sort key in the paper's order: full VAPO, single drops (COMPONENTS order), joint drops,
-    vanilla PPO, critic-free rows; a row with optional components right after its base row."""
-    dropped = tuple(COMPONENTS.index(c) for c in COMPONENTS if c not in components)
-    extras = tuple(OPTIONAL_COMPONENTS.index(c) for c in OPTIONAL_COMPONENTS if c in components)
-    if advantage_estimator == "grpo":
-        return (4, dropped, extras, label)
-    if not dropped:
-        return (0, (), extras, label)
-    if len(dropped) == len(COMPONENTS):
-        return (3, (), extras, label)
-    return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), extras, label)
 
 
 def _f(default, doc: str, lo=None, hi=None, choices=None, lo_open=False, hi_open=False):
@@ -199,7 +160,7 @@ class RunConfig:
     components: list = _f(list(COMPONENTS), "VAPO components switched on (the rest are vanilla PPO)")
     truncation: str = _f("terminal", "a response cut by the length limit: terminal (scored like any other, as verl) or bootstrap (from V after its last token)",
                          choices=("terminal", "bootstrap"))
-    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop), cb (transformers' continuous batching; 2-3x slower on CPU, docs/guides/rollout-engines.md) or vllm (vLLM in process, an optional install: docs/guides/vllm.md)")
+    rollout_engine: str = _f("hf", "rollout engine, a name in vapo_lit.engines.ENGINES: hf (KV-cached token loop), cb (transformers' continuous batching; 2-3x slower on CPU, docs/guides/rollout-engines.md) or vllm (vLLM in process, an optional install: docs/guides/vllm.md)", choices=ROLLOUT_ENGINES)
     observations: str = _f("skip", "multi-turn tasks: how GAE crosses observation (tool output) spans: skip (carry the next value and the running advantage through unchanged, verl/NeMo-RL/AReaL), step (every token a timestep, SkyRL/ROLL/slime) or zero (values zeroed there, OpenRLHF; biased when gamma*lambda < 1); docs/algorithm.md",
                            choices=("skip", "step", "zero"))
     vllm_kv_cache_gib: float | None = _f(None, "rollout_engine=vllm: memory for vLLM's KV cache in GiB (None: room for its first "
@@ -352,10 +313,6 @@ def validate(cfg: RunConfig) -> RunConfig:
     values = dataclasses.asdict(cfg.vapo)
     for name in cfg.components:
         check_component(name, values, cfg, where="vapo")
-    from vapo_lit.engines import ENGINES  # the registry itself (it needs torch): no second list of names here
-
-    if cfg.rollout_engine not in ENGINES:
-        raise ValueError(f"rollout_engine={cfg.rollout_engine!r} is not valid; choose one of: {', '.join(ENGINES)}")
     if cfg.advantage_estimator == "grpo" and cfg.gae_values == "oracle":
         raise ValueError("gae_values=oracle replaces a critic's values in GAE; advantage_estimator=grpo has neither: "
                          "use advantage_estimator=gae with it")
@@ -467,45 +424,3 @@ def walk_fields(cls=None, prefix: str = ""):
 
 def field_paths() -> set[str]:
     return {path for path, _, _ in walk_fields()}
-
-
-def parse_value(text: str, kind, name: str):
-    """A command-line string as the setting's type; ValueError saying what was expected."""
-    if text.lower() in ("none", "null"):
-        return None
-    if name in AUTO_SIZED and text.lower() == "auto":
-        return "auto"
-    try:
-        if kind is bool:
-            if text.lower() in ("1", "true", "yes", "on"):
-                return True
-            if text.lower() in ("0", "false", "no", "off"):
-                return False
-            raise ValueError
-        if kind is int:
-            return int(text)
-        if kind is float:
-            return float(text)
-        if kind is list:
-            return [s.strip() for s in text.split(",") if s.strip()]
-        if kind is dict:
-            value = json.loads(text)
-            if not isinstance(value, dict):
-                raise ValueError
-            return value
-        return text
-    except (ValueError, json.JSONDecodeError):
-        what = {bool: "true/false", int: "an integer", float: "a number", list: "a comma-separated list",
-                dict: "a JSON object"}.get(kind, "a string")
-        raise ValueError(f"--{name}={text!r} is not valid; expected {what}") from None
-
-
-def parse_flat(flat_text: dict) -> dict:
-    """{'ppo.actor_lr': '1e-5'} -> a nested, typed delta (unknown paths raise)."""
-    kinds = {path: kind for path, kind, _ in walk_fields()}
-    out = {}
-    for path, text in flat_text.items():
-        if path not in kinds:
-            raise ValueError(f"unknown setting {path!r}; e.g. steps, ppo.actor_lr, vapo.alpha")
-        out[path] = parse_value(text, kinds[path], path)
-    return nest(out)

@@ -12,7 +12,8 @@ from lightning.pytorch.loggers import CSVLogger, WandbLogger
 from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 
 from vapo_lit import faults
-from vapo_lit.config import COMPONENTS, RunConfig, label_of
+from vapo_lit.config import COMPONENTS, RunConfig
+from vapo_lit.labels import label_of
 from vapo_lit.secrets import scrub_argv
 from vapo_lit.wandb_runs import (SUMMARY_ENV, AxisDefiner, no_network_offline, wandb_mode,  # noqa: F401
                                  wandb_row, wandb_settings)

@@ -18,7 +18,8 @@ import csv
 import math
 from pathlib import Path
 
-from vapo_lit.config import COMPONENTS, run_label
+from vapo_lit.config import COMPONENTS
+from vapo_lit.labels import run_label
 from vapo_lit.statistics import curve_auc, decide_seeds
 
 METRICS = ("final", "peak", "auc")

@@ -29,7 +29,8 @@ from pathlib import Path
 import yaml
 
 from vapo_lit.cache import config_key
-from vapo_lit.config import COMPONENTS, RunConfig, check_components, merge, ordered, run_label, to_dict, validate
+from vapo_lit.config import COMPONENTS, RunConfig, check_components, merge, ordered, to_dict, validate
+from vapo_lit.labels import run_label
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
                "cache_dir", "checkpoint_every")

@@ -23,7 +23,8 @@ from vapo_lit.ablate import progress
 from vapo_lit.ablate.grid import Grid, cells_of
 from vapo_lit.ablate.store import STUDY, CellStore, check_url, is_sqlite, mask_url
 from vapo_lit.ablate.worker import WorkerSpec, work, work_in_subprocess
-from vapo_lit.config import RunConfig, merge, row_order
+from vapo_lit.config import RunConfig, merge
+from vapo_lit.labels import row_order
 from vapo_lit.preflight import check_writable, preflight_grid
 
 

@@ -7,12 +7,13 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import json
 from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import (COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, check_components, from_dict, merge, nest,
-                             ordered, parse_value, to_dict, validate, walk_fields)
+from vapo_lit.config import (AUTO_SIZED, COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, check_components, from_dict, merge,
+                             nest, ordered, to_dict, validate, walk_fields)
 from vapo_lit.presets import PRESETS
 
 
@@ -89,3 +90,45 @@ def load_run_config(run_dir: Path) -> RunConfig:
         return validate(from_dict(yaml.safe_load(path.read_text())))
     except (yaml.YAMLError, TypeError, KeyError, AttributeError) as e:
         raise ValueError(f"{path} is not a readable run config ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+
+
+def parse_value(text: str, kind, name: str):
+    """A command-line string as the setting's type; ValueError saying what was expected."""
+    if text.lower() in ("none", "null"):
+        return None
+    if name in AUTO_SIZED and text.lower() == "auto":
+        return "auto"
+    try:
+        if kind is bool:
+            if text.lower() in ("1", "true", "yes", "on"):
+                return True
+            if text.lower() in ("0", "false", "no", "off"):
+                return False
+            raise ValueError
+        if kind is int:
+            return int(text)
+        if kind is float:
+            return float(text)
+        if kind is list:
+            return [s.strip() for s in text.split(",") if s.strip()]
+        if kind is dict:
+            value = json.loads(text)
+            if not isinstance(value, dict):
+                raise ValueError
+            return value
+        return text
+    except (ValueError, json.JSONDecodeError):
+        what = {bool: "true/false", int: "an integer", float: "a number", list: "a comma-separated list",
+                dict: "a JSON object"}.get(kind, "a string")
+        raise ValueError(f"--{name}={text!r} is not valid; expected {what}") from None
+
+
+def parse_flat(flat_text: dict) -> dict:
+    """{'ppo.actor_lr': '1e-5'} -> a nested, typed delta (unknown paths raise)."""
+    kinds = {path: kind for path, kind, _ in walk_fields()}
+    out = {}
+    for path, text in flat_text.items():
+        if path not in kinds:
+            raise ValueError(f"unknown setting {path!r}; e.g. steps, ppo.actor_lr, vapo.alpha")
+        out[path] = parse_value(text, kinds[path], path)
+    return nest(out)

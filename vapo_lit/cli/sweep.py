@@ -43,7 +43,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def base_config(spec, args):
     """preset < the file's base < command-line flags; validated."""
-    from vapo_lit.config import RunConfig, merge, parse_flat, validate
+    from vapo_lit.cli.args import parse_flat
+    from vapo_lit.config import RunConfig, merge, validate
     from vapo_lit.presets import PRESETS
 
     preset = args.preset or spec.preset

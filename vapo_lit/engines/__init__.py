@@ -34,6 +34,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Protocol, runtime_checkable
 
+from vapo_lit.config import ROLLOUT_ENGINES
 from vapo_lit.rollout import Rollout
 
 
@@ -95,7 +96,7 @@ from vapo_lit.engines.continuous import ContinuousBatchingEngine  # noqa: E402  
 from vapo_lit.engines.hf import HFEngine  # noqa: E402
 from vapo_lit.engines.vllm import VLLMEngine  # noqa: E402  (imports vLLM itself only when first used)
 
-ENGINES = {"hf": HFEngine, "cb": ContinuousBatchingEngine, "vllm": VLLMEngine}
+ENGINES = dict(zip(ROLLOUT_ENGINES, (HFEngine, ContinuousBatchingEngine, VLLMEngine), strict=True))
 
 
 def own_kernels(name: str) -> bool:

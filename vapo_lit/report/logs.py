@@ -17,7 +17,7 @@ from pathlib import Path
 import pandas as pd
 import yaml
 
-from vapo_lit.config import run_label
+from vapo_lit.labels import run_label
 
 ATTEMPT_OUTCOMES = ("done", "failed", "interrupted", "lost")
 
@@ -162,7 +162,7 @@ def attempt_counts(a: dict) -> dict:
 
 
 def label_of(cfg: dict) -> str:
-    """A row label from a run's config when no grid manifest names it: `config.run_label`."""
+    """A row label from a run's config when no grid manifest names it: `labels.run_label`."""
     return run_label(cfg.get("components") or [], cfg.get("advantage_estimator", "gae"), cfg.get("observations", "skip"),
                      cfg.get("gae_values", "critic"))
 

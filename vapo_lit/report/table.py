@@ -32,7 +32,7 @@ def pretty(label: str) -> str:
     for mode in ("step", "zero"):  # GAE's observation treatment other than the default skip
         if label.endswith(f"-obs-{mode}"):
             return f"{pretty(label[:-len(f'-obs-{mode}')])}, observations: {mode}"
-    if "-with-" in label:  # optional components on top of a row (config.run_label)
+    if "-with-" in label:  # optional components on top of a row (labels.run_label)
         base, extras = label.split("-with-", 1)
         return f"{pretty(base)} with {', '.join(extras.split('+'))}"
     if label == "vapo":

@@ -8,7 +8,7 @@ section, what the deltas do and do not support), table.tex, table.csv (one line 
 seeds.csv (one line per run), calibration.csv (value bias by position) and the figures listed in
 `figures.NAMES`. A folder without grids/ is reported as one grid, 'runs'. Rows and labels come
 from the grid manifest (OUT/grids/<grid>.json) when there is one, else from each run's config
-(`config.run_label`, `config.row_order`).
+(`labels.run_label`, `labels.row_order`).
 
 The text files depend only on the logs: no absolute paths (run folders are relative to the
 report folder), no timestamps, fixed float formats, so regenerating from the same CSVs gives the
@@ -23,7 +23,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from vapo_lit.config import COMPONENTS, row_order, run_label
+from vapo_lit.config import COMPONENTS
+from vapo_lit.labels import row_order, run_label
 from vapo_lit.report import render
 from vapo_lit.report.collect import CALIBRATION_UPDATES, bias_buckets, calibration, efficiency, per_run
 from vapo_lit.report import critic as critic_quality
