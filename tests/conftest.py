@@ -3,6 +3,11 @@ import sys
 import uuid
 from pathlib import Path
 
+# Lightning gives its logger a handler on the sys.stderr of the moment it is first imported. Imported
+# here, that is the session's stream; first imported inside a test that uses capsys, it would be that
+# test's stream, closed after it, and a later test's Lightning message would print a "Logging error"
+# traceback into whatever that test captures (test_cli_faults after test_cli_train did).
+import lightning.pytorch  # noqa: F401
 import pytest
 import torch
 
