@@ -19,10 +19,7 @@ def build_module(cfg: RunConfig) -> VapoModule:
     from vapo_lit.models.value import ValueModel
     from vapo_lit.tasks import get_task
 
-    options = dict(cfg.task_options)
-    if cfg.model not in ("builtin", "random") and "tokenizer" not in options and _accepts(cfg.task, "tokenizer"):
-        options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
-    task = get_task(cfg.task, **options)
+    task = get_task(cfg.task, **task_options_of(cfg))
     critic_free = cfg.advantage_estimator == "grpo"
     # 64-true: build in float64 already (Lightning casts only after a checkpoint was loaded into the
     # module, so a float32 module would round a resumed run's float64 weights)
@@ -68,14 +65,15 @@ def critic_shape(cfg: RunConfig, task, variant: dict) -> dict:
     return {**variant, "model_config": replace(variant.get("model_config") or default_model(task), **cfg.critic_model)}
 
 
-def _accepts(task_name: str, param: str) -> bool:
-    import inspect
+def task_options_of(cfg: RunConfig) -> dict:
+    """The options the task is built with (a task that takes a tokenizer gets the local model's)."""
+    from vapo_lit.tasks import option_names
 
-    from vapo_lit.tasks import TASKS, task_names
-
-    task_names()  # loads the built-in tasks
-    factory = TASKS.get(task_name)
-    return factory is not None and param in inspect.signature(factory).parameters
+    options = dict(cfg.task_options)
+    valid = option_names(cfg.task)
+    if cfg.model not in ("builtin", "random") and "tokenizer" not in options and valid is not None and "tokenizer" in valid:
+        options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
+    return options
 
 
 def builtin_variant(cfg: RunConfig) -> dict:

@@ -14,10 +14,8 @@ weights.
 from __future__ import annotations
 
 import dataclasses
-import inspect
 import json
 import os
-import typing
 from pathlib import Path
 
 from vapo_lit.config import RunConfig, validate
@@ -63,7 +61,7 @@ def check_vllm(cfg: RunConfig) -> None:
     (vapo_lit.engines.vllm.preflight: install, dtype, model shape, KV-cache memory)."""
     import torch
 
-    from vapo_lit.build import policy_config
+    from vapo_lit.build import policy_config, task_options_of
     from vapo_lit.config import parse_devices
     from vapo_lit.devices import resolve_accelerator
     from vapo_lit.engines.vllm import preflight as vllm_preflight
@@ -165,44 +163,17 @@ def check_model_dir(path: str, flag: str, *, tokenizer: bool = False) -> None:
                              "save the tokenizer into the model folder (tokenizer.save_pretrained)") from None
 
 
-def task_options_of(cfg: RunConfig) -> dict:
-    """The options the task is built with (a task that takes a tokenizer gets the local model's)."""
-    options = dict(cfg.task_options)
-    if cfg.model not in ("builtin", "random") and "tokenizer" not in options and "tokenizer" in option_names(cfg.task):
-        options["tokenizer"] = cfg.model
-    return options
-
-
-def option_names(task: str) -> list[str]:
-    """The keyword options task `task` accepts (its constructor's, or its config dataclass's fields)."""
-    from vapo_lit.tasks import TASKS, task_names
-
-    task_names()  # loads the built-in tasks
-    factory = TASKS.get(task)
-    if factory is None:
-        return []
-    init = factory.__init__ if inspect.isclass(factory) else factory
-    params = inspect.signature(init).parameters
-    names = [n for n, p in params.items() if n not in ("self", "config") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    if "config" in params and any(p.kind == p.VAR_KEYWORD for p in params.values()):
-        hint = typing.get_type_hints(init).get("config")
-        for arg in typing.get_args(hint) or (hint,):
-            if dataclasses.is_dataclass(arg):
-                names += [f.name for f in dataclasses.fields(arg)]
-    return names
-
-
 def check_task(cfg: RunConfig) -> None:
     """Build the task once: unknown options, bad values and every data-file defect surface here."""
-    from vapo_lit.tasks import get_task, task_names
+    from vapo_lit.build import task_options_of
+    from vapo_lit.tasks import get_task, option_names, task_factory
 
-    if cfg.task not in task_names():
-        raise ValueError(f"task={cfg.task!r} is not a task; valid tasks: {', '.join(task_names())}")
+    task_factory(cfg.task)  # an unknown name or a class that cannot be imported: one line saying which
     valid = option_names(cfg.task)
-    unknown = sorted(set(cfg.task_options) - set(valid))
+    unknown = sorted(set(cfg.task_options) - set(valid)) if valid is not None else []
     if unknown:
         raise ValueError(f"task_options: unknown option(s) {', '.join(map(repr, unknown))} for task {cfg.task!r}; "
-                         f"valid: {', '.join(valid)}")
+                         + (f"valid: {', '.join(valid)}" if valid else "it takes none"))
     try:
         task = get_task(cfg.task, **task_options_of(cfg))
     except (TypeError, ValueError) as e:

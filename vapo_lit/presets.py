@@ -78,3 +78,16 @@ PRESETS: dict[str, dict] = {
         "eval_k": 32, "eval_top_p": 0.7, "eval_temperature": 1.0, "steps": 5000, "eval_every": 50,
     },
 }
+
+
+def preset_task_options(name: str, task: str) -> dict:
+    """Preset `name`'s task options that `task` accepts: a preset made for the built-in tasks applies
+    to a user's task only where the option means something there."""
+    from vapo_lit.tasks import option_names
+
+    options = PRESETS[name].get("task_options", {})
+    try:
+        valid = option_names(task)
+    except ValueError:  # not a task: the config check says so in its own words
+        return options
+    return options if valid is None else {k: v for k, v in options.items() if k in valid}

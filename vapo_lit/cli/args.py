@@ -14,7 +14,7 @@ import yaml
 
 from vapo_lit.config import (AUTO_SIZED, COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, check_components, from_dict, merge,
                              nest, ordered, to_dict, validate, walk_fields)
-from vapo_lit.presets import PRESETS
+from vapo_lit.presets import PRESETS, preset_task_options
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
@@ -52,6 +52,7 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
     if args.preset not in PRESETS:
         raise ValueError(f"--preset {args.preset!r} is not valid; choose one of: {', '.join(PRESETS)}")
     cfg = merge(RunConfig(), PRESETS[args.preset])
+    delta = {}
     if args.config is not None:
         if not args.config.is_file():
             raise ValueError(f"--config {args.config}: file not found")
@@ -67,6 +68,8 @@ def config_from_args(args: argparse.Namespace) -> RunConfig:
             name = key[4:]
             flat[name] = parse_value(value, kinds[name], name)
     cfg = merge(cfg, nest(flat))
+    if "task_options" not in flat and "task_options" not in delta:
+        cfg = merge(cfg, {"task_options": preset_task_options(args.preset, cfg.task)})
     drop = parse_components(args.drop or None, "--drop") or []
     only = parse_components(args.only, "--only")
     if only is not None and drop:

@@ -45,7 +45,7 @@ def base_config(spec, args):
     """preset < the file's base < command-line flags; validated."""
     from vapo_lit.cli.args import parse_flat
     from vapo_lit.config import RunConfig, merge, validate
-    from vapo_lit.presets import PRESETS
+    from vapo_lit.presets import PRESETS, preset_task_options
 
     preset = args.preset or spec.preset
     if preset not in PRESETS:
@@ -55,7 +55,10 @@ def base_config(spec, args):
     for taken in ("out_dir", "name"):
         if taken in flat:
             raise ValueError(f"--{taken} is set per trial by vapo-sweep; use --out")
-    return validate(merge(cfg, parse_flat(flat)))
+    cfg = merge(cfg, parse_flat(flat))
+    if "task_options" not in flat and "task_options" not in spec.base:
+        cfg = merge(cfg, {"task_options": preset_task_options(preset, cfg.task)})
+    return validate(cfg)
 
 
 def check_space(spec, base) -> None:

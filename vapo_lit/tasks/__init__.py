@@ -1,6 +1,19 @@
-"""Task registry: `get_task(name, **options)`; `TASKS` maps a name to its factory."""
+"""Task registry: `get_task(name, **options)`; `TASKS` maps a name to its factory.
+
+A name is a registered task (`chain`, `longchain`, `math`, `toolchain`, or one a user's module
+registered with `@register`) or an import path to a user's task or environment class:
+`package.module:Class` (imported as Python imports it, the working directory first) or
+`path/to/file.py:Class`. The class is called with the task options as keywords.
+"""
 from __future__ import annotations
 
+import dataclasses
+import importlib
+import importlib.util
+import inspect
+import sys
+import typing
+from pathlib import Path
 from typing import Callable
 
 from vapo_lit.tasks.base import Problem, Task, Verdict
@@ -19,10 +32,75 @@ def register(name: str):
 
 
 def get_task(name: str, **options) -> Task:
+    return task_factory(name)(**options)
+
+
+def task_factory(name: str) -> Callable[..., Task]:
+    """The factory of task `name` (a registered name or `module:Class`); ValueError in one line
+    saying what is wrong and what is valid."""
     _load_builtin_tasks()
-    if name not in TASKS:
-        raise ValueError(f"unknown task {name!r}; valid tasks: {', '.join(sorted(TASKS))}")
-    return TASKS[name](**options)
+    if name in TASKS:
+        return TASKS[name]
+    if ":" not in name:
+        raise ValueError(f"task={name!r} is not a task; valid tasks: {', '.join(sorted(TASKS))}, "
+                         f"or a class of your own as package.module:Class or path/to/file.py:Class")
+    module_name, _, attr = name.rpartition(":")
+    module = _import_task_module(name, module_name)
+    factory = getattr(module, attr, None) if attr else None
+    if not callable(factory):
+        raise ValueError(f"task={name!r}: {module_name} has no class {attr!r}"
+                         + (f"; it defines: {', '.join(_public_classes(module))}" if _public_classes(module) else ""))
+    TASKS[name] = factory  # later lookups (other passes, option checks) find it without importing again
+    return factory
+
+
+def option_names(name: str) -> list[str] | None:
+    """The keyword options task `name` accepts (its constructor's, or the fields of the config
+    dataclass it takes with `**options`); None when it takes any keyword."""
+    factory = task_factory(name)
+    init = factory.__init__ if inspect.isclass(factory) else factory
+    params = inspect.signature(init).parameters
+    names = [n for n, p in params.items() if n not in ("self", "config") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+        hint = typing.get_type_hints(init).get("config") if "config" in params else None
+        configs = [a for a in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(a)]
+        if not configs:
+            return None
+        names += [f.name for c in configs for f in dataclasses.fields(c)]
+    return names
+
+
+def _import_task_module(name: str, module_name: str):
+    if module_name.endswith(".py"):
+        path = Path(module_name).expanduser().resolve()
+        if not path.is_file():
+            raise ValueError(f"task={name!r}: file {module_name} not found")
+        key = f"vapo_lit_user_task_{abs(hash(str(path)))}"
+        if key in sys.modules:
+            return sys.modules[key]
+        spec = importlib.util.spec_from_file_location(key, path)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module  # dataclasses and pickling look the module up by name
+        try:
+            spec.loader.exec_module(module)
+        except Exception:
+            del sys.modules[key]
+            raise
+        return module
+    if "" not in sys.path and str(Path.cwd()) not in sys.path:
+        sys.path.insert(0, str(Path.cwd()))  # as `python -m` does: a module next to the user is found
+    try:
+        return importlib.import_module(module_name)
+    except ModuleNotFoundError as e:
+        if e.name and module_name.startswith(e.name):
+            raise ValueError(f"task={name!r}: no module named {module_name!r} (run from the folder that holds it, "
+                             f"add it to PYTHONPATH, or give a file as path/to/file.py:Class)") from None
+        raise
+
+
+def _public_classes(module) -> list[str]:
+    return sorted(k for k, v in vars(module).items() if isinstance(v, type) and not k.startswith("_")
+                  and getattr(v, "__module__", None) == module.__name__)
 
 
 def task_names() -> list[str]:
@@ -42,4 +120,4 @@ def _load_builtin_tasks() -> None:
                 raise
 
 
-__all__ = ["Problem", "Task", "Verdict", "TASKS", "register", "get_task", "task_names"]
+__all__ = ["Problem", "Task", "Verdict", "TASKS", "register", "get_task", "option_names", "task_factory", "task_names"]
