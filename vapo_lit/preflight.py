@@ -195,6 +195,7 @@ def option_names(task: str) -> list[str]:
 def check_task(cfg: RunConfig) -> None:
     """Build the task once: unknown options, bad values and every data-file defect surface here."""
     from vapo_lit.tasks import get_task, task_names
+    from vapo_lit.tasks.env import is_environment
 
     if cfg.task not in task_names():
         raise ValueError(f"task={cfg.task!r} is not a task; valid tasks: {', '.join(task_names())}")
@@ -207,7 +208,7 @@ def check_task(cfg: RunConfig) -> None:
         task = get_task(cfg.task, **task_options_of(cfg))
     except (TypeError, ValueError) as e:
         raise ValueError(f"task {cfg.task!r}: {e}") from None
-    multi_turn = bool(getattr(task, "multi_turn", False))
+    multi_turn = is_environment(task)
     has_oracle = bool(getattr(task, "has_oracle", False))
     close = getattr(task, "close", None)
     if callable(close):
