@@ -167,6 +167,7 @@ def check_task(cfg: RunConfig) -> None:
     """Build the task once: unknown options, bad values and every data-file defect surface here."""
     from vapo_lit.build import task_options_of
     from vapo_lit.tasks import get_task, option_names, task_factory
+    from vapo_lit.tasks.env import is_environment
 
     task_factory(cfg.task)  # an unknown name or a class that cannot be imported: one line saying which
     valid = option_names(cfg.task)
@@ -178,7 +179,7 @@ def check_task(cfg: RunConfig) -> None:
         task = get_task(cfg.task, **task_options_of(cfg))
     except (TypeError, ValueError) as e:
         raise ValueError(f"task {cfg.task!r}: {e}") from None
-    multi_turn = bool(getattr(task, "multi_turn", False))
+    multi_turn = is_environment(task)
     has_oracle = bool(getattr(task, "has_oracle", False))
     close = getattr(task, "close", None)
     if callable(close):

@@ -12,12 +12,13 @@ from lightning.pytorch.callbacks import Callback
 
 from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, to_dict
 from vapo_lit.models import resolve_critic_init
+from vapo_lit.tasks.env import is_environment
 
 
 def run_card(cfg: RunConfig, module) -> dict:
     """Everything docs/algorithm.md says a run must record, with this project's answers."""
     card = _single_turn_card(cfg, module)
-    if getattr(module.task, "multi_turn", False):
+    if is_environment(module.task):
         card["multi_turn"] = multi_turn_card(cfg, module)
     return card
 

@@ -79,7 +79,9 @@ def make_engine(name: str, actor, tokenizer, task=None, cfg=None) -> RolloutEngi
     (its class's `from_config`)."""
     if name not in ENGINES:
         raise ValueError(f"rollout engine {name!r} is not known; valid: {', '.join(ENGINES)}")
-    if task is not None and getattr(task, "multi_turn", False):
+    from vapo_lit.tasks.env import is_environment
+
+    if is_environment(task):
         if name != "hf":
             raise ValueError(f"rollout engine {name!r} cannot run the multi-turn task {task.name!r} "
                              "(an environment between turns); use rollout_engine=hf")

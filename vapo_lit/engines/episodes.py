@@ -1,14 +1,14 @@
 """`EpisodeEngine`: multi-turn rollouts with an environment in the loop (vapo_lit.tasks.env).
 
-One batched token loop over every episode of the batch, with ONE KV cache kept across turns: at
-each column a row either samples its next token (an action: behaviour log-prob recorded) or takes
-the next token of the observation the environment just wrote (appended through the same cache, no
-log-prob, action mask 0), so no turn re-encodes the history. A row leaves the batch when its
-episode ends (final answer, turn limit, token budget). Llama-family models step the static cache
-of vapo_lit.engines.fast_decode (rows dropped as they finish); others step transformers' forward
-with its own cache. Observation tokens go through the cache one per step, beside the other rows'
-sampled tokens (a multi-token prefill per observation would be faster for long tool outputs; the
-built-in task's observations are two tokens).
+One batched token loop (vapo_lit.engines.hf.TokenLoop) over every episode of the batch, with ONE
+KV cache kept across turns: at each column a row either samples its next token (an action:
+behaviour log-prob recorded) or takes the next token of the observation the environment just
+wrote (appended through the same cache, no log-prob, action mask 0), so no turn re-encodes the
+history. A row leaves the batch when its episode ends (final answer, turn limit, token budget).
+Llama-family models step the static cache of vapo_lit.engines.fast_decode (rows dropped as they
+finish); others step transformers' forward with its own cache. Observation tokens go through the
+cache one per step, beside the other rows' sampled tokens (a multi-token prefill per observation
+would be faster for long tool outputs; the built-in task's observations are two tokens).
 
 Returns one `Rollout` per episode: `response_ids` the interleaved actions and observations,
 `response_mask` 1 on all of them, `action_mask` 1 on the sampled ones, `logprobs` 0 on
@@ -21,9 +21,7 @@ from __future__ import annotations
 
 import torch
 
-from vapo_lit.engines.hf import _cache_of, prefill
-from vapo_lit.engines.sampling import sample_next
-from vapo_lit.rng import uniforms
+from vapo_lit.engines.hf import eval_mode, prefill
 from vapo_lit.rollout import Rollout, eos_ids_of
 
 
@@ -34,7 +32,7 @@ class EpisodeEngine:
 
     def __init__(self, actor, tokenizer, env):
         self.model, self.tokenizer, self.env = actor, tokenizer, env
-        self._stops = [tokenizer(s, add_special_tokens=False)["input_ids"] for s in env.stop_sequences]
+        self._stops = _stop_ids(tokenizer, env)
         if not all(self._stops):
             raise ValueError(f"a stop sequence of {env.name!r} encodes to no tokens: {env.stop_sequences}")
 
@@ -46,6 +44,11 @@ class EpisodeEngine:
         return generate_episodes(self.model, self.tokenizer, self.env, prompts, max_new_tokens=sampling.max_new_tokens,
                                  temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds,
                                  stops=self._stops)
+
+
+def _stop_ids(tokenizer, env) -> list[list[int]]:
+    """The token ids of each of `env`'s stop sequences."""
+    return [tokenizer(s, add_special_tokens=False)["input_ids"] for s in env.stop_sequences]
 
 
 class _Episode:
@@ -61,79 +64,73 @@ def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_toke
     """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
-    stops = stops if stops is not None else [tokenizer(s, add_special_tokens=False)["input_ids"]
-                                             for s in env.stop_sequences]
+    stops = stops if stops is not None else _stop_ids(tokenizer, env)
     episodes = [_Episode(env.problem_from_prompt(p)) for p in prompts]  # ValueError before any compute
-    was_training = model.training
-    model.eval()
-    try:
-        pf = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast)
-        device, ids, prompt_mask, mask, n, row_seeds = pf.device, pf.ids, pf.prompt_mask, pf.mask, pf.n, pf.row_seeds
-        pad, past, logits, next_pos, static, cache_kw = pf.pad, pf.past, pf.logits, pf.next_pos, pf.static, pf.cache_kw
+    with eval_mode(model):
+        loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
+                       temperature=temperature, top_p=top_p)
         eos = set(eos_ids_of(model, tokenizer))
-
-        tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long)
-        logps = torch.zeros((n, max_new_tokens), dtype=torch.float64)
-        action = torch.zeros((n, max_new_tokens))
-        lengths = torch.zeros(n, dtype=torch.long)
-        active = torch.arange(n, device=device)  # rows whose logits we hold
-        steps = 0
+        batch = _Transcripts(env, tokenizer, episodes, max_new_tokens, pad=loop.pad, eos=eos, stops=stops)
         for step in range(max_new_tokens):
-            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, u=uniforms(row_seeds[active], step))
-            tok, lp = tok.cpu().tolist(), lp.double().cpu().tolist()
-            fed = []
-            for j, row in enumerate(active.tolist()):
-                ep = episodes[row]
-                if ep.done:
-                    fed.append(pad)
-                    continue
-                sampled = not ep.queue
-                if sampled:
-                    t = tok[j]
-                    action[row, step], logps[row, step] = 1.0, lp[j]
-                    ep.turn.append(t)
-                else:  # the environment's observation, one token per step
-                    t = ep.queue.pop(0)
-                tokens[row, step] = t
-                lengths[row] += 1
-                fed.append(t)
-                if sampled and (t in eos or any(ep.turn[-len(s):] == s for s in stops)):
-                    _end_turn(env, tokenizer, ep, tokens[row, :step + 1].tolist(), final=t in eos)
-                if not ep.done and step == max_new_tokens - 1:
-                    ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
-            steps = step + 1
-            if all(ep.done for ep in episodes) or step == max_new_tokens - 1:
+            tok, lp = loop.sample(step)
+            fed = batch.write(step, loop.active.tolist(), tok.cpu().tolist(), lp.double().cpu().tolist())
+            if batch.over or step == max_new_tokens - 1:
                 break
-            fed_t = torch.tensor(fed, dtype=torch.long, device=device)
-            if static is not None:
-                finished = torch.tensor([episodes[r].done for r in static.rows.tolist()], device=device)
-                if bool(finished.any()):
-                    static.keep(~finished)
-                    fed_t = fed_t[~finished]
-                active = static.rows
-                logits = static.step(fed_t, next_pos[active])
-            else:
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-                out = model(input_ids=fed_t[:, None], attention_mask=mask, position_ids=next_pos[:, None],
-                            use_cache=True, **{cache_kw: past})
-                past, logits = _cache_of(out), out.logits[:, -1, :]
-            next_pos = next_pos + 1
+            loop.feed(torch.tensor(fed, dtype=torch.long, device=loop.device), batch.done_rows(loop.device))
+        return batch.rollout(loop, steps=step + 1)
 
-        response_ids = tokens[:, :steps]
-        response_mask = (torch.arange(steps)[None, :] < lengths[:, None]).float()
-        action_mask = action[:, :steps] * response_mask
-        texts = tokenizer.batch_decode([response_ids[i, : int(lengths[i])].tolist() for i in range(n)],
-                                       skip_special_tokens=True)
-        truncated = torch.tensor([ep.cut for ep in episodes], dtype=torch.bool)
-        lp_dtype = torch.float64 if logits.dtype == torch.float64 else torch.float32
-        return Rollout(prompt_ids=ids, prompt_mask=prompt_mask.to(device), response_ids=response_ids.to(device),
-                       response_mask=response_mask.to(device),
-                       logprobs=(logps[:, :steps] * action_mask).to(device=device, dtype=lp_dtype),
-                       lengths=lengths.to(device), terminated=(~truncated).to(device), truncated=truncated.to(device),
-                       texts=list(texts), action_mask=action_mask.to(device),
-                       turns=torch.tensor([ep.turns for ep in episodes], dtype=torch.long, device=device))
-    finally:
-        model.train(was_training)
+
+class _Transcripts:
+    """The batch's responses so far, column by column, on the CPU (the environment reads them
+    between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
+
+    def __init__(self, env, tokenizer, episodes: list[_Episode], width: int, *, pad: int, eos: set, stops: list):
+        self.env, self.tokenizer, self.episodes, self.width = env, tokenizer, episodes, width
+        self.pad, self.eos, self.stops = pad, eos, stops
+        n = len(episodes)
+        self.tokens = torch.full((n, width), pad, dtype=torch.long)
+        self.logps = torch.zeros((n, width), dtype=torch.float64)
+        self.action = torch.zeros((n, width))
+        self.lengths = torch.zeros(n, dtype=torch.long)
+
+    @property
+    def over(self) -> bool:
+        return all(ep.done for ep in self.episodes)
+
+    def done_rows(self, device) -> torch.Tensor:
+        return torch.tensor([ep.done for ep in self.episodes], device=device)
+
+    def write(self, step: int, rows: list[int], sampled: list[int], logps: list[float]) -> list[int]:
+        """Column `step` of the held `rows`: each live row takes its next observation token if the
+        environment queued one, else its sampled token (an action). Returns the token each row
+        feeds (the pad for an ended row)."""
+        fed = []
+        for row, t, lp in zip(rows, sampled, logps):
+            ep = self.episodes[row]
+            if ep.done:
+                fed.append(self.pad)
+                continue
+            is_action = not ep.queue
+            if is_action:
+                self.action[row, step], self.logps[row, step] = 1.0, lp
+                ep.turn.append(t)
+            else:  # the environment's observation, one token per step
+                t = ep.queue.pop(0)
+            self.tokens[row, step] = t
+            self.lengths[row] += 1
+            fed.append(t)
+            if is_action and (t in self.eos or any(ep.turn[-len(s):] == s for s in self.stops)):
+                _end_turn(self.env, self.tokenizer, ep, self.tokens[row, :step + 1].tolist(), final=t in self.eos)
+            if not ep.done and step == self.width - 1:
+                ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
+        return fed
+
+    def rollout(self, loop, steps: int) -> Rollout:
+        """The episodes' Rollout, the first `steps` columns (see the module docstring)."""
+        truncated = torch.tensor([ep.cut for ep in self.episodes], dtype=torch.bool)
+        turns = torch.tensor([ep.turns for ep in self.episodes], dtype=torch.long, device=loop.device)
+        return loop.rollout(self.tokenizer, self.tokens[:, :steps], self.logps[:, :steps], self.lengths,
+                            truncated=truncated, action=self.action[:, :steps], turns=turns)
 
 
 def _end_turn(env, tokenizer, ep: _Episode, response: list, *, final: bool) -> None:

@@ -6,6 +6,7 @@ models step transformers' own forward with its cache. Both give the same respons
 from __future__ import annotations
 
 import inspect
+from contextlib import contextmanager
 from dataclasses import dataclass
 
 import torch
@@ -54,101 +55,153 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
         raise ValueError("max_new_tokens must be >= 1")
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
-    was_training = model.training
-    model.eval()
-    try:
-        pf = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast)
-        device, ids, prompt_mask, mask, n, row_seeds = pf.device, pf.ids, pf.prompt_mask, pf.mask, pf.n, pf.row_seeds
-        pad, past, logits, next_pos, static, cache_kw = pf.pad, pf.past, pf.logits, pf.next_pos, pf.static, pf.cache_kw
+    with eval_mode(model):
+        loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
+                       temperature=temperature, top_p=top_p)
+        n, device = loop.n, loop.device
         eos = torch.tensor(eos_ids_of(model, tokenizer), device=device)
-
-        tokens = torch.full((n, max_new_tokens), pad, dtype=torch.long, device=device)
-        logps = None  # (n, max_new_tokens), in the sampler's dtype (at least float32), made at the first token
+        tokens = torch.full((n, max_new_tokens), loop.pad, dtype=torch.long, device=device)
+        logps = torch.zeros((n, max_new_tokens), dtype=loop.logp_dtype, device=device)
         done = torch.zeros(n, dtype=torch.bool, device=device)
         lengths = torch.zeros(n, dtype=torch.long, device=device)
-        active = torch.arange(n, device=device)  # rows whose logits we hold (all rows on the plain path)
-        steps = 0
         for step in range(max_new_tokens):
-            tok, lp = sample_next(logits, temperature=temperature, top_p=top_p, u=uniforms(row_seeds[active], step))
-            if logps is None:
-                logps = torch.zeros((n, max_new_tokens), dtype=lp.dtype, device=device)
-            live = ~done[active]
-            rows = active[live]
+            tok, lp = loop.sample(step)
+            live = ~done[loop.active]
+            rows = loop.active[live]
             tokens[rows, step] = tok[live]
             logps[rows, step] = lp[live]
             lengths[rows] += 1
             done[rows] |= torch.isin(tok[live], eos)
-            steps = step + 1
-            if step == max_new_tokens - 1:
+            if step == max_new_tokens - 1 or not loop.feed(tokens[loop.active, step], done, lazy=True):
                 break
-            if static is not None:
-                finished = done[static.rows]
-                ended = int(finished.sum())  # the loop's one host sync per token
-                if ended == len(finished):  # every row has ended (the dropped ones before)
-                    break
-                if 4 * ended >= len(finished):  # compact now and then
-                    static.keep(~finished)
-                active = static.rows
-                logits = static.step(tokens[active, step], next_pos[active])
-            else:
-                if bool(done.all()):
-                    break
-                mask = torch.cat([mask, torch.ones((n, 1), dtype=mask.dtype, device=device)], dim=1)
-                out = model(input_ids=tokens[:, step:step + 1], attention_mask=mask, position_ids=next_pos[:, None],
-                            use_cache=True, **{cache_kw: past})
-                past = _cache_of(out)
-                logits = out.logits[:, -1, :]
-            next_pos = next_pos + 1
+        steps = step + 1
+        return loop.rollout(tokenizer, tokens[:, :steps], logps[:, :steps], lengths, truncated=~done)
 
-        response_ids, logprobs = tokens[:, :steps], logps[:, :steps]
-        terminated = done
-        response_mask = (torch.arange(steps, device=device)[None, :] < lengths[:, None]).float()
-        cpu_ids, cpu_len = response_ids.cpu(), lengths.cpu()
-        texts = tokenizer.batch_decode([cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(n)],
-                                       skip_special_tokens=True)
-        return Rollout(prompt_ids=ids, prompt_mask=prompt_mask.to(device), response_ids=response_ids,
-                       response_mask=response_mask, logprobs=logprobs * response_mask, lengths=lengths,
-                       terminated=terminated, truncated=~terminated, texts=list(texts))
+
+@contextmanager
+def eval_mode(model):
+    """`model` in eval mode inside, its own mode restored after (sampling must not run dropout)."""
+    was_training = model.training
+    model.eval()
+    try:
+        yield model
     finally:
         model.train(was_training)
 
 
-@dataclass
-class Prefill:
-    """The state a token loop starts from: the encoded prompts (left-padded) on the model's
-    device, each row's seed, the prefill's cache and next-token logits, each row's next position,
-    and the static-cache decoder (Llama family, `fast`) or else the name of the cache argument of
-    transformers' forward."""
+@dataclass(eq=False)
+class TokenLoop:
+    """A batched token loop over one KV cache, from the prompts' prefill on: `sample` draws the next
+    token of each held row from the logits it holds, `feed` pushes one token per held row through
+    the cache and holds the next logits. Llama-family models (`fast`) step the static cache of
+    vapo_lit.engines.fast_decode, which drops ended rows (`active`: the rows held, in cache order);
+    other models step transformers' forward with its own cache, every row until the last ends.
 
-    device: torch.device
+    Single-turn sampling (`generate`) and multi-turn episodes (vapo_lit.engines.episodes) both
+    drive it. The cache, its attention mask and the positions advance in `feed` only, so that feeding
+    a whole multi-token observation in one forward pass stays a change inside `feed` (and the static
+    decoder's step), not in the loops that drive it."""
+
+    model: torch.nn.Module
     ids: torch.Tensor
+    """(n, P) the encoded prompts, left-padded, on the model's device."""
     prompt_mask: torch.Tensor
+    """(n, P) their mask as encoded (on the CPU)."""
     mask: torch.Tensor
-    n: int
+    """The attention mask of the plain path's cache (prompt mask, then 1 per fed column), on the device."""
     row_seeds: torch.Tensor
-    pad: int
+    """(n,) each row's seed (vapo_lit.rng)."""
     past: object
+    """The plain path's transformers cache (the prefill's, which the static cache starts from)."""
     logits: torch.Tensor
+    """(len(active), V) the next-token logits of the held rows."""
     next_pos: torch.Tensor
+    """(n,) each row's position of the next token fed."""
     static: StaticDecoder | None
-    cache_kw: str | None
+    """The static-cache decoder, or None: the plain path."""
+    pad: int
+    temperature: float = 1.0
+    top_p: float = 1.0
+
+    def __post_init__(self):
+        self.active = torch.arange(self.n, device=self.device)
+        self.cache_kw = None if self.static is not None else _cache_kwarg(self.model)
+
+    @property
+    def n(self) -> int:
+        return self.ids.shape[0]
+
+    @property
+    def device(self) -> torch.device:
+        return self.ids.device
+
+    @property
+    def logp_dtype(self) -> torch.dtype:
+        """The sampler's dtype (vapo_lit.engines.sampling: at least float32, float64 kept)."""
+        return torch.float64 if self.logits.dtype == torch.float64 else torch.float32
+
+    def sample(self, column: int) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, behaviour log-probs) of the held rows for response column `column`."""
+        return sample_next(self.logits, temperature=self.temperature, top_p=self.top_p,
+                           u=uniforms(self.row_seeds[self.active], column))
+
+    def feed(self, tokens: torch.Tensor, done: torch.Tensor, *, lazy: bool = False) -> bool:
+        """Push `tokens` (one per held row, in `active` order) through the cache and hold the next
+        logits. `done` (n,): rows that have ended, dropped from the static cache (`lazy`: only once
+        a quarter of its rows have ended, so that the copy is rare). False, nothing fed, when every
+        row is done."""
+        if self.static is not None:
+            finished = done[self.static.rows]
+            ended = int(finished.sum())  # the loop's one host sync per token
+            if ended == len(finished):  # every row has ended (the dropped ones before)
+                return False
+            if ended and (not lazy or 4 * ended >= len(finished)):
+                self.static.keep(~finished)
+                tokens = tokens[~finished]
+            self.active = self.static.rows
+            self.logits = self.static.step(tokens, self.next_pos[self.active])
+        else:
+            if bool(done.all()):
+                return False
+            self.mask = torch.cat([self.mask, torch.ones((self.n, 1), dtype=self.mask.dtype, device=self.device)], 1)
+            out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
+                             use_cache=True, **{self.cache_kw: self.past})
+            self.past, self.logits = _cache_of(out), out.logits[:, -1, :]
+        self.next_pos = self.next_pos + 1
+        return True
+
+    def rollout(self, tokenizer, response_ids, logprobs, lengths, *, truncated, action=None, turns=None) -> Rollout:
+        """The Rollout of responses (n, R) with their `lengths` (the response mask) and unmasked
+        behaviour log-probs, kept on action tokens only when an `action` mask is given (multi-turn),
+        every tensor moved to the model's device."""
+        device, steps = self.device, response_ids.shape[1]
+        response_mask = (torch.arange(steps, device=lengths.device)[None, :] < lengths[:, None]).float()
+        action_mask = None if action is None else action * response_mask
+        logprobs = logprobs * (response_mask if action_mask is None else action_mask)
+        cpu_ids, cpu_len = response_ids.cpu(), lengths.cpu()
+        texts = tokenizer.batch_decode([cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(self.n)],
+                                       skip_special_tokens=True)
+        return Rollout(prompt_ids=self.ids, prompt_mask=self.prompt_mask.to(device),
+                       response_ids=response_ids.to(device), response_mask=response_mask.to(device),
+                       logprobs=logprobs.to(device=device, dtype=self.logp_dtype), lengths=lengths.to(device),
+                       terminated=(~truncated).to(device), truncated=truncated.to(device), texts=list(texts),
+                       action_mask=None if action_mask is None else action_mask.to(device), turns=turns)
 
 
-def prefill(model, tokenizer, prompts: list[str], seeds, *, max_new_tokens: int, fast: bool) -> Prefill:
-    """Encode `prompts` and run the model's regular forward over them once (shared by the
-    single-turn loop here and the multi-turn one in vapo_lit.engines.episodes)."""
+def prefill(model, tokenizer, prompts: list[str], seeds, *, max_new_tokens: int, fast: bool,
+            temperature: float = 1.0, top_p: float = 1.0) -> TokenLoop:
+    """Encode `prompts`, run the model's regular forward over them once, and return the token loop
+    that samples on from there (with room for `max_new_tokens` more in a static cache)."""
     device = next(model.parameters()).device
     prompt_ids, prompt_mask = encode_prompts(tokenizer, prompts)
-    n = prompt_ids.shape[0]
     ids, mask = prompt_ids.to(device), prompt_mask.to(device)
     pos = position_ids_from_mask(mask)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     past = _cache_of(out)
     static = StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens) if fast and decode_supported(model) else None
-    return Prefill(device=device, ids=ids, prompt_mask=prompt_mask, mask=mask, n=n, row_seeds=as_seeds(seeds, n).to(device),
-                   pad=pad_id_of(tokenizer), past=past, logits=out.logits[:, -1, :], next_pos=pos[:, -1] + 1,
-                   static=static, cache_kw=None if static is not None else _cache_kwarg(model))
-
+    return TokenLoop(model, ids, prompt_mask, mask, row_seeds=as_seeds(seeds, ids.shape[0]).to(device), past=past,
+                     logits=out.logits[:, -1, :], next_pos=pos[:, -1] + 1, static=static, pad=pad_id_of(tokenizer),
+                     temperature=temperature, top_p=top_p)
 
 def _cache_kwarg(model) -> str:
     """Name of the KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values`."""

@@ -15,6 +15,7 @@ import torch
 
 from vapo_lit.models.quiet import quiet_transformers
 from vapo_lit.tasks.chain import ChainTask, DemoConfig
+from vapo_lit.tasks.env import is_environment
 
 CODE_VERSION = "builtin-v2"  # v2: per-sample counter-based sampling streams (vapo_lit.rng)
 """Bump when the build code changes in a way that changes the artefacts."""
@@ -218,7 +219,7 @@ def train_sft(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed:
     t0 = time.time()
     for step in range(sft.steps):
         probs = task.train_problems(sft.batch_size, seed=rng.getrandbits(62))
-        if getattr(task, "multi_turn", False):  # the task's own demonstrator (its config is in the cache key)
+        if is_environment(task):  # the task's own demonstrator (its config is in the cache key)
             demos = [task.demonstration_spans(p, rng) for p in probs]
             ids, mask, loss_mask = batch_from_spans(tok, [p.prompt for p in probs], demos)
         else:

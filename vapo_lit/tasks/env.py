@@ -126,4 +126,6 @@ class Environment(Task):
 
 
 def is_environment(task) -> bool:
+    """Whether `task` is multi-turn (an environment answers between turns): the one test every
+    caller uses. Read from the `multi_turn` attribute, so a task need not subclass Environment."""
     return bool(getattr(task, "multi_turn", False))
