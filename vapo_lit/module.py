@@ -164,6 +164,12 @@ class VapoModule(L.LightningModule):
         p = self.cfg.ppo
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=p.temperature, top_p=p.top_p)
 
+    @property
+    def loss_aggregation(self) -> str:
+        """How the policy loss averages: over the batch's tokens ("token", token-level loss) or per
+        response, then over responses ("sample")."""
+        return "token" if self.switches.token_level_loss else "sample"
+
     def advantage_settings(self, pretraining: bool) -> AdvantageSettings:
         """The switches as GAE settings: lambda_policy fixed or length-adaptive; lambda_critic
         decoupled, shared with the policy, or 1 (Monte-Carlo) while the critic is pretrained."""
@@ -355,7 +361,7 @@ class VapoModule(L.LightningModule):
                 tokens = m.sum()
                 den = tokens if self.switches.token_level_loss else (m.sum(1) > 0).sum()
                 pos_den = (m * exp.positive[idx, None]).sum()
-                shares.append(loss_share_by_length(exp, idx, "token" if self.switches.token_level_loss else "sample", den))
+                shares.append(loss_share_by_length(exp, idx, self.loss_aggregation, den))
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
                     with self.data_parallel.grad_sync(Role.ACTOR, last=j == len(micros) - 1):
@@ -377,7 +383,7 @@ class VapoModule(L.LightningModule):
             tis = algos.truncated_is_weights(mb.behaviour_logprobs, mb.extras["sampler_logprobs"], p.tis_cap)
         pg_loss, st = algos.policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.mask, eps_low=p.eps,
                                         eps_high=sw.eps_high if sw.clip_higher else p.eps,
-                                        aggregation="token" if sw.token_level_loss else "sample", denominator=den,
+                                        aggregation=self.loss_aggregation, denominator=den,
                                         is_weights=tis)
         loss, nll = pg_loss, torch.zeros((), device=logp.device, dtype=logp.dtype)
         if sw.positive_lm_loss:

@@ -66,8 +66,8 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         loggers.append(wb)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
-                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}), ProgressLine(), *extra_callbacks]
-    module.hardware = describe(hardware)  # recorded in the run card
+                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
+                 ProgressLine(), *extra_callbacks]
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,
         logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,

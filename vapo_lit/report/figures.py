@@ -33,7 +33,10 @@ TRAIN = {"response_length": ("response length (tokens)", "rollout/response_lengt
          "entropy": ("policy entropy", "policy/entropy", False),
          "explained_variance": ("critic EV vs Monte-Carlo returns", "value/explained_variance", True),
          "explained_variance_target": ("critic EV vs its own targets", "value/explained_variance_target", True)}
-NAMES = ("score", "strict_score", *TRAIN, "value_calibration", "score_vs_tokens", "score_vs_seconds")
+COST = {"score_vs_tokens": ("tokens", "generated tokens (training rollouts)", 1.0),
+        "score_vs_seconds": ("seconds", "wall time (min)", 60.0)}
+"""Score vs cost figures: name -> (cost_curves column, x label, x divisor)."""
+NAMES = ("score", "strict_score", *TRAIN, "value_calibration", *COST)
 MECHANISM_FIGURES = ("clip_fractions", "loss_share")
 LONG = ("500-999", "ge1000")
 """The length buckets loss_share.png adds up: responses of 500 tokens and more."""
@@ -105,84 +108,122 @@ def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration
     """Write every figure in NAMES (and, with `mechanisms`, MECHANISM_FIGURES) into `folder`.
     `budgets`: {'tokens': float, 'seconds': float}; `calibration`: {row: {(phase, bucket): mean
     bias}}, {row: has value pretraining} under 'vp' and the position buckets under 'buckets'."""
+    folder.mkdir(parents=True, exist_ok=True)
+    written = [_plot_score(logs, order, folder, k, strict) for strict in (False, True)]
+    written += [_plot_train(logs, order, folder, name) for name in TRAIN]
+    written.append(_plot_value_calibration(order, folder, calibration))
+    written += [_plot_cost(logs, order, folder, k, budgets, name) for name in COST]
+    if mechanisms:
+        written += [_plot_clip_fractions(logs, order, folder), _plot_loss_share(logs, order, folder)]
+    return written
+
+
+def _pyplot():
+    """pyplot on the Agg backend, imported only when a figure is drawn."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    folder.mkdir(parents=True, exist_ok=True)
-    written = []
+    return plt
 
-    def new(xlabel, ylabel):
-        fig, ax = plt.subplots(figsize=(6.4, 4.0), dpi=110)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel(ylabel)
-        return fig, ax
 
-    for name, strict in (("score", False), ("strict_score", True)):
-        fig, ax = new("PPO update", f"eval {'strict ' if strict else ''}avg@{k} (points)")
-        drawn = _lines(ax, logs, order, lambda log, s=strict: _score_series(log, s), marker="o")
-        written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
-        plt.close(fig)
-    for name, (ylabel, col, robust) in TRAIN.items():
-        fig, ax = new("PPO update", ylabel)
-        drawn = _lines(ax, logs, order, lambda log, c=col, r=robust: _train_series(log, c, r), robust=robust)
-        if robust:
-            ax.set_yscale("symlog", linthresh=1.0)
-            ax.axhline(0.0, color="grey", lw=0.8)
-            ax.set_title(f"centred rolling median over {ROLLING} PPO iterations, median over seeds; symlog axis",
-                         fontsize=8)
-        written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
-        plt.close(fig)
+def _new(xlabel: str, ylabel: str):
+    fig, ax = _pyplot().subplots(figsize=(6.4, 4.0), dpi=110)
+    ax.set_xlabel(xlabel)
+    ax.set_ylabel(ylabel)
+    return fig, ax
 
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
-    drawn, buckets = False, calibration["buckets"]
-    for ax, phase in zip(axes, ("early", "late")):
-        for row in order:
-            vals = calibration["bias"].get(row)
-            if not vals:
-                continue
-            ys = [vals.get((phase, b), float("nan")) for b in buckets]
-            if all(y != y for y in ys):
-                continue
-            style = "-" if calibration["vp"].get(row) else "--"
-            ax.plot(range(len(buckets)), ys, style, marker="o", ms=3,
-                    label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)")
-            drawn = True
+
+def _closed(fig, path: Path) -> Path:
+    _pyplot().close(fig)
+    return path
+
+
+def _plot_score(logs, order, folder: Path, k: int, strict: bool) -> Path:
+    """score.png (strict: strict_score.png): eval avg@k vs PPO update."""
+    fig, ax = _new("PPO update", f"eval {'strict ' if strict else ''}avg@{k} (points)")
+    drawn = _lines(ax, logs, order, lambda log: _score_series(log, strict), marker="o")
+    return _closed(fig, _finish(fig, ax, drawn, folder / f"{'strict_score' if strict else 'score'}.png"))
+
+
+def _plot_train(logs, order, folder: Path, name: str) -> Path:
+    """<name>.png for a TRAIN entry: the PPO rows' metric vs PPO update (robust ones on a symlog axis)."""
+    ylabel, col, robust = TRAIN[name]
+    fig, ax = _new("PPO update", ylabel)
+    drawn = _lines(ax, logs, order, lambda log: _train_series(log, col, robust), robust=robust)
+    if robust:
+        ax.set_yscale("symlog", linthresh=1.0)
         ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_xticks(range(len(buckets)), [b.replace("ge", "") + "+" if b.startswith("ge") else b for b in buckets])
-        ax.set_xlabel("response position (tokens)")
-        ax.set_title(f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9)
-        ax.grid(alpha=0.3)
+        ax.set_title(f"centred rolling median over {ROLLING} PPO iterations, median over seeds; symlog axis",
+                     fontsize=8)
+    return _closed(fig, _finish(fig, ax, drawn, folder / f"{name}.png"))
+
+
+def _plot_value_calibration(order, folder: Path, calibration: dict) -> Path:
+    """value_calibration.png: V - return by response position, an early and a late panel."""
+    fig, axes = _pyplot().subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
+    drawn = False
+    for ax, phase in zip(axes, ("early", "late")):
+        drawn |= _calibration_panel(ax, order, calibration, phase)
     axes[0].set_ylabel("V - return (mean)")
-    written.append(_finish_panels(fig, axes, drawn, folder / "value_calibration.png"))
-    plt.close(fig)
+    return _closed(fig, _finish_panels(fig, axes, drawn, folder / "value_calibration.png"))
 
-    for name, what, xlabel, scale in (("score_vs_tokens", "tokens", "generated tokens (training rollouts)", 1.0),
-                                      ("score_vs_seconds", "seconds", "wall time (min)", 60.0)):
-        fig, ax = new(xlabel, f"eval avg@{k} (points)")
-        drawn = False
-        colours = plt.rcParams["axes.prop_cycle"].by_key()["color"]
-        for i, row in enumerate(order):
-            first = True
-            for log in (x for x in logs if x.row == row):
-                df = log.metrics
-                if log.score_key not in df:
-                    continue
-                mask = df[log.score_key].notna()
-                xs = cost_curves(log)[what][mask] / scale
-                ax.step(xs, 100 * df.loc[mask, log.score_key], where="post", lw=1, color=colours[i % len(colours)],
-                        label=pretty(row) if first else None)
-                first, drawn = False, True
-        budget = budgets.get(what)
-        if drawn and budget == budget and budget is not None:
-            ax.axvline(budget / scale, color="grey", ls="--", lw=0.8)
-        written.append(_finish(fig, ax, drawn, folder / f"{name}.png"))
-        plt.close(fig)
-    if not mechanisms:
-        return written
 
-    fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110)
+def _calibration_panel(ax, order, calibration: dict, phase: str) -> bool:
+    """One phase's panel: a line per row with a logged bias (solid with value pretraining, dashed without)."""
+    drawn, buckets = False, calibration["buckets"]
+    for row in order:
+        vals = calibration["bias"].get(row)
+        if not vals:
+            continue
+        ys = [vals.get((phase, b), float("nan")) for b in buckets]
+        if all(y != y for y in ys):
+            continue
+        style = "-" if calibration["vp"].get(row) else "--"
+        ax.plot(range(len(buckets)), ys, style, marker="o", ms=3,
+                label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)")
+        drawn = True
+    ax.axhline(0.0, color="grey", lw=0.8)
+    ax.set_xticks(range(len(buckets)), [b.replace("ge", "") + "+" if b.startswith("ge") else b for b in buckets])
+    ax.set_xlabel("response position (tokens)")
+    ax.set_title(f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9)
+    ax.grid(alpha=0.3)
+    return drawn
+
+
+def _plot_cost(logs, order, folder: Path, k: int, budgets: dict, name: str) -> Path:
+    """<name>.png for a COST entry: eval score vs cumulative cost, the compute-matched budget dashed."""
+    what, xlabel, scale = COST[name]
+    fig, ax = _new(xlabel, f"eval avg@{k} (points)")
+    drawn = _cost_lines(ax, logs, order, what, scale)
+    budget = budgets.get(what)
+    if drawn and budget == budget and budget is not None:
+        ax.axvline(budget / scale, color="grey", ls="--", lw=0.8)
+    return _closed(fig, _finish(fig, ax, drawn, folder / f"{name}.png"))
+
+
+def _cost_lines(ax, logs, order, what: str, scale: float) -> bool:
+    """One thin step line per run, coloured by its row, labelled once per row."""
+    drawn = False
+    colours = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
+    for i, row in enumerate(order):
+        first = True
+        for log in (x for x in logs if x.row == row):
+            df = log.metrics
+            if log.score_key not in df:
+                continue
+            mask = df[log.score_key].notna()
+            xs = cost_curves(log)[what][mask] / scale
+            ax.step(xs, 100 * df.loc[mask, log.score_key], where="post", lw=1, color=colours[i % len(colours)],
+                    label=pretty(row) if first else None)
+            first, drawn = False, True
+    return drawn
+
+
+def _plot_clip_fractions(logs, order, folder: Path) -> Path:
+    """clip_fractions.png: the lower and upper clip fractions vs PPO update, a panel each."""
+    fig, axes = _pyplot().subplots(1, 2, figsize=(9.6, 4.0), dpi=110)
     drawn = False
     for ax, side in zip(axes, ("low", "high")):
         drawn |= _lines(ax, logs, order, lambda log, c=f"policy/clipfrac_{side}": _train_series(log, c, False))
@@ -190,11 +231,11 @@ def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration
         ax.set_title(f"{side} side: tokens whose gradient the clip removed", fontsize=9)
         ax.grid(alpha=0.3)
     axes[0].set_ylabel("clip fraction")
-    written.append(_finish_panels(fig, axes, drawn, folder / "clip_fractions.png"))
-    plt.close(fig)
+    return _closed(fig, _finish_panels(fig, axes, drawn, folder / "clip_fractions.png"))
 
-    fig, ax = new("PPO update", "share of the policy-gradient weight, responses >= 500 tokens")
+
+def _plot_loss_share(logs, order, folder: Path) -> Path:
+    """loss_share.png: the policy-gradient weight share of responses of 500 tokens and more."""
+    fig, ax = _new("PPO update", "share of the policy-gradient weight, responses >= 500 tokens")
     drawn = _lines(ax, logs, order, _long_share)
-    written.append(_finish(fig, ax, drawn, folder / "loss_share.png"))
-    plt.close(fig)
-    return written
+    return _closed(fig, _finish(fig, ax, drawn, folder / "loss_share.png"))

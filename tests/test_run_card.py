@@ -1,0 +1,144 @@
+"""The run card's values follow the settings the run uses (token denominator, lambdas, the warmup's
+lambda, where the behaviour log-probs come from, the clip range, the NLL weight), and every field
+its `definitions` names exists and links to a heading of docs/ that exists."""
+from __future__ import annotations
+
+import json
+import re
+import unicodedata
+from pathlib import Path
+
+import pytest
+
+from vapo_lit.build import build_module
+from vapo_lit.components import build_callbacks
+from vapo_lit.config import COMPONENTS, RunConfig, Switches, merge
+from vapo_lit.presets import PRESETS
+from vapo_lit.run_card import run_card
+
+ROOT = Path(__file__).resolve().parents[1]
+ALL = list(COMPONENTS)
+
+
+def _built(tmp_path_factory, **delta):
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]),
+                {"model": "random", "wandb": "disabled", "cache_dir": str(tmp_path_factory.mktemp("cache")), **delta})
+    mod = build_module(cfg)
+    mod.base_cfg = mod.cfg  # what card_for changes
+    return mod
+
+
+@pytest.fixture(scope="module")
+def module(tmp_path_factory):
+    """One random tiny module (seconds to build); each card below sets its config and switches."""
+    return _built(tmp_path_factory)
+
+
+def card_for(module, components=ALL, **delta) -> dict:
+    """The card of `module` run with `components` and the config changed by `delta`, the switches
+    set by the component callbacks as train() sets them."""
+    module.cfg = cfg = merge(module.base_cfg, {"components": list(components), **delta})
+    module.switches = Switches()
+    for cb in build_callbacks(cfg.components, cfg.vapo):
+        cb.apply(module.switches)
+    return run_card(cfg, module)
+
+
+def without(*names) -> list[str]:
+    return [c for c in ALL if c not in names]
+
+
+def test_dropping_token_level_loss_flips_the_token_denominator(module):
+    assert card_for(module)["token_denominator"] == "token"
+    assert card_for(module, without("token_level_loss"))["token_denominator"] == "sample"
+
+
+def test_the_lambdas_follow_the_config(module):
+    lam = card_for(module, vapo={"alpha": 0.7, "lambda_critic": 0.9}, ppo={"gamma": 0.99})["lambdas"]
+    assert lam == {"estimator": "gae", "lambda_policy": "length_adaptive", "alpha": 0.7, "lambda_critic": 0.9,
+                   "gamma": 0.99, "state_values": "critic"}
+    lam = card_for(module, without("length_adaptive_gae"), ppo={"lam": 0.8})["lambdas"]
+    assert lam["lambda_policy"] == 0.8 and lam["alpha"] is None and lam["lambda_critic"] == 1.0
+    lam = card_for(module, without("length_adaptive_gae", "decoupled_gae"), ppo={"lam": 0.8})["lambdas"]
+    assert lam["lambda_policy"] == 0.8 and lam["lambda_critic"] == "lambda_policy"  # one lambda for both
+
+
+def test_the_warmup_records_its_lambda_only_with_value_pretraining(module):
+    warm = card_for(module, vapo={"value_pretrain_steps": 7})["value_initialisation_and_warmup"]
+    assert warm["value_pretraining"] and warm["warmup_steps_max"] == 7 and warm["warmup_lambda_critic"] == 1.0
+    warm = card_for(module, without("value_pretraining"))["value_initialisation_and_warmup"]
+    assert not warm["value_pretraining"] and warm["warmup_steps_max"] == 0 and warm["warmup_lambda_critic"] is None
+
+
+@pytest.mark.parametrize("recompute, source", [(True, "recomputed"), (False, "sampler")])
+def test_the_behaviour_logprobs_source_follows_recompute_logprobs(module, recompute, source):
+    sampling = card_for(module, ppo={"recompute_logprobs": recompute})["sampling"]
+    assert sampling["recompute_logprobs"] is recompute and sampling["behaviour_logprobs"] == source
+    assert sampling["rollout_engine"] == "hf"
+
+
+def test_clip_nll_and_whitening_follow_the_config(module):
+    card = card_for(module, vapo={"eps_high": 0.3, "mu": 0.2}, ppo={"eps": 0.1, "whiten_advantages": True})
+    assert card["eps"] == {"eps_low": 0.1, "eps_high": 0.3} and card["positive_samples"]["nll_coefficient"] == 0.2
+    assert card["advantage_normalisation"] == "whitened"
+    card = card_for(module, without("clip_higher", "positive_lm_loss"), ppo={"eps": 0.1, "whiten_advantages": False})
+    assert card["eps"] == {"eps_low": 0.1, "eps_high": 0.1} and card["positive_samples"]["nll_coefficient"] == 0.0
+    assert card["advantage_normalisation"] == "none"
+
+
+def test_a_single_turn_card_has_no_multi_turn_section(module):
+    card = card_for(module)
+    assert "multi_turn" not in card and not any(f.startswith("multi_turn") for f in card["definitions"])
+    json.dumps(card, default=str)  # as RunCardWriter writes it
+
+
+def test_a_multi_turn_card_records_the_environment(tmp_path_factory):
+    mod = _built(tmp_path_factory, task="toolchain", task_options={}, observations="step")
+    card = card_for(mod)
+    assert card["multi_turn"]["observations"] == "step" and card["multi_turn"]["tools"] == sorted(mod.task.tools)
+    assert card["multi_turn"]["token_budget"] == mod.max_new_tokens
+    assert {"multi_turn", "multi_turn.max_turns"} <= set(card["definitions"])
+    check_definitions(card)
+
+
+# ----------------------------------------------------------------------------- definitions
+def slug(heading: str) -> str:
+    """A heading's anchor as Python-Markdown's toc extension (MkDocs) makes it."""
+    text = unicodedata.normalize("NFKD", heading).encode("ascii", "ignore").decode("ascii")
+    text = re.sub(r"[^\w\s-]", "", text).strip().lower()
+    return re.sub(r"[-\s]+", "-", text)
+
+
+def anchors(page: Path) -> set[str]:
+    """The anchors of a Markdown page's headings (fenced code blocks skipped)."""
+    out, fenced = set(), False
+    for line in page.read_text().splitlines():
+        if line.lstrip().startswith(("```", "~~~")):
+            fenced = not fenced
+        elif not fenced and (m := re.match(r"#{1,6}\s+(.*?)\s*#*\s*$", line)):
+            out.add(slug(m.group(1)))
+    return out
+
+
+def test_slug_matches_the_links_the_docs_already_use():
+    assert slug("What the paper leaves open, and a run must record (its \"run card\")") == \
+        "what-the-paper-leaves-open-and-a-run-must-record-its-run-card"
+    assert slug("Report columns (`table.csv`, `seeds.csv`)") == "report-columns-tablecsv-seedscsv"
+
+
+def check_definitions(card: dict) -> None:
+    for field, link in card["definitions"].items():
+        node = card
+        for key in field.split("."):
+            assert isinstance(node, dict) and key in node, f"definitions names {field!r}, not a field of the card"
+            node = node[key]
+        page, _, anchor = link.partition("#")
+        assert page.startswith("docs/") and (ROOT / page).is_file(), link
+        assert anchor in anchors(ROOT / page), f"{field}: {link} is no heading of {page}"
+
+
+def test_every_definition_links_to_a_docs_heading_and_every_section_has_one(module):
+    card = card_for(module, ALL + ["dynamic_sampling"])
+    check_definitions(card)
+    defined = {f.split(".")[0] for f in card["definitions"]}
+    assert set(card) - defined == {"software", "definitions"}, set(card) - defined
