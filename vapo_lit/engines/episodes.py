@@ -32,9 +32,7 @@ class EpisodeEngine:
 
     def __init__(self, actor, tokenizer, env):
         self.model, self.tokenizer, self.env = actor, tokenizer, env
-        self._stops = _stop_ids(tokenizer, env)
-        if not all(self._stops):
-            raise ValueError(f"a stop sequence of {env.name!r} encodes to no tokens: {env.stop_sequences}")
+        self._stops = StopStrings(tokenizer, env.stop_sequences)  # a bad stop list fails here, before sampling
 
     def load_weights(self, actor) -> None:
         self.model = actor
@@ -46,9 +44,35 @@ class EpisodeEngine:
                                  stops=self._stops)
 
 
-def _stop_ids(tokenizer, env) -> list[list[int]]:
-    """The token ids of each of `env`'s stop sequences."""
-    return [tokenizer(s, add_special_tokens=False)["input_ids"] for s in env.stop_sequences]
+class StopStrings:
+    """An environment's stop sequences, matched on the decoded text of a turn: a turn ends at the
+    token that completes one of them however the model tokenized it (one token, several, or inside a
+    token that carries more text), as transformers' and vLLM's stop strings do."""
+
+    def __init__(self, tokenizer, stops):
+        stops = tuple(stops)
+        if not all(isinstance(s, str) and s for s in stops):
+            raise ValueError(f"stop sequences must be non-empty strings, got {stops!r}")
+        self.tokenizer, self.stops = tokenizer, stops
+        # a character is at most 4 bytes, a token at least one: this many tokens hold any stop string
+        self.window = 4 * max(map(len, stops), default=0) + 4
+
+    def _text(self, ids: list[int]) -> str:
+        return self.tokenizer.decode(ids, skip_special_tokens=False)
+
+    def completed(self, turn: list[int]) -> bool:
+        """Whether the turn's last token completes a stop string (absent before it)."""
+        if not self.stops:
+            return False
+        tail = turn[-self.window:]
+        text = self._text(tail)
+        return any(s in text for s in self.stops) and not any(s in self._text(tail[:-1]) for s in self.stops)
+
+    def cut(self, text: str) -> str:
+        """`text` up to the end of the first stop string in it (the text a model wrote after it in
+        the same token is not part of the call)."""
+        ends = [text.find(s) + len(s) for s in self.stops if s in text]
+        return text[: min(ends)] if ends else text
 
 
 class _Episode:
@@ -64,7 +88,7 @@ def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_toke
     """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
-    stops = stops if stops is not None else _stop_ids(tokenizer, env)
+    stops = stops if stops is not None else StopStrings(tokenizer, env.stop_sequences)
     episodes = [_Episode(env.problem_from_prompt(p)) for p in prompts]  # ValueError before any compute
     with eval_mode(model):
         loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
@@ -84,7 +108,8 @@ class _Transcripts:
     """The batch's responses so far, column by column, on the CPU (the environment reads them
     between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
 
-    def __init__(self, env, tokenizer, episodes: list[_Episode], width: int, *, pad: int, eos: set, stops: list):
+    def __init__(self, env, tokenizer, episodes: list[_Episode], width: int, *, pad: int, eos: set,
+                 stops: StopStrings):
         self.env, self.tokenizer, self.episodes, self.width = env, tokenizer, episodes, width
         self.pad, self.eos, self.stops = pad, eos, stops
         n = len(episodes)
@@ -119,8 +144,9 @@ class _Transcripts:
             self.tokens[row, step] = t
             self.lengths[row] += 1
             fed.append(t)
-            if is_action and (t in self.eos or any(ep.turn[-len(s):] == s for s in self.stops)):
-                _end_turn(self.env, self.tokenizer, ep, self.tokens[row, :step + 1].tolist(), final=t in self.eos)
+            if is_action and (t in self.eos or self.stops.completed(ep.turn)):
+                _end_turn(self.env, self.tokenizer, self.stops, ep, self.tokens[row, :step + 1].tolist(),
+                          final=t in self.eos)
             if not ep.done and step == self.width - 1:
                 ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
         return fed
@@ -133,10 +159,11 @@ class _Transcripts:
                             truncated=truncated, action=self.action[:, :steps], turns=turns)
 
 
-def _end_turn(env, tokenizer, ep: _Episode, response: list, *, final: bool) -> None:
+def _end_turn(env, tokenizer, stops: StopStrings, ep: _Episode, response: list, *, final: bool) -> None:
     """Hand the finished turn to the environment: queue its observation or end the episode."""
     ep.turns += 1
     turn_text = tokenizer.decode(ep.turn, skip_special_tokens=True)
+    turn_text = turn_text if final else stops.cut(turn_text)
     transcript = tokenizer.decode(response, skip_special_tokens=True)
     ep.turn = []
     reply = env.respond(ep.problem, transcript, turn_text, turns_done=ep.turns, final=final)
