@@ -20,7 +20,8 @@ from vapo_lit.engines.episodes import generate_episodes
 from vapo_lit.experience import (AdvantageSettings, Experience, action_lengths, fill_advantages, fill_values, score,
                                  turn_index)
 from vapo_lit.tasks import get_task
-from vapo_lit.tasks.env import Environment, Tool
+from vapo_lit.tasks.base import Problem
+from vapo_lit.tasks.env import EnvStep, Environment, Tool
 from vapo_lit.tasks.toolchain import addend
 
 
@@ -444,3 +445,55 @@ def test_preflight_takes_toolchain_with_the_builtin_model_and_refuses_cb(tmp_pat
         preflight(merge(base, {"observations": "carry"}))
     with pytest.raises(ValueError, match=r"exists only for the built-in tasks \(chain, longchain, toolchain\), not 'math'"):
         preflight(merge(base, {"task": "math", "task_options": {}}))
+
+
+# ----------------------------------------------------------------------------- stop strings on the decoded text
+def fused_tokenizer(words: list[str]):
+    """A word-level tokenizer whose decoder joins tokens without spaces (as byte-level BPE does), so a
+    stop string can be one token, several, or part of a longer token."""
+    from tokenizers import Tokenizer, decoders, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
+    tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
+    tk.pre_tokenizer, tk.decoder = pre_tokenizers.WhitespaceSplit(), decoders.Fuse()
+    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
+                                   unk_token="<unk>")
+
+
+class Recorder:
+    """An environment that records the turn texts it is handed and answers each tool call with '='."""
+
+    multi_turn, name, max_turns, stop_sequences = True, "recorder", 4, ("</call>",)
+
+    def __init__(self):
+        self.tokenizer = fused_tokenizer(["a", "b", "c", "get", "</call>", "</", "call>", "get</call>x", "="])
+        self.turns: dict[str, list[str]] = {}
+
+    def problem_from_prompt(self, prompt):
+        return Problem(prompt, "", {})
+
+    def respond(self, problem, transcript, turn, *, turns_done, final):
+        self.turns.setdefault(problem.prompt, []).append(turn)
+        return EnvStep(done=True, reward=0.0) if final else EnvStep(observation="=")
+
+
+def test_a_stop_string_ends_the_turn_however_it_is_tokenized():
+    """One token, two tokens, or inside a token that carries more text: each ends the turn at the
+    token that completes it; the environment is handed the text up to the stop string's end."""
+    from vapo_lit.engines.episodes import StopStrings
+
+    env = Recorder()
+    tok = env.tokenizer
+    stops = StopStrings(tok, env.stop_sequences)
+    ids = lambda words: tok.convert_tokens_to_ids(words.split())  # noqa: E731
+    assert [stops.completed(ids(w)) for w in ("a </call>", "a </ call>", "a get</call>x", "a </", "</call> a")] \
+        == [True, True, True, False, False]
+    prompts = ["a", "b", "c", "a b"]
+    scripts = ["a </call> b", "a </ call> b", "a get</call>x b", "a b c"]
+    ro = run_script(env, [env.problem_from_prompt(p) for p in prompts], scripts, max_new_tokens=12)
+    assert env.turns == {"a": ["a</call>", "b"], "b": ["a</call>", "b"], "c": ["aget</call>", "b"], "a b": ["abc"]}
+    assert ro.texts == ["a</call>=b", "a</call>=b", "aget</call>x=b", "abc"]
+    assert ro.turns.tolist() == [2, 2, 2, 1]
+    with pytest.raises(ValueError, match="stop sequences must be non-empty strings"):
+        StopStrings(tok, ["</call>", ""])

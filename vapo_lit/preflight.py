@@ -180,6 +180,8 @@ def check_task(cfg: RunConfig) -> None:
     except (TypeError, ValueError) as e:
         raise ValueError(f"task {cfg.task!r}: {e}") from None
     multi_turn = is_environment(task)
+    if multi_turn and getattr(task, "tool_format", "call") not in ("call", "json"):
+        raise ValueError(f"task {cfg.task!r}: tool_format={task.tool_format!r} is not valid; choose one of: call, json")
     has_oracle = bool(getattr(task, "has_oracle", False))
     close = getattr(task, "close", None)
     if callable(close):

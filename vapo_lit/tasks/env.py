@@ -14,10 +14,14 @@ buckets) that also answers the policy between turns:
   response tokens, actions and observations together; the row is then truncated, possibly inside
   an observation, and scored by the verifier like any response the length limit cut).
 
-Tool calls have one syntax, ``call <tool> <args...>`` up to the stop sequence. Tools are pure
+Tool calls come in one of two formats (``tool_format``): ``call``, the built-in tasks' ``call <tool>
+<args...>`` up to the stop sequence (arguments split on whitespace), or ``json``, the format chat
+models trained for tools write (Qwen2.5/Hermes style): ``<tool_call>{"name": ..., "arguments":
+{...}}</tool_call>``, its arguments checked against the tool's JSON schema (``Tool.parameters``),
+which :meth:`Environment.tool_schemas` also hands to a chat template's ``tools=``. Tools are pure
 Python functions of (problem, args) the project controls: nothing the policy writes is executed,
-only split on whitespace and looked up. A malformed call, an unknown tool, wrong arguments, or a
-tool that raises give an observation saying so (``error ...``); nothing escapes into the rollout.
+only parsed and looked up. A malformed call, an unknown tool, wrong arguments, or a tool that raises
+give an observation saying so (``error ...``); nothing escapes into the rollout.
 
 The episode's reward is the verifier's on the whole transcript (actions and observations, as the
 engine decodes them): ``respond`` scores a final answer with :meth:`verify`, so the reward the
@@ -25,13 +29,18 @@ environment ends with and the one the trainer's score stage computes are the sam
 """
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from typing import Callable
 
 from vapo_lit.tasks.base import Problem, Task
 
 CALL = "call"
-"""The word that opens a tool call."""
+"""The word that opens a tool call (tool_format "call")."""
+TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
+"""The tags around a JSON tool call (tool_format "json")."""
+_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
+               "object": dict, "null": type(None)}
 
 
 @dataclass(frozen=True)
@@ -57,11 +66,20 @@ class Tool:
     """A pure function the policy may call by name."""
 
     name: str
-    """The word after ``call``."""
-    fn: Callable[[Problem, list], str]
-    """(problem, argument words) -> observation text; raises ToolError on bad arguments."""
+    """The word after ``call`` (the ``name`` of a JSON call)."""
+    fn: Callable[[Problem, list | dict], str]
+    """(problem, arguments) -> observation text; raises ToolError on bad arguments. The arguments
+    are the words after the name (tool_format "call") or the call's ``arguments`` object ("json")."""
     doc: str = ""
-    """One line: what it returns (a description for people; never shown to the policy)."""
+    """One line: what it returns (the function description a chat template shows with ``tools=``)."""
+    parameters: dict | None = None
+    """The arguments' JSON schema (an ``object`` schema: ``properties``, ``required``,
+    ``additionalProperties``); checked before ``fn`` is called."""
+
+    def schema(self) -> dict:
+        """The tool as a chat template's ``tools=`` takes it (the OpenAI function format)."""
+        return {"type": "function", "function": {"name": self.name, "description": self.doc,
+                                                 "parameters": self.parameters or {"type": "object", "properties": {}}}}
 
 
 class Environment(Task):
@@ -74,6 +92,13 @@ class Environment(Task):
     stop_sequences: tuple[str, ...] = ("?",)
     """Text that ends a policy turn as a tool call (EOS ends it as the final answer)."""
     tools: dict[str, Tool] = {}
+    tool_format: str = "call"
+    """How a turn writes a tool call: "call" (``call <tool> <args...>``) or "json" (``<tool_call>``
+    tags around ``{"name": ..., "arguments": {...}}``; use ``stop_sequences = ("</tool_call>",)``)."""
+
+    def tool_schemas(self) -> list[dict]:
+        """The tools as a chat template's ``tools=`` takes them."""
+        return [tool.schema() for tool in self.tools.values()]
 
     def problem_from_prompt(self, prompt: str) -> Problem:
         """The problem a prompt poses (raises ValueError for a prompt this task never writes)."""
@@ -96,6 +121,8 @@ class Environment(Task):
 
     def call_tool(self, problem: Problem, turn: str) -> str:
         """The observation for a turn that ended at a stop sequence: the tool's answer or an error text."""
+        if self.tool_format == "json":
+            return self._call_json(problem, turn)
         words = turn.split()
         for stop in self.stop_sequences:
             if words and words[-1].endswith(stop):
@@ -119,10 +146,77 @@ class Environment(Task):
         except Exception:  # noqa: BLE001 - a tool bug is an observation, never a crash
             return self.error_text("failed")
 
+    def _call_json(self, problem: Problem, turn: str) -> str:
+        call = parse_json_call(turn)
+        if call is None:
+            return self.error_text("malformed")
+        name, args = call
+        tool = self.tools.get(name)
+        if tool is None:
+            return self.error_text("unknown")
+        try:
+            if tool.parameters is not None:
+                check_arguments(tool.parameters, args)
+            out = tool.fn(problem, args)
+        except ToolError:
+            return self.error_text("args")
+        except Exception:  # noqa: BLE001 - a tool bug is an observation, never a crash
+            return self.error_text("failed")
+        return out if isinstance(out, str) else json.dumps(out)
+
     def error_text(self, kind: str) -> str:
         """The observation for a failed call: kind is malformed, unknown, args or failed."""
         return {"malformed": "error malformed call", "unknown": "error unknown tool", "args": "error bad args",
                 "failed": "error tool failed"}[kind]
+
+
+def parse_json_call(turn: str) -> tuple[str, dict] | None:
+    """(name, arguments) of the last ``<tool_call>{...}</tool_call>`` in `turn` (the closing tag may
+    be missing at the end of the text); None when there is none or it is not a JSON object with a
+    string ``name`` and an object ``arguments`` (or a JSON string of one, as some models write)."""
+    at = turn.rfind(TOOL_CALL_OPEN)
+    if at < 0:
+        return None
+    body = turn[at + len(TOOL_CALL_OPEN):]
+    body = body[: body.index(TOOL_CALL_CLOSE)] if TOOL_CALL_CLOSE in body else body
+    try:
+        call = json.loads(body)
+        if not isinstance(call, dict):
+            return None
+        args = call.get("arguments", {})
+        args = json.loads(args) if isinstance(args, str) else args
+    except (ValueError, RecursionError):
+        return None
+    if not isinstance(call.get("name"), str) or not isinstance(args, dict):
+        return None
+    return call["name"], args
+
+
+def check_arguments(schema: dict, args: dict) -> None:
+    """Raise ToolError unless `args` fits the object `schema`: required keys present, no key the
+    schema does not declare (unless ``additionalProperties`` allows it), each declared key of its
+    ``type`` (JSON types; a bool is not an integer) and within its ``enum``."""
+    props = schema.get("properties", {})
+    missing = [k for k in schema.get("required", []) if k not in args]
+    if missing:
+        raise ToolError(f"missing argument(s) {', '.join(missing)}")
+    extra = [k for k in args if k not in props]
+    if extra and schema.get("additionalProperties", True) is False:
+        raise ToolError(f"unknown argument(s) {', '.join(extra)}")
+    for key, value in args.items():
+        spec = props.get(key, {})
+        kinds = spec.get("type")
+        kinds = [kinds] if isinstance(kinds, str) else (kinds or [])
+        if kinds and not any(_is_json_type(value, k) for k in kinds):
+            raise ToolError(f"argument {key} must be {' or '.join(kinds)}")
+        if "enum" in spec and value not in spec["enum"]:
+            raise ToolError(f"argument {key} must be one of {spec['enum']}")
+
+
+def _is_json_type(value, kind: str) -> bool:
+    if isinstance(value, bool) and kind in ("integer", "number"):
+        return False
+    return isinstance(value, _JSON_TYPES.get(kind, object))
 
 
 def is_environment(task) -> bool:
