@@ -182,6 +182,9 @@ def check_task(cfg: RunConfig) -> None:
     multi_turn = is_environment(task)
     if multi_turn and getattr(task, "tool_format", "call") not in ("call", "json"):
         raise ValueError(f"task {cfg.task!r}: tool_format={task.tool_format!r} is not valid; choose one of: call, json")
+    if multi_turn and getattr(task, "chat", False) and not getattr(task.tokenizer, "chat_template", None):
+        raise ValueError(f"task {cfg.task!r} renders observations with the tokenizer's chat template, but its "
+                         f"tokenizer has none (use a chat model's tokenizer, or chat = False)")
     has_oracle = bool(getattr(task, "has_oracle", False))
     close = getattr(task, "close", None)
     if callable(close):

@@ -33,6 +33,7 @@ class EpisodeEngine:
     def __init__(self, actor, tokenizer, env):
         self.model, self.tokenizer, self.env = actor, tokenizer, env
         self._stops = StopStrings(tokenizer, env.stop_sequences)  # a bad stop list fails here, before sampling
+        self._chat = ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None
 
     def load_weights(self, actor) -> None:
         self.model = actor
@@ -41,7 +42,7 @@ class EpisodeEngine:
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
         return generate_episodes(self.model, self.tokenizer, self.env, prompts, max_new_tokens=sampling.max_new_tokens,
                                  temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds,
-                                 stops=self._stops)
+                                 stops=self._stops, chat=self._chat)
 
 
 class StopStrings:
@@ -75,26 +76,72 @@ class StopStrings:
         return text[: min(ends)] if ends else text
 
 
-class _Episode:
-    """One row's bookkeeping: the current turn's tokens, queued observation tokens, turns taken."""
+class ChatRenderer:
+    """Observations as chat messages: the text appended after a turn is what the tokenizer's chat
+    template writes between the assistant's content and the next assistant turn (the end of the
+    assistant message, the observation message of role `role`, the generation prompt), so an
+    episode's tokens are the template's rendering of its messages. The suffix is read off a
+    rendering with a placeholder as the assistant's content, so a template that rewrites content
+    (trims it, drops earlier reasoning) does not change what the model already wrote."""
 
-    def __init__(self, problem):
+    _TURN = "\u2063vapo-lit-turn\u2063"
+
+    def __init__(self, tokenizer, env):
+        if not getattr(tokenizer, "chat_template", None):
+            raise ValueError(f"task {env.name!r} renders observations with the tokenizer's chat template, but the "
+                             f"tokenizer has none (set tokenizer.chat_template, or chat = False)")
+        self.tokenizer, self.tools = tokenizer, env.tool_schemas() or None
+        self.role = self._supported(env.observation_role)
+
+    def render(self, messages: list[dict], generation_prompt: bool) -> str:
+        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
+                                                  add_generation_prompt=generation_prompt)
+
+    def _supported(self, role: str) -> str:
+        """`role` if the template renders a message of that role after an assistant turn, else user."""
+        probe = "\u2063probe\u2063"
+        try:
+            text = self.render([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
+                                {"role": role, "content": probe}], True)
+        except Exception:  # noqa: BLE001 - templates refuse unknown roles by raising
+            return "user"
+        return role if probe in text else "user"
+
+    def after_turn(self, messages: list[dict], turn: str, observation: str, eot: str | None) -> tuple[str, list]:
+        """(the text that follows the model's turn, the conversation with the turn and the
+        observation); `eot` is the end-of-turn text the model already wrote (None after a stop string)."""
+        obs = {"role": self.role, "content": observation}
+        text = self.render([*messages, {"role": "assistant", "content": self._TURN}, obs], True)
+        suffix = text[text.index(self._TURN) + len(self._TURN):]
+        if eot and suffix.startswith(eot):
+            suffix = suffix[len(eot):]
+        return suffix, [*messages, {"role": "assistant", "content": turn}, obs]
+
+
+class _Episode:
+    """One row's bookkeeping: the current turn's tokens, queued observation tokens, turns taken, and
+    in a chat environment the conversation so far."""
+
+    def __init__(self, problem, messages=None):
         self.problem, self.turn, self.queue, self.turns, self.done, self.cut = problem, [], [], 0, False, False
+        self.messages = messages
 
 
 @torch.no_grad()
 def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                      top_p: float = 1.0, seeds=0, stops=None, fast: bool = True) -> Rollout:
+                      top_p: float = 1.0, seeds=0, stops=None, chat=None, fast: bool = True) -> Rollout:
     """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
     stops = stops if stops is not None else StopStrings(tokenizer, env.stop_sequences)
-    episodes = [_Episode(env.problem_from_prompt(p)) for p in prompts]  # ValueError before any compute
+    chat = chat if chat is not None else (ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None)
+    problems = [env.problem_from_prompt(p) for p in prompts]  # ValueError before any compute
+    episodes = [_Episode(q, env.prompt_messages(q) if chat else None) for q in problems]
     with eval_mode(model):
         loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
                        temperature=temperature, top_p=top_p)
         eos = set(eos_ids_of(model, tokenizer))
-        batch = _Transcripts(env, tokenizer, episodes, max_new_tokens, pad=loop.pad, eos=eos, stops=stops)
+        batch = _Transcripts(env, tokenizer, episodes, max_new_tokens, pad=loop.pad, eos=eos, stops=stops, chat=chat)
         for step in range(max_new_tokens):
             tok, lp = loop.sample(step)
             fed = batch.write(step, loop.active.tolist(), tok.cpu().tolist(), lp.double().cpu().tolist())
@@ -109,9 +156,9 @@ class _Transcripts:
     between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
 
     def __init__(self, env, tokenizer, episodes: list[_Episode], width: int, *, pad: int, eos: set,
-                 stops: StopStrings):
+                 stops: StopStrings, chat: ChatRenderer | None = None):
         self.env, self.tokenizer, self.episodes, self.width = env, tokenizer, episodes, width
-        self.pad, self.eos, self.stops = pad, eos, stops
+        self.pad, self.eos, self.stops, self.chat = pad, eos, stops, chat
         n = len(episodes)
         self.tokens = torch.full((n, width), pad, dtype=torch.long)
         self.logps = torch.zeros((n, width), dtype=torch.float64)
@@ -145,8 +192,7 @@ class _Transcripts:
             self.lengths[row] += 1
             fed.append(t)
             if is_action and (t in self.eos or self.stops.completed(ep.turn)):
-                _end_turn(self.env, self.tokenizer, self.stops, ep, self.tokens[row, :step + 1].tolist(),
-                          final=t in self.eos)
+                _end_turn(self, ep, self.tokens[row, :step + 1].tolist(), final=t in self.eos)
             if not ep.done and step == self.width - 1:
                 ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
         return fed
@@ -159,15 +205,21 @@ class _Transcripts:
                             truncated=truncated, action=self.action[:, :steps], turns=turns)
 
 
-def _end_turn(env, tokenizer, stops: StopStrings, ep: _Episode, response: list, *, final: bool) -> None:
-    """Hand the finished turn to the environment: queue its observation or end the episode."""
+def _end_turn(batch: _Transcripts, ep: _Episode, response: list, *, final: bool) -> None:
+    """Hand the finished turn to the environment: queue its observation (as the chat template
+    renders it, in a chat environment) or end the episode."""
+    tokenizer = batch.tokenizer
     ep.turns += 1
     turn_text = tokenizer.decode(ep.turn, skip_special_tokens=True)
-    turn_text = turn_text if final else stops.cut(turn_text)
+    turn_text = turn_text if final else batch.stops.cut(turn_text)
+    eot = tokenizer.decode(ep.turn[-1:], skip_special_tokens=False) if final else None
     transcript = tokenizer.decode(response, skip_special_tokens=True)
     ep.turn = []
-    reply = env.respond(ep.problem, transcript, turn_text, turns_done=ep.turns, final=final)
+    reply = batch.env.respond(ep.problem, transcript, turn_text, turns_done=ep.turns, final=final)
     if reply.done or reply.observation is None:
         ep.done, ep.cut = True, bool(reply.truncated)
         return
-    ep.queue = list(tokenizer(reply.observation, add_special_tokens=False)["input_ids"])  # empty: it speaks again
+    text = reply.observation
+    if batch.chat is not None:
+        text, ep.messages = batch.chat.after_turn(ep.messages, turn_text, text, eot)
+    ep.queue = list(tokenizer(text, add_special_tokens=False)["input_ids"])  # empty: it speaks again

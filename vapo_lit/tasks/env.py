@@ -96,6 +96,22 @@ class Environment(Task):
     """How a turn writes a tool call: "call" (``call <tool> <args...>``) or "json" (``<tool_call>``
     tags around ``{"name": ..., "arguments": {...}}``; use ``stop_sequences = ("</tool_call>",)``)."""
 
+    chat: bool = False
+    """Observations go into the conversation as chat messages (role ``observation_role``) rendered
+    by the tokenizer's chat template, exactly as the template renders the whole conversation; a turn
+    ends at the template's end-of-turn token (an EOS id) or a stop sequence, and is a tool call when
+    it holds one. Prompts are the template's rendering of ``prompt_messages(problem)``."""
+    observation_role: str = "tool"
+    """The role of an observation message (``user`` is used where the template has no tool role)."""
+
+    def prompt_messages(self, problem: Problem) -> list[dict]:
+        """The chat messages a prompt renders (chat environments): ``problem.meta["messages"]``."""
+        return problem.meta["messages"]
+
+    def has_call(self, turn: str) -> bool:
+        """Whether `turn` holds a tool call in this environment's format."""
+        return parse_json_call(turn) is not None if self.tool_format == "json" else CALL in turn.split()
+
     def tool_schemas(self) -> list[dict]:
         """The tools as a chat template's ``tools=`` takes them."""
         return [tool.schema() for tool in self.tools.values()]
@@ -108,10 +124,11 @@ class Environment(Task):
     def respond(self, problem: Problem, transcript: str, turn: str, *, turns_done: int, final: bool) -> EnvStep:
         """Answer the policy's `turn` (its text, stop sequence included), the `turns_done`-th turn of
         the episode; `transcript` is the whole response so far, this turn included; `final` says the
-        turn ended with EOS. Never raises: a failure inside the environment ends the episode with
-        reward 0 and is reported by the verifier as usual."""
+        turn ended with EOS (in a chat environment, a turn that ended with EOS and holds a tool call
+        is a call). Never raises: a failure inside the environment ends the episode with reward 0 and
+        is reported by the verifier as usual."""
         try:
-            if final:
+            if final and not (self.chat and self.has_call(turn)):
                 return EnvStep(done=True, reward=float(self.verify(problem, transcript).reward))
             if turns_done >= self.max_turns:
                 return EnvStep(done=True, reward=0.0, truncated=True)
