@@ -51,7 +51,7 @@ def test_a_file_and_a_module_path_load_the_users_class(tmp_path, monkeypatch, re
     ("nosuch_pkg.tasks:Env", "task='nosuch_pkg.tasks:Env': no module named 'nosuch_pkg.tasks' (run from the folder"),
     ("{dir}/missing.py:Env", "missing.py not found"),
     ("{dir}/mytasks.py:Nope", "has no class 'Nope'; it defines: CellSum"),
-    ("cellsum2", "task='cellsum2' is not a task; valid tasks: chain, longchain, math, toolchain, or a class of your own"),
+    ("cellsum2", "task='cellsum2' is not a task; valid tasks: chain, longchain, math, math_tools, toolchain, or a class of your own"),
 ])
 def test_a_bad_task_name_is_one_line_before_anything_is_written(tmp_path, capsys, name, needle, registry):
     the_docs_task_file(tmp_path)
@@ -95,4 +95,42 @@ def test_the_docs_task_trains_from_the_command_line(tmp_path):
            "--wandb", "disabled", "--threads", "1"]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
+    assert (tmp_path / "runs" / "r" / "metrics.csv").is_file()
+
+
+def the_docs_chat_walkthrough(folder: Path) -> tuple[Path, Path]:
+    """docs/guides/multi-turn.md's walkthrough, followed as written: its calc_env.py, and a local chat
+    model (a byte-level BPE tokenizer with a ChatML template built here, a random Llama of its
+    vocabulary) in the folder the command names."""
+    from test_chat_episodes import chat_tokenizer
+    from transformers import LlamaConfig, LlamaForCausalLM
+
+    text = DOC.read_text()
+    start = text.index("```python\n# calc_env.py") + len("```python\n")
+    env_file = folder / "calc_env.py"
+    env_file.write_text(text[start:text.index("```", start)])
+    tok = chat_tokenizer("chatml")
+    model_dir = folder / "my-chat-model"
+    import torch
+
+    torch.manual_seed(0)
+    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
+                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
+                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).save_pretrained(model_dir)
+    tok.save_pretrained(model_dir)
+    return env_file, model_dir
+
+
+def test_the_chat_walkthrough_runs_as_written(tmp_path):
+    env_file, _ = the_docs_chat_walkthrough(tmp_path)
+    text = DOC.read_text()
+    command = next(line for line in text.splitlines() if line.startswith("vapo-train --task calc_env.py:Calc"))
+    cmd = [sys.executable, "-m", "vapo_lit.cli.train", *command.split()[1:], "--out_dir", str(tmp_path / "runs"),
+           "--name", "r", "--wandb", "disabled", "--threads", "1"]
+    done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
+    assert done.returncode == 0, done.stderr[-3000:]
+    import json
+
+    card = json.loads((tmp_path / "runs" / "r" / "run_card.json").read_text())
+    assert card["multi_turn"]["tools"] == ["calculator"]
     assert (tmp_path / "runs" / "r" / "metrics.csv").is_file()

@@ -145,7 +145,7 @@ class PPOConfig:
 class RunConfig:
     """One training run."""
 
-    task: str = _f("chain", "task: a registered name (chain, longchain, math, toolchain) or your class as path/to/file.py:Class or package.module:Class")
+    task: str = _f("chain", "task: a registered name (chain, longchain, math, math_tools, toolchain) or your class as path/to/file.py:Class or package.module:Class")
     task_options: dict = _f({}, "keyword options for the task (e.g. data file paths for 'math')")
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
     critic_model: dict = _f({}, "built-in critic architecture, as TinyModelConfig overrides (e.g. {\"hidden_size\": 128, "

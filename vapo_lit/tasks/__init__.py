@@ -1,6 +1,6 @@
 """Task registry: `get_task(name, **options)`; `TASKS` maps a name to its factory.
 
-A name is a registered task (`chain`, `longchain`, `math`, `toolchain`, or one a user's module
+A name is a registered task (`chain`, `longchain`, `math`, `math_tools`, `toolchain`, or one a user's module
 registered with `@register`) or an import path to a user's task or environment class:
 `package.module:Class` (imported as Python imports it, the working directory first) or
 `path/to/file.py:Class`. The class is called with the task options as keywords.
@@ -58,16 +58,19 @@ def option_names(name: str) -> list[str] | None:
     """The keyword options task `name` accepts (its constructor's, or the fields of the config
     dataclass it takes with `**options`); None when it takes any keyword."""
     factory = task_factory(name)
-    init = factory.__init__ if inspect.isclass(factory) else factory
-    params = inspect.signature(init).parameters
-    names = [n for n, p in params.items() if n not in ("self", "config") and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
-    if any(p.kind == p.VAR_KEYWORD for p in params.values()):
+    inits = [c.__init__ for c in factory.__mro__ if "__init__" in vars(c)] if inspect.isclass(factory) else [factory]
+    names: list[str] = []
+    for init in inits:  # a subclass that passes **options up takes its base class's options too
+        params = inspect.signature(init).parameters
+        names += [n for n, p in params.items()
+                  if n not in ("self", "config", *names) and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
+            return names
         hint = typing.get_type_hints(init).get("config") if "config" in params else None
         configs = [a for a in (typing.get_args(hint) or (hint,)) if dataclasses.is_dataclass(a)]
-        if not configs:
-            return None
-        names += [f.name for c in configs for f in dataclasses.fields(c)]
-    return names
+        if configs:
+            return names + [f.name for c in configs for f in dataclasses.fields(c)]
+    return None
 
 
 def _import_task_module(name: str, module_name: str):
@@ -112,7 +115,8 @@ def _load_builtin_tasks() -> None:
     # Imported lazily so that `vapo_lit.tasks` stays cheap to import.
     import importlib
 
-    for mod in ("vapo_lit.tasks.chain", "vapo_lit.tasks.longchain", "vapo_lit.tasks.math", "vapo_lit.tasks.toolchain"):
+    for mod in ("vapo_lit.tasks.chain", "vapo_lit.tasks.longchain", "vapo_lit.tasks.math", "vapo_lit.tasks.math_tools",
+                "vapo_lit.tasks.toolchain"):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:  # a task module not written yet
