@@ -439,7 +439,7 @@ def test_preflight_takes_toolchain_with_the_builtin_model_and_refuses_cb(tmp_pat
 
     base = merge(RunConfig(), {"task": "toolchain", "out_dir": str(tmp_path / "runs")})
     preflight(base)
-    with pytest.raises(ValueError, match="multi-turn .* runs on rollout_engine=hf, not 'cb'"):
+    with pytest.raises(ValueError, match="multi-turn .* runs on rollout_engine=hf or vllm, not 'cb'"):
         preflight(merge(base, {"rollout_engine": "cb"}))
     with pytest.raises(ValueError, match="observations=.carry. is not valid; choose one of: skip, step, zero"):
         preflight(merge(base, {"observations": "carry"}))

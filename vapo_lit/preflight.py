@@ -192,6 +192,6 @@ def check_task(cfg: RunConfig) -> None:
     if cfg.gae_values == "oracle" and not has_oracle:
         raise ValueError(f"gae_values=oracle needs a task with true state values (longchain, or chain with "
                          f"task_options reward=chain); task {cfg.task!r} with these options has none")
-    if multi_turn and cfg.rollout_engine != "hf":
+    if multi_turn and cfg.rollout_engine not in ("hf", "vllm"):
         raise ValueError(f"task {cfg.task!r} is multi-turn (an environment answers between turns): it runs on "
-                         f"rollout_engine=hf, not {cfg.rollout_engine!r}")
+                         f"rollout_engine=hf or vllm, not {cfg.rollout_engine!r}")

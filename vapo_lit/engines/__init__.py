@@ -74,17 +74,19 @@ class RolloutEngine(Protocol):
 
 def make_engine(name: str, actor, tokenizer, task=None, cfg=None) -> RolloutEngine:
     """An engine by name (see ENGINES); ValueError listing the valid names. A multi-turn `task`
-    (vapo_lit.tasks.env.Environment) gets the episode loop (vapo_lit.engines.episodes), which runs
-    on the `hf` engine's token loop. `cfg`: the run config, for an engine with settings of its own
+    (vapo_lit.tasks.env.Environment) gets an episode loop: vapo_lit.engines.episodes on the `hf`
+    engine's token loop, or the `vllm` engine's own. `cfg`: the run config, for an engine with settings of its own
     (its class's `from_config`)."""
     if name not in ENGINES:
         raise ValueError(f"rollout engine {name!r} is not known; valid: {', '.join(ENGINES)}")
     from vapo_lit.tasks.env import is_environment
 
     if is_environment(task):
+        if name == "vllm":  # its own episode loop: each turn resubmitted, the prefix cache reused
+            return VLLMEngine(actor, tokenizer, kv_cache_gib=getattr(cfg, "vllm_kv_cache_gib", None), env=task)
         if name != "hf":
             raise ValueError(f"rollout engine {name!r} cannot run the multi-turn task {task.name!r} "
-                             "(an environment between turns); use rollout_engine=hf")
+                             "(an environment between turns); use rollout_engine=hf or vllm")
         from vapo_lit.engines.episodes import EpisodeEngine
 
         return EpisodeEngine(actor, tokenizer, task)

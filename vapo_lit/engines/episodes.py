@@ -19,6 +19,8 @@ prompt, seed and the weights.
 """
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 import torch
 
 from vapo_lit.engines.hf import eval_mode, prefill
@@ -32,8 +34,7 @@ class EpisodeEngine:
 
     def __init__(self, actor, tokenizer, env):
         self.model, self.tokenizer, self.env = actor, tokenizer, env
-        self._stops = StopStrings(tokenizer, env.stop_sequences)  # a bad stop list fails here, before sampling
-        self._chat = ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None
+        self._rules = Rules.of(env, tokenizer)  # a bad stop list or a missing chat template fails here
 
     def load_weights(self, actor) -> None:
         self.model = actor
@@ -42,7 +43,7 @@ class EpisodeEngine:
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
         return generate_episodes(self.model, self.tokenizer, self.env, prompts, max_new_tokens=sampling.max_new_tokens,
                                  temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds,
-                                 stops=self._stops, chat=self._chat)
+                                 rules=self._rules)
 
 
 class StopStrings:
@@ -118,7 +119,28 @@ class ChatRenderer:
         return suffix, [*messages, {"role": "assistant", "content": turn}, obs]
 
 
-class _Episode:
+@dataclass
+class Rules:
+    """What every engine's episode loop shares: the environment, the tokenizer, the stop strings
+    and, in a chat environment, the renderer of its observations."""
+
+    env: object
+    tokenizer: object
+    stops: StopStrings
+    chat: ChatRenderer | None = None
+
+    @classmethod
+    def of(cls, env, tokenizer) -> "Rules":
+        return cls(env, tokenizer, StopStrings(tokenizer, env.stop_sequences),
+                   ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None)
+
+    def episodes(self, prompts: list[str]) -> list["Episode"]:
+        """One fresh episode per prompt (ValueError, before any compute, for a prompt the task never writes)."""
+        problems = [self.env.problem_from_prompt(p) for p in prompts]
+        return [Episode(q, self.env.prompt_messages(q) if self.chat else None) for q in problems]
+
+
+class Episode:
     """One row's bookkeeping: the current turn's tokens, queued observation tokens, turns taken, and
     in a chat environment the conversation so far."""
 
@@ -126,22 +148,40 @@ class _Episode:
         self.problem, self.turn, self.queue, self.turns, self.done, self.cut = problem, [], [], 0, False, False
         self.messages = messages
 
+    def end_turn(self, rules: Rules, response: list, *, final: bool) -> None:
+        """Hand the finished turn (the tokens since the last observation, in `turn`) to the
+        environment: queue its observation (as the chat template renders it, in a chat environment)
+        or end the episode. `response` is the whole response so far; `final`: the turn ended at EOS."""
+        tokenizer = rules.tokenizer
+        self.turns += 1
+        turn_text = tokenizer.decode(self.turn, skip_special_tokens=True)
+        turn_text = turn_text if final else rules.stops.cut(turn_text)
+        eot = tokenizer.decode(self.turn[-1:], skip_special_tokens=False) if final else None
+        transcript = tokenizer.decode(response, skip_special_tokens=True)
+        self.turn = []
+        reply = rules.env.respond(self.problem, transcript, turn_text, turns_done=self.turns, final=final)
+        if reply.done or reply.observation is None:
+            self.done, self.cut = True, bool(reply.truncated)
+            return
+        text = reply.observation
+        if rules.chat is not None:
+            text, self.messages = rules.chat.after_turn(self.messages, turn_text, text, eot)
+        self.queue = list(tokenizer(text, add_special_tokens=False)["input_ids"])  # empty: it speaks again
+
 
 @torch.no_grad()
 def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                      top_p: float = 1.0, seeds=0, stops=None, chat=None, fast: bool = True) -> Rollout:
+                      top_p: float = 1.0, seeds=0, rules: Rules | None = None, fast: bool = True) -> Rollout:
     """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
-    stops = stops if stops is not None else StopStrings(tokenizer, env.stop_sequences)
-    chat = chat if chat is not None else (ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None)
-    problems = [env.problem_from_prompt(p) for p in prompts]  # ValueError before any compute
-    episodes = [_Episode(q, env.prompt_messages(q) if chat else None) for q in problems]
+    rules = rules or Rules.of(env, tokenizer)
+    episodes = rules.episodes(prompts)
     with eval_mode(model):
         loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
                        temperature=temperature, top_p=top_p)
         eos = set(eos_ids_of(model, tokenizer))
-        batch = _Transcripts(env, tokenizer, episodes, max_new_tokens, pad=loop.pad, eos=eos, stops=stops, chat=chat)
+        batch = _Transcripts(rules, episodes, max_new_tokens, pad=loop.pad, eos=eos)
         for step in range(max_new_tokens):
             tok, lp = loop.sample(step)
             fed = batch.write(step, loop.active.tolist(), tok.cpu().tolist(), lp.double().cpu().tolist())
@@ -155,10 +195,9 @@ class _Transcripts:
     """The batch's responses so far, column by column, on the CPU (the environment reads them
     between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
 
-    def __init__(self, env, tokenizer, episodes: list[_Episode], width: int, *, pad: int, eos: set,
-                 stops: StopStrings, chat: ChatRenderer | None = None):
-        self.env, self.tokenizer, self.episodes, self.width = env, tokenizer, episodes, width
-        self.pad, self.eos, self.stops, self.chat = pad, eos, stops, chat
+    def __init__(self, rules: Rules, episodes: list[Episode], width: int, *, pad: int, eos: set):
+        self.rules, self.episodes, self.width = rules, episodes, width
+        self.pad, self.eos = pad, eos
         n = len(episodes)
         self.tokens = torch.full((n, width), pad, dtype=torch.long)
         self.logps = torch.zeros((n, width), dtype=torch.float64)
@@ -191,8 +230,8 @@ class _Transcripts:
             self.tokens[row, step] = t
             self.lengths[row] += 1
             fed.append(t)
-            if is_action and (t in self.eos or self.stops.completed(ep.turn)):
-                _end_turn(self, ep, self.tokens[row, :step + 1].tolist(), final=t in self.eos)
+            if is_action and (t in self.eos or self.rules.stops.completed(ep.turn)):
+                ep.end_turn(self.rules, self.tokens[row, :step + 1].tolist(), final=t in self.eos)
             if not ep.done and step == self.width - 1:
                 ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
         return fed
@@ -201,25 +240,5 @@ class _Transcripts:
         """The episodes' Rollout, the first `steps` columns (see the module docstring)."""
         truncated = torch.tensor([ep.cut for ep in self.episodes], dtype=torch.bool)
         turns = torch.tensor([ep.turns for ep in self.episodes], dtype=torch.long, device=loop.device)
-        return loop.rollout(self.tokenizer, self.tokens[:, :steps], self.logps[:, :steps], self.lengths,
+        return loop.rollout(self.rules.tokenizer, self.tokens[:, :steps], self.logps[:, :steps], self.lengths,
                             truncated=truncated, action=self.action[:, :steps], turns=turns)
-
-
-def _end_turn(batch: _Transcripts, ep: _Episode, response: list, *, final: bool) -> None:
-    """Hand the finished turn to the environment: queue its observation (as the chat template
-    renders it, in a chat environment) or end the episode."""
-    tokenizer = batch.tokenizer
-    ep.turns += 1
-    turn_text = tokenizer.decode(ep.turn, skip_special_tokens=True)
-    turn_text = turn_text if final else batch.stops.cut(turn_text)
-    eot = tokenizer.decode(ep.turn[-1:], skip_special_tokens=False) if final else None
-    transcript = tokenizer.decode(response, skip_special_tokens=True)
-    ep.turn = []
-    reply = batch.env.respond(ep.problem, transcript, turn_text, turns_done=ep.turns, final=final)
-    if reply.done or reply.observation is None:
-        ep.done, ep.cut = True, bool(reply.truncated)
-        return
-    text = reply.observation
-    if batch.chat is not None:
-        text, ep.messages = batch.chat.after_turn(ep.messages, turn_text, text, eot)
-    ep.queue = list(tokenizer(text, add_special_tokens=False)["input_ids"])  # empty: it speaks again

@@ -38,6 +38,8 @@ contract of :class:`~vapo_lit.engines.RolloutEngine`:
 """
 from __future__ import annotations
 
+import hashlib
+import itertools
 import os
 import random
 import shutil
@@ -127,9 +129,14 @@ class VLLMEngine:
     """The sampler's log-probs come from kernels other than the trainer's: the trainer recomputes them
     by default (vapo_lit.devices.recompute_logprobs) and logs the gap."""
 
-    def __init__(self, actor, tokenizer, *, kv_cache_gib: float | None = None):
+    def __init__(self, actor, tokenizer, *, kv_cache_gib: float | None = None, env=None):
         self.model, self.tokenizer = actor, tokenizer
         self.kv_cache_gib = kv_cache_gib
+        self.rules = None
+        if env is not None:  # a multi-turn task: episodes (a bad stop list or chat template fails here)
+            from vapo_lit.engines.episodes import Rules
+
+            self.rules = Rules.of(env, tokenizer)
         self.llm = None
         self.sync_seconds = 0.0
         """Seconds the last `load_weights` took (benchmarks/engines.py)."""
@@ -137,8 +144,8 @@ class VLLMEngine:
         """Seconds the last `generate` spent recomputing log-probs (0 at temperature 1 or greedy)."""
 
     @classmethod
-    def from_config(cls, actor, tokenizer, cfg) -> "VLLMEngine":
-        return cls(actor, tokenizer, kv_cache_gib=cfg.vllm_kv_cache_gib)
+    def from_config(cls, actor, tokenizer, cfg, env=None) -> "VLLMEngine":
+        return cls(actor, tokenizer, kv_cache_gib=cfg.vllm_kv_cache_gib, env=env)
 
     # ------------------------------------------------------------------ weights
     def load_weights(self, actor) -> None:
@@ -196,6 +203,8 @@ class VLLMEngine:
     # ------------------------------------------------------------------ sampling
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
+        if self.rules is not None:
+            return self._episodes(prompts, sampling, seeds)
         tok = self.tokenizer
         prompt_ids, prompt_mask = encode_prompts(tok, prompts)
         n = prompt_ids.shape[0]
@@ -215,6 +224,54 @@ class VLLMEngine:
                  for o, toks in zip(outs, tokens)]
         stopped = [o.outputs[0].finish_reason == "stop" for o in outs]
         return self._rollout(prompt_ids, prompt_mask, tokens, logps, stopped, sampling)
+
+    # ------------------------------------------------------------------ multi-turn episodes
+    def _episodes(self, prompts: list[str], sampling, seeds) -> Rollout:
+        """Multi-turn episodes: each round resubmits every live episode's whole token sequence (vLLM's
+        prefix cache reuses its K/V, so an observation of any length is prefilled in one pass) and
+        samples until EOS, the token budget, or (an environment with stop strings) at most
+        `STOP_CHUNK` tokens, of which the tokens after a completed stop string are dropped. Each
+        request is seeded from the row's seed and the round, so episode i depends on its own prompt,
+        seed and the weights only."""
+        rules, tok, budget = self.rules, self.tokenizer, sampling.max_new_tokens
+        episodes = rules.episodes(prompts)  # ValueError before any compute
+        prompt_ids, prompt_mask = encode_prompts(tok, prompts)
+        inputs = [prompt_ids[i, prompt_mask[i].bool()].tolist() for i in range(len(prompts))]
+        row_seeds = as_seeds(seeds, len(prompts)).tolist()
+        eos = eos_ids_of(self.model, tok)
+        if self.llm is None:
+            self._build(len(prompts), max(map(len, inputs)) + budget)
+        vllm, TokensPrompt = import_vllm()
+        rows = [_Row() for _ in episodes]
+        chunk = STOP_CHUNK if rules.stops.stops else budget
+        for rnd in itertools.count():
+            live = [i for i, ep in enumerate(episodes) if not ep.done]
+            if not live:
+                break
+            params = [vllm.SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
+                                          max_tokens=min(chunk, budget - len(rows[i].tokens)), logprobs=0,
+                                          seed=round_seed(row_seeds[i], rnd), stop_token_ids=eos, detokenize=False)
+                      for i in live]
+            with rng_kept():
+                outs = self.llm.generate([TokensPrompt(prompt_token_ids=inputs[i] + rows[i].tokens) for i in live],
+                                         params, use_tqdm=False)
+            for i, out in zip(live, outs):
+                o = out.outputs[0]
+                rows[i].take(rules, episodes[i], o.token_ids, [_sampled_logprob(s, t) for s, t in zip(o.logprobs, o.token_ids)],
+                             set(eos), budget)
+        return self._episode_rollout(prompt_ids, prompt_mask, rows, episodes, sampling)
+
+    def _episode_rollout(self, prompt_ids, prompt_mask, rows, episodes, sampling) -> Rollout:
+        ro = self._rollout(prompt_ids, prompt_mask, [r.tokens for r in rows], [r.logps for r in rows],
+                           [not ep.cut for ep in episodes], sampling)
+        width = ro.response_ids.shape[1]
+        action = torch.zeros((len(rows), width))
+        for i, r in enumerate(rows):
+            action[i, : len(r.action)] = torch.tensor(r.action, dtype=torch.float32)
+        action = action.to(ro.response_mask.device) * ro.response_mask
+        ro.action_mask, ro.logprobs = action, ro.logprobs * action
+        ro.turns = torch.tensor([ep.turns for ep in episodes], dtype=torch.long, device=action.device)
+        return ro
 
     @torch.no_grad()
     def score(self, sequences: list[list[int]], start: int) -> list[torch.Tensor]:
@@ -265,6 +322,45 @@ class VLLMEngine:
         finally:
             self.model.train(was_training)
         return at_least_float32(lp).cpu() * response_mask
+
+
+STOP_CHUNK = 16
+"""Tokens per request in an environment with stop strings (vLLM, handed token ids, cannot match
+text): at most this many tokens past a stop string are sampled and dropped."""
+
+
+def round_seed(seed: int, rnd: int) -> int:
+    """The seed of a row's request in round `rnd` of its episode."""
+    return int.from_bytes(hashlib.blake2b(f"vapo-lit/vllm-episode/{seed}/{rnd}".encode(), digest_size=8).digest(),
+                          "little") >> 1
+
+
+class _Row:
+    """One episode's response so far: tokens, action flags and behaviour log-probs (0 on observations)."""
+
+    def __init__(self):
+        self.tokens, self.action, self.logps = [], [], []
+
+    def take(self, rules, ep, sampled, logps, eos: set, budget: int) -> None:
+        """Append a round's sampled tokens up to the end of the turn (EOS or a completed stop string;
+        the rest of the round is dropped), then the environment's observation, within the budget."""
+        for t, lp in zip(sampled, logps):
+            self.tokens.append(t)
+            self.action.append(1.0)
+            self.logps.append(lp)
+            ep.turn.append(t)
+            if t in eos or rules.stops.completed(ep.turn):
+                ep.end_turn(rules, self.tokens, final=t in eos)
+                room = budget - len(self.tokens)
+                self.tokens += ep.queue[:room]
+                self.action += [0.0] * len(ep.queue[:room])
+                self.logps += [0.0] * len(ep.queue[:room])
+                if not ep.done and len(ep.queue) > room:
+                    ep.done = ep.cut = True  # the budget ends inside the observation
+                ep.queue = []
+                break
+        if not ep.done and len(self.tokens) >= budget:
+            ep.done = ep.cut = True  # token budget spent
 
 
 def _sampled_logprob(step: dict, token: int) -> float:
