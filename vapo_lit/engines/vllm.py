@@ -257,8 +257,8 @@ class VLLMEngine:
                                          params, use_tqdm=False)
             for i, out in zip(live, outs):
                 o = out.outputs[0]
-                rows[i].take(rules, episodes[i], o.token_ids, [_sampled_logprob(s, t) for s, t in zip(o.logprobs, o.token_ids)],
-                             set(eos), budget)
+                logps = [_sampled_logprob(step, t) for step, t in zip(o.logprobs, o.token_ids)]
+                rows[i].take(rules, episodes[i], o.token_ids, logps, set(eos), budget)
         return self._episode_rollout(prompt_ids, prompt_mask, rows, episodes, sampling)
 
     def _episode_rollout(self, prompt_ids, prompt_mask, rows, episodes, sampling) -> Rollout:
