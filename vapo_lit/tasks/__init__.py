@@ -8,6 +8,7 @@ registered with `@register`) or an import path to a user's task or environment c
 from __future__ import annotations
 
 import dataclasses
+import hashlib
 import importlib
 import importlib.util
 import inspect
@@ -78,7 +79,8 @@ def _import_task_module(name: str, module_name: str):
         path = Path(module_name).expanduser().resolve()
         if not path.is_file():
             raise ValueError(f"task={name!r}: file {module_name} not found")
-        key = f"vapo_lit_user_task_{abs(hash(str(path)))}"
+        # the same module name in every process that loads this file (pickled classes refer to it)
+        key = f"vapo_lit_user_task_{hashlib.sha256(str(path).encode()).hexdigest()[:16]}"
         if key in sys.modules:
             return sys.modules[key]
         spec = importlib.util.spec_from_file_location(key, path)
