@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import shlex
 import sys
 from pathlib import Path
@@ -63,14 +64,33 @@ def main(argv=None) -> int:
         except BaseException as e:  # noqa: BLE001 - every way out gets one line and a stable code
             code, text = failure(e, sig, run_dir)
             print(f"vapo-train: {text}", file=sys.stderr)
-            return code
+            return end_process(code, together=False)
     last = summary["last_metrics"]
     keys = [k for k in last if k.startswith("eval/avg@") and k.count("/") == 1]
     print(json.dumps({"run_dir": summary["run_dir"], "ppo_updates": summary["ppo_updates"],
                       "best_eval": summary["best_eval"], "final_eval": {k: last[k] for k in keys},
                       "wall_seconds": round(summary["wall_seconds"], 1),
                       **({"wandb": w} if (w := wandb_line(Path(summary["run_dir"]))) else {})}, indent=1))
-    return 0
+    return end_process(0, together=True)
+
+
+def end_process(code: int, *, together: bool) -> int:
+    """`code`; in a process of a multi-process run the process ends here instead, with `code`, after
+    the process group's teardown (`together`: after a barrier, when every rank finished) and without
+    the interpreter's, during which gloo's threads can abort a finished process ("terminate called
+    without an active exception", exit -6)."""
+    import torch.distributed as dist
+
+    if not (dist.is_available() and dist.is_initialized()):
+        return code
+    try:
+        if together:
+            dist.barrier()
+            dist.destroy_process_group()
+    finally:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os._exit(code)
 
 
 def wandb_line(run_dir: Path) -> str | None:
