@@ -49,8 +49,9 @@ def task_factory(name: str) -> Callable[..., Task]:
     module = _import_task_module(name, module_name)
     factory = getattr(module, attr, None) if attr else None
     if not callable(factory):
+        classes = _public_classes(module)
         raise ValueError(f"task={name!r}: {module_name} has no class {attr!r}"
-                         + (f"; it defines: {', '.join(_public_classes(module))}" if _public_classes(module) else ""))
+                         + (f"; it defines: {', '.join(classes)}" if classes else ""))
     TASKS[name] = factory  # later lookups (other passes, option checks) find it without importing again
     return factory
 

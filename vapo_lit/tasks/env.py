@@ -138,8 +138,27 @@ class Environment(Task):
 
     def call_tool(self, problem: Problem, turn: str) -> str:
         """The observation for a turn that ended at a stop sequence: the tool's answer or an error text."""
-        if self.tool_format == "json":
-            return self._call_json(problem, turn)
+        json_call = self.tool_format == "json"
+        call = parse_json_call(turn) if json_call else self._words_call(turn)
+        if call is None:
+            return self.error_text("malformed")
+        name, args = call
+        tool = self.tools.get(name)
+        if tool is None:
+            return self.error_text("unknown")
+        try:
+            if json_call and tool.parameters is not None:
+                check_arguments(tool.parameters, args)
+            out = tool.fn(problem, args)
+        except ToolError:
+            return self.error_text("args")
+        except Exception:  # noqa: BLE001 - a tool bug is an observation, never a crash
+            return self.error_text("failed")
+        return json.dumps(out) if json_call and not isinstance(out, str) else str(out)
+
+    def _words_call(self, turn: str) -> tuple[str, list] | None:
+        """(name, argument words) of the last ``call <tool> <args...>`` in `turn`, its stop sequence
+        cut off; None when there is no ``call`` or no name after it."""
         words = turn.split()
         for stop in self.stop_sequences:
             if words and words[-1].endswith(stop):
@@ -148,38 +167,9 @@ class Environment(Task):
                     words.pop()
                 break
         if CALL not in words:
-            return self.error_text("malformed")
+            return None
         at = len(words) - 1 - words[::-1].index(CALL)
-        name, args = (words[at + 1], words[at + 2:]) if at + 1 < len(words) else (None, [])
-        if name is None:
-            return self.error_text("malformed")
-        tool = self.tools.get(name)
-        if tool is None:
-            return self.error_text("unknown")
-        try:
-            return str(tool.fn(problem, args))
-        except ToolError:
-            return self.error_text("args")
-        except Exception:  # noqa: BLE001 - a tool bug is an observation, never a crash
-            return self.error_text("failed")
-
-    def _call_json(self, problem: Problem, turn: str) -> str:
-        call = parse_json_call(turn)
-        if call is None:
-            return self.error_text("malformed")
-        name, args = call
-        tool = self.tools.get(name)
-        if tool is None:
-            return self.error_text("unknown")
-        try:
-            if tool.parameters is not None:
-                check_arguments(tool.parameters, args)
-            out = tool.fn(problem, args)
-        except ToolError:
-            return self.error_text("args")
-        except Exception:  # noqa: BLE001 - a tool bug is an observation, never a crash
-            return self.error_text("failed")
-        return out if isinstance(out, str) else json.dumps(out)
+        return (words[at + 1], words[at + 2:]) if at + 1 < len(words) else None
 
     def error_text(self, kind: str) -> str:
         """The observation for a failed call: kind is malformed, unknown, args or failed."""
