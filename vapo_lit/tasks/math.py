@@ -278,15 +278,22 @@ class MathTask(Task):
         if cached is not None:
             return cached
         if self._use_chat:
-            content = f"{question}\n{self.instruction}" if self.instruction else question
-            text = self._tokenizer.apply_chat_template(
-                [{"role": "user", "content": content}], tokenize=False, add_generation_prompt=True)
+            text = self._tokenizer.apply_chat_template(self.messages(question), tools=self.template_tools(),
+                                                       tokenize=False, add_generation_prompt=True)
             if not isinstance(text, str):
                 raise TypeError(f"apply_chat_template returned {type(text).__name__}, not str")
         else:
             text = f"Question: {question}\nAnswer:"
         self._prompts[question] = text
         return text
+
+    def messages(self, question: str) -> list[dict]:
+        """The chat messages of a question's prompt: the question, then the instruction."""
+        return [{"role": "user", "content": f"{question}\n{self.instruction}" if self.instruction else question}]
+
+    def template_tools(self) -> list[dict] | None:
+        """The chat template's ``tools=`` (none: the plain task declares no tool)."""
+        return None
 
     # ---------------------------------------------------------------- buckets
     def _length(self, question: str, solution: str) -> int:

@@ -88,20 +88,16 @@ class MathToolsTask(MathTask, Environment):
         self._by_prompt: dict[str, Problem] | None = None
 
     def prompt(self, question: str) -> str:
-        cached = self._prompts.get(question)
-        if cached is None and not self._use_chat:
+        if not self._use_chat:
             raise ValueError("math_tools needs a tokenizer with a chat template (a chat model's: --model PATH)")
-        if cached is None:
-            cached = self._prompts[question] = self._tokenizer.apply_chat_template(
-                self._messages(question), tools=self.tool_schemas(), tokenize=False, add_generation_prompt=True)
-        return cached
+        return super().prompt(question)
 
-    def _messages(self, question: str) -> list[dict]:
-        return [{"role": "user", "content": f"{question}\n{self.instruction}" if self.instruction else question}]
+    def template_tools(self) -> list[dict]:
+        return self.tool_schemas()
 
     def _problem(self, r) -> Problem:
         p = super()._problem(r)
-        return Problem(p.prompt, p.answer, {**p.meta, "messages": self._messages(r.question)})
+        return Problem(p.prompt, p.answer, {**p.meta, "messages": self.messages(r.question)})
 
     def problem_from_prompt(self, prompt: str) -> Problem:
         if self._by_prompt is None:
