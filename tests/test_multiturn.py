@@ -134,20 +134,24 @@ class Scripted(torch.nn.Module):
         self.pos = [0] * len(scripts)
         self.V = len(vocab)
 
-    def _logits(self):
-        out = torch.full((len(self.scripts), 1, self.V), -30.0)
+    def _logits(self, columns: int):
+        out = torch.full((len(self.scripts), columns, self.V), -30.0)
         for i, s in enumerate(self.scripts):
-            out[i, 0, s[min(self.pos[i], len(s) - 1)]] = 30.0
+            out[i, :, s[min(self.pos[i], len(s) - 1)]] = 30.0
         return out
 
     def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=True, logits_to_keep=None,
                 past_key_values=None):
-        if past_key_values is not None:  # a decode step: the token fed back
-            for i, t in enumerate(input_ids[:, -1].tolist()):
+        columns = input_ids.shape[1]
+        if past_key_values is not None:  # a decode step: the tokens fed back (an action and its observation)
+            fed = attention_mask[:, -columns:].bool()
+            for i, row in enumerate(input_ids.tolist()):
                 s = self.scripts[i]
-                if self.pos[i] < len(s) and t == s[self.pos[i]]:
-                    self.pos[i] += 1
-        return CausalLMOutputWithPast(logits=self._logits(), past_key_values=("cache",))
+                for t in (t for t, real in zip(row, fed[i].tolist()) if real):
+                    if self.pos[i] < len(s) and t == s[self.pos[i]]:
+                        self.pos[i] += 1
+            return CausalLMOutputWithPast(logits=self._logits(columns), past_key_values=("cache",))
+        return CausalLMOutputWithPast(logits=self._logits(1), past_key_values=("cache",))
 
 
 def run_script(task, problems, scripts, max_new_tokens=None):

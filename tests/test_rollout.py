@@ -223,6 +223,16 @@ def test_counter_based_uniforms():
     assert abs(float(torch.corrcoef(torch.stack([u, v]))[0, 1])) < 0.01
 
 
+def test_uniforms_per_row_steps_equal_each_rows_own_draw():
+    """A tensor of steps (one per row, as the episode loop's ragged columns use) gives each row the
+    draw of its own step, including steps large enough that step * golden ratio wraps int64."""
+    seeds = torch.tensor([sample_seed(11, i) for i in range(64)])
+    steps = torch.randint(0, 5000, (64,), generator=torch.Generator().manual_seed(0))
+    steps[:4] = torch.tensor([0, 1, 2**40 + 3, 2**62 - 1])
+    want = torch.cat([uniforms(seeds[i:i + 1], int(steps[i])) for i in range(64)])
+    assert torch.equal(uniforms(seeds, steps), want)
+
+
 @pytest.mark.parametrize("kind", ["llama", "qwen2", "mistral"])
 @pytest.mark.parametrize("eos_bias", [0.0, 2.5])
 def test_fast_decode_equals_transformers_forward(task, kind, eos_bias):

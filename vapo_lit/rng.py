@@ -47,10 +47,15 @@ def _mix64_t(x: torch.Tensor) -> torch.Tensor:
     return x ^ _shr(x, 31)
 
 
-def uniforms(seeds: torch.Tensor, step: int) -> torch.Tensor:
-    """(N,) float64 uniforms in [0, 1): the `step`-th draw of each row's stream."""
+def uniforms(seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
+    """(N,) float64 uniforms in [0, 1): the `step`-th draw of each row's stream (`step` one int for
+    every row, or an int64 tensor of N, one per row)."""
     if seeds.dtype != torch.int64:
         raise ValueError(f"seeds must be an int64 tensor; got {seeds.dtype}")
-    counter = seeds + _signed((int(step) * _GOLDEN) & _M64)  # int64 add wraps around
+    if isinstance(step, torch.Tensor):
+        offset = step.to(device=seeds.device, dtype=torch.int64) * _signed(_GOLDEN)  # int64 product wraps around
+    else:
+        offset = _signed((int(step) * _GOLDEN) & _M64)
+    counter = seeds + offset  # int64 add wraps around
     bits = _shr(_mix64_t(counter), 11)  # the top 53 bits
     return bits.to(torch.float64) * (1.0 / (1 << 53))

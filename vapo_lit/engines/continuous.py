@@ -129,10 +129,7 @@ def page_size_kwarg(config_cls, tokens: int) -> dict:
 def uniform_bits(seeds: torch.LongTensor, steps: torch.LongTensor) -> torch.Tensor:
     """(n,) int32 holding the top 32 bits of ``uniforms(seeds[i], steps[i])`` (the 32-bit slot a
     continuous-batching logits processor gets per request)."""
-    u = torch.empty(len(seeds), dtype=torch.float64)
-    for step in steps.unique().tolist():  # rows of one step share one vectorised draw
-        rows = steps == step
-        u[rows] = uniforms(seeds[rows], int(step))
+    u = uniforms(seeds, steps)
     bits = (u * 2.0 ** 32).long()  # exact: u has 53 bits, the product is < 2**32
     return torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32)
 

@@ -1,21 +1,22 @@
 """`EpisodeEngine`: multi-turn rollouts with an environment in the loop (vapo_lit.tasks.env).
 
 One batched token loop (vapo_lit.engines.hf.TokenLoop) over every episode of the batch, with ONE
-KV cache kept across turns: at each column a row either samples its next token (an action:
-behaviour log-prob recorded) or takes the next token of the observation the environment just
-wrote (appended through the same cache, no log-prob, action mask 0), so no turn re-encodes the
-history. A row leaves the batch when its episode ends (final answer, turn limit, token budget).
-Llama-family models step the static cache of vapo_lit.engines.fast_decode (rows dropped as they
-finish); others step transformers' forward with its own cache. Observation tokens go through the
-cache one per step, beside the other rows' sampled tokens (a multi-token prefill per observation
-would be faster for long tool outputs; the built-in task's observations are two tokens).
+KV cache kept across turns: at each step every live row samples its next token (an action:
+behaviour log-prob recorded, at the row's own response column); a row whose action ends a turn
+feeds that token and the whole observation the environment wrote back in the same forward pass
+(one block per row, no log-probs, action mask 0), so neither a turn nor an observation costs a
+step per token and no turn re-encodes the history. `obs_chunk` caps the tokens a row feeds per
+pass (1: the observation one token per step, beside the other rows' sampled tokens). A row leaves
+the batch when its episode ends (final answer, turn limit, token budget). Llama-family models
+step the static cache of vapo_lit.engines.fast_decode (rows dropped as they finish); others step
+transformers' forward with its own cache.
 
 Returns one `Rollout` per episode: `response_ids` the interleaved actions and observations,
 `response_mask` 1 on all of them, `action_mask` 1 on the sampled ones, `logprobs` 0 on
 observations, `turns` the policy turns taken; `terminated` when the episode ended by the
 environment (a final answer), `truncated` at the turn limit or the token budget. Sampling is
-seeded per row and column exactly as `HFEngine` (vapo_lit.rng), so row i depends only on its own
-prompt, seed and the weights.
+seeded per row and response column exactly as `HFEngine` (vapo_lit.rng), so row i depends only on
+its own prompt, seed and the weights, not on how its observations were fed.
 """
 from __future__ import annotations
 
@@ -32,8 +33,8 @@ class EpisodeEngine:
 
     name = "hf"
 
-    def __init__(self, actor, tokenizer, env):
-        self.model, self.tokenizer, self.env = actor, tokenizer, env
+    def __init__(self, actor, tokenizer, env, *, obs_chunk: int | None = None):
+        self.model, self.tokenizer, self.env, self.obs_chunk = actor, tokenizer, env, obs_chunk
         self._rules = Rules.of(env, tokenizer)  # a bad stop list or a missing chat template fails here
 
     def load_weights(self, actor) -> None:
@@ -43,7 +44,7 @@ class EpisodeEngine:
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
         return generate_episodes(self.model, self.tokenizer, self.env, prompts, max_new_tokens=sampling.max_new_tokens,
                                  temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds,
-                                 rules=self._rules)
+                                 rules=self._rules, obs_chunk=self.obs_chunk)
 
 
 class StopStrings:
@@ -171,33 +172,49 @@ class Episode:
 
 @torch.no_grad()
 def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                      top_p: float = 1.0, seeds=0, rules: Rules | None = None, fast: bool = True) -> Rollout:
-    """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations."""
+                      top_p: float = 1.0, seeds=0, rules: Rules | None = None, fast: bool = True,
+                      obs_chunk: int | None = None) -> Rollout:
+    """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations;
+    `obs_chunk`: the most tokens a row feeds in one forward pass (None: a whole observation)."""
     if max_new_tokens < 1:
         raise ValueError("max_new_tokens must be >= 1")
+    if obs_chunk is not None and obs_chunk < 1:
+        raise ValueError(f"obs_chunk must be None or >= 1; got {obs_chunk}")
     rules = rules or Rules.of(env, tokenizer)
     episodes = rules.episodes(prompts)
     with eval_mode(model):
         loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
                        temperature=temperature, top_p=top_p)
         eos = set(eos_ids_of(model, tokenizer))
-        batch = _Transcripts(rules, episodes, max_new_tokens, pad=loop.pad, eos=eos)
-        for step in range(max_new_tokens):
-            tok, lp = loop.sample(step)
-            fed = batch.write(step, loop.active.tolist(), tok.cpu().tolist(), lp.double().cpu().tolist())
-            if batch.over or step == max_new_tokens - 1:
+        batch = _Transcripts(rules, episodes, max_new_tokens, pad=loop.pad, eos=eos, chunk=obs_chunk)
+        for _ in range(max_new_tokens):  # every live row takes at least one column per step
+            rows = loop.active.tolist()
+            tok, lp = loop.sample(batch.lengths[rows].to(loop.device))
+            blocks = batch.write(rows, tok.cpu().tolist(), lp.double().cpu().tolist())
+            if batch.over:
                 break
-            loop.feed(torch.tensor(fed, dtype=torch.long, device=loop.device), batch.done_rows(loop.device))
-        return batch.rollout(loop, steps=step + 1)
+            tokens, counts = _padded(blocks, loop.pad, loop.device)
+            loop.feed(tokens, batch.done_rows(loop.device), counts=counts)
+        return batch.rollout(loop)
+
+
+def _padded(blocks: list[list[int]], pad: int, device) -> tuple:
+    """(tokens (rows,), None) when every row feeds one token, else (block (rows, K), counts)."""
+    width = max(len(b) for b in blocks)
+    if width == 1:
+        return torch.tensor([b[0] for b in blocks], dtype=torch.long, device=device), None
+    tokens = torch.tensor([b + [pad] * (width - len(b)) for b in blocks], dtype=torch.long, device=device)
+    return tokens, torch.tensor([len(b) for b in blocks], dtype=torch.long, device=device)
 
 
 class _Transcripts:
-    """The batch's responses so far, column by column, on the CPU (the environment reads them
-    between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
+    """The batch's responses so far, each row's at its own length, on the CPU (the environment reads
+    them between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
 
-    def __init__(self, rules: Rules, episodes: list[Episode], width: int, *, pad: int, eos: set):
+    def __init__(self, rules: Rules, episodes: list[Episode], width: int, *, pad: int, eos: set,
+                 chunk: int | None = None):
         self.rules, self.episodes, self.width = rules, episodes, width
-        self.pad, self.eos = pad, eos
+        self.pad, self.eos, self.chunk = pad, eos, chunk or width
         n = len(episodes)
         self.tokens = torch.full((n, width), pad, dtype=torch.long)
         self.logps = torch.zeros((n, width), dtype=torch.float64)
@@ -211,33 +228,41 @@ class _Transcripts:
     def done_rows(self, device) -> torch.Tensor:
         return torch.tensor([ep.done for ep in self.episodes], device=device)
 
-    def write(self, step: int, rows: list[int], sampled: list[int], logps: list[float]) -> list[int]:
-        """Column `step` of the held `rows`: each live row takes its next observation token if the
-        environment queued one, else its sampled token (an action). Returns the token each row
-        feeds (the pad for an ended row)."""
-        fed = []
-        for row, t, lp in zip(rows, sampled, logps):
-            ep = self.episodes[row]
-            if ep.done:
-                fed.append(self.pad)
-                continue
-            is_action = not ep.queue
-            if is_action:
-                self.action[row, step], self.logps[row, step] = 1.0, lp
-                ep.turn.append(t)
-            else:  # the environment's observation, one token per step
-                t = ep.queue.pop(0)
-            self.tokens[row, step] = t
-            self.lengths[row] += 1
-            fed.append(t)
-            if is_action and (t in self.eos or self.rules.stops.completed(ep.turn)):
-                ep.end_turn(self.rules, self.tokens[row, :step + 1].tolist(), final=t in self.eos)
-            if not ep.done and step == self.width - 1:
-                ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
-        return fed
+    def write(self, rows: list[int], sampled: list[int], logps: list[float]) -> list[list[int]]:
+        """One step of the held `rows`: a live row with no observation queued takes its sampled
+        token (an action, at its own next column), then as much of the observation queued (by that
+        action's turn, or left from before) as the chunk and the token budget allow. Returns the
+        tokens each row feeds (the pad for an ended row)."""
+        return [self._write_row(row, t, lp) for row, t, lp in zip(rows, sampled, logps)]
 
-    def rollout(self, loop, steps: int) -> Rollout:
-        """The episodes' Rollout, the first `steps` columns (see the module docstring)."""
+    def _write_row(self, row: int, t: int, lp: float) -> list[int]:
+        ep = self.episodes[row]
+        if ep.done:
+            return [self.pad]
+        block = []
+        if not ep.queue:  # an action
+            col = int(self.lengths[row])
+            self.action[row, col], self.logps[row, col] = 1.0, lp
+            self._append(row, [t])
+            ep.turn.append(t)
+            block.append(t)
+            if t in self.eos or self.rules.stops.completed(ep.turn):
+                ep.end_turn(self.rules, self.tokens[row, :col + 1].tolist(), final=t in self.eos)
+        room = min(self.chunk - len(block), self.width - int(self.lengths[row]))
+        observed, ep.queue = ep.queue[:room], ep.queue[room:]
+        self._append(row, observed)
+        if not ep.done and int(self.lengths[row]) == self.width:
+            ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
+        return block + observed
+
+    def _append(self, row: int, tokens: list[int]) -> None:
+        col = int(self.lengths[row])
+        self.tokens[row, col:col + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
+        self.lengths[row] += len(tokens)
+
+    def rollout(self, loop) -> Rollout:
+        """The episodes' Rollout, as wide as the longest (see the module docstring)."""
+        steps = int(self.lengths.max())
         truncated = torch.tensor([ep.cut for ep in self.episodes], dtype=torch.bool)
         turns = torch.tensor([ep.turns for ep in self.episodes], dtype=torch.long, device=loop.device)
         return loop.rollout(self.rules.tokenizer, self.tokens[:, :steps], self.logps[:, :steps], self.lengths,

@@ -16,12 +16,16 @@ static buffers, kept in the compute dtype (`compute_dtype`: bf16 under bf16 auto
 weights, not the float32 the rotary tables would promote the keys to). Grouped-query heads share
 their K/V without per-query-head copies (7x the cache's size per layer for a 7:1 model). The
 token step's attention reads only the live prefix, with no mask unless a prompt was left-padded
-(then an additive bias on the prompt's columns only); on the CPU in float32/64 it is two batched
+(then an additive bias on the prompt's columns only) or the rows stand at different columns; on the CPU in float32/64 it is two batched
 matrix products over the cache's own storage, elsewhere SDPA's decode kernels (`attend`). The
 rotary cos/sin come from a table made once per rollout; q and k are rotated as one tensor. At
 long responses the step is bound by reading every row's K/V cache once per token, not by its
 FLOPs: `benchmarks/generate.py --long` prints the step against both bounds. Dropping finished
-rows compacts each layer's cache in place (no second cache beside the first). `decode_supported(model)` says whether a model can use this loop;
+rows compacts each layer's cache in place (no second cache beside the first). `extend` appends a
+block of up to K tokens per row in one forward pass (a tool observation in a multi-turn episode),
+each row at its own next column, so that no row's cache has holes and none grows past its budget;
+from then on the rows stand at different columns and every step masks each row's keys past its
+own. `decode_supported(model)` says whether a model can use this loop;
 `vapo_lit.engines.hf.generate` falls back to transformers' forward otherwise. Equality with that
 forward (tokens, behaviour log-probs) is tested in tests/test_rollout.py.
 """
@@ -50,8 +54,9 @@ def decode_supported(model) -> bool:
 
 
 class StaticDecoder:
-    """KV cache of `batch` rows x `capacity` positions per layer, filled from a prefill cache, then
-    extended one token at a time for the rows still active."""
+    """KV cache of `batch` rows x `capacity` columns per layer (plus one scratch column), filled from
+    a prefill cache, then extended one token (`step`) or one block of tokens (`extend`) at a time
+    for the rows still active."""
 
     def __init__(self, model, prefill_cache, key_valid: torch.Tensor, capacity: int):
         self.model, self.inner = model, model.model
@@ -61,8 +66,8 @@ class StaticDecoder:
         self.k, self.v = [], []
         for i, layer in enumerate(layers):
             pk, pv = _layer_kv(prefill_cache, i)
-            k = pk.new_zeros((n, pk.shape[1], capacity, pk.shape[3]), dtype=dtype)
-            v = pv.new_zeros((n, pv.shape[1], capacity, pv.shape[3]), dtype=dtype)
+            k = pk.new_zeros((n, pk.shape[1], capacity + 1, pk.shape[3]), dtype=dtype)
+            v = pv.new_zeros((n, pv.shape[1], capacity + 1, pv.shape[3]), dtype=dtype)
             k[:, :, :P] = pk
             v[:, :, :P] = pv
             self.k.append(k)
@@ -70,7 +75,9 @@ class StaticDecoder:
         fuse = _fused_bytes(layers) <= FUSE_MAX_BYTES
         self.fused = [_FusedLayer(layer, fuse) for layer in layers]
         self.key_valid = key_valid.bool()  # (n, P): the prompt's keys (every response key is valid)
-        self.length = P  # columns in use
+        self.length = P  # columns in use (the longest row's)
+        self.capacity = capacity  # column `capacity` is the scratch a block's unused columns are written to
+        self.next_col = None  # (n,) each row's next column once rows stand at different columns, else None
         self.rows = torch.arange(n, device=key_valid.device)  # original row of each cache row
         self.prompt_bias = None if bool(self.key_valid.all()) else torch.zeros(
             (n, 1, P), dtype=dtype, device=key_valid.device).masked_fill_(~self.key_valid[:, None], float("-inf"))
@@ -88,6 +95,9 @@ class StaticDecoder:
                 cache[i] = t[:len(idx)]
         self.key_valid = self.key_valid[keep]
         self.prompt_bias = None if self.prompt_bias is None else self.prompt_bias[keep]
+        if self.next_col is not None:
+            self.next_col = self.next_col[keep]
+            self.length = int(self.next_col.max()) if len(idx) else self.length  # the longest row left
         self.rows = self.rows[keep]
 
     @torch.no_grad()
@@ -95,19 +105,86 @@ class StaticDecoder:
         """Append one token per cache row (tokens (n,), positions (n,)); return next-token logits (n, V)."""
         t = self.length
         self.length += 1
+        ragged, bias = self.next_col is not None, None
+        if ragged:  # each row writes at its own column and sees its own keys only
+            rows, cols = torch.arange(len(tokens), device=tokens.device), self.next_col
+            bias = self._bias(cols[:, None], t + 1)  # (n, 1, t + 1)
+            self.next_col = cols + 1
         x = self.inner.embed_tokens(tokens)  # (n, H): one position per row, no sequence axis
         cos, sin = self.rope(x, positions)  # (n, 1, head_dim)
         for i, (layer, fused) in enumerate(zip(self.inner.layers, self.fused)):
             q, k, v = fused.heads(fused.norm(layer.input_layernorm, x), cos, sin)  # (n, heads, d), rotated
-            self.k[i][:, :, t] = k
-            self.v[i][:, :, t] = v
-            x = x + layer.self_attn.o_proj(self.attend(i, q, t + 1, layer.self_attn.scaling))
+            if ragged:
+                self.k[i][rows, :, cols] = k
+                self.v[i][rows, :, cols] = v
+            else:
+                self.k[i][:, :, t] = k
+                self.v[i][:, :, t] = v
+            x = x + layer.self_attn.o_proj(self.attend(i, q, t + 1, layer.self_attn.scaling, bias))
             x = x + fused.mlp(fused.norm(layer.post_attention_layernorm, x))
         return self.model.lm_head(self.inner.norm(x))
 
-    def attend(self, i: int, q: torch.Tensor, length: int, scale: float) -> torch.Tensor:
+    @torch.no_grad()
+    def extend(self, tokens: torch.Tensor, counts: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        """Append a block of tokens per cache row: row i's first counts[i] of tokens (n, K), at
+        positions[i] on, written from the row's own next column. The rows feeding one token and the
+        rows feeding several go through the layers apart (a block costs its width per row). Returns
+        the next-token logits after each row's last token (n, V)."""
+        start = torch.full_like(counts, self.length) if self.next_col is None else self.next_col
+        self.next_col = start + counts
+        self.length = int(self.next_col.max())
+        if self.length > self.capacity:
+            raise ValueError(f"a block past the cache's {self.capacity} columns (the token budget)")
+        logits = None
+        for group in (counts == 1, counts > 1):
+            rows = group.nonzero().squeeze(1)
+            if len(rows):
+                width = int(counts[rows].max())
+                out = self._rows(rows, tokens[rows, :width], counts[rows], start[rows], positions[rows])
+                logits = out.new_empty((len(counts), out.shape[1])) if logits is None else logits
+                logits[rows] = out
+        return logits
+
+    def _rows(self, rows, tokens, counts, start, positions) -> torch.Tensor:
+        """Cache rows `rows` each take their first counts of tokens (m, K) from column `start` on (a
+        block's unused columns go to the scratch column); their next-token logits (m, V)."""
+        m, K = tokens.shape
+        offsets = torch.arange(K, device=tokens.device)
+        real = offsets[None] < counts[:, None]
+        cols = torch.where(real, start[:, None] + offsets[None], self.capacity)
+        pos = positions[:, None] + torch.minimum(offsets[None], counts[:, None] - 1)  # an unused column repeats the last
+        x = self.inner.embed_tokens(tokens).reshape(m * K, -1)
+        cos, sin = self.rope(x, pos.reshape(-1))
+        mask = self._bias(start[:, None] + offsets[None], self.length, rows)[:, None]  # (m, 1, K, length)
+        for i, (layer, fused) in enumerate(zip(self.inner.layers, self.fused)):
+            q, k, v = fused.heads(fused.norm(layer.input_layernorm, x), cos, sin)
+            self.k[i][rows[:, None], :, cols] = k.view(m, K, *k.shape[1:])
+            self.v[i][rows[:, None], :, cols] = v.view(m, K, *v.shape[1:])
+            q = q.view(m, K, *q.shape[1:]).transpose(1, 2).to(self.k[i].dtype)  # (m, heads, K, d)
+            keys, values = self.k[i][rows, :, :self.length], self.v[i][rows, :, :self.length]
+            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scaling,
+                                                 enable_gqa=q.shape[1] != keys.shape[1])
+            x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(m * K, -1))
+            x = x + fused.mlp(fused.norm(layer.post_attention_layernorm, x))
+        last = x.view(m, K, -1)[torch.arange(m, device=x.device), counts - 1]
+        return self.model.lm_head(self.inner.norm(last))
+
+    def _bias(self, query_cols: torch.Tensor, length: int, rows: torch.Tensor | None = None) -> torch.Tensor:
+        """(m, Q, length) additive mask of queries at columns query_cols (m, Q) of cache rows `rows`
+        (None: all): a query sees the keys of its row up to its own column, less the prompt's
+        left padding."""
+        keys = torch.arange(length, device=query_cols.device)
+        bias = torch.zeros((*query_cols.shape, length), dtype=self.k[0].dtype, device=query_cols.device)
+        bias.masked_fill_(keys[None, None] > query_cols[..., None], float("-inf"))
+        if self.prompt_bias is not None:
+            bias[..., :self.prompt_bias.shape[2]] += self.prompt_bias if rows is None else self.prompt_bias[rows]
+        return bias
+
+    def attend(self, i: int, q: torch.Tensor, length: int, scale: float, bias: torch.Tensor | None = None
+               ) -> torch.Tensor:
         """Attention of the new token's queries q (n, heads, d) over layer i's first `length` cached
-        positions; (n, heads * d). Grouped-query heads share their K/V without copies. On the CPU in
+        positions; (n, heads * d); `bias` (n, 1, length): an additive mask over all of them (else
+        the prompt's padding only). Grouped-query heads share their K/V without copies. On the CPU in
         float32/64 as two batched matrix products over the cache's own storage (the live prefix
         of each (row, K/V head), a strided view), a few percent faster than SDPA's CPU
         kernel on a single query when the token loop was timed; elsewhere SDPA's own decode kernels."""
@@ -115,7 +192,7 @@ class StaticDecoder:
         keys, values = self.k[i][:, :, :length], self.v[i][:, :, :length]
         kv_heads = keys.shape[1]
         if not self.by_bmm:
-            mask = None if self.prompt_bias is None else torch.cat(
+            mask = bias[:, None] if bias is not None else None if self.prompt_bias is None else torch.cat(
                 [self.prompt_bias, self.prompt_bias.new_zeros((n, 1, length - self.prompt_bias.shape[2]))], -1)[:, None]
             out = F.scaled_dot_product_attention(q[:, :, None].to(keys.dtype), keys, values, attn_mask=mask, scale=scale,
                                                  enable_gqa=heads != kv_heads)
@@ -124,7 +201,9 @@ class StaticDecoder:
         keys = self.k[i].view(n * kv_heads, cap, d)[:, :length]
         values = self.v[i].view(n * kv_heads, cap, d)[:, :length]
         scores = torch.bmm(q.reshape(n * kv_heads, heads // kv_heads, d), keys.transpose(1, 2)).mul_(scale)
-        if self.prompt_bias is not None:
+        if bias is not None:
+            scores.view(n, heads, length).add_(bias)
+        elif self.prompt_bias is not None:
             scores.view(n, heads, length)[:, :, :self.prompt_bias.shape[2]] += self.prompt_bias
         return torch.bmm(torch.softmax(scores, -1), values).view(n, heads * d)
 

@@ -98,9 +98,9 @@ class TokenLoop:
     other models step transformers' forward with its own cache, every row until the last ends.
 
     Single-turn sampling (`generate`) and multi-turn episodes (vapo_lit.engines.episodes) both
-    drive it. The cache, its attention mask and the positions advance in `feed` only, so that feeding
-    a whole multi-token observation in one forward pass stays a change inside `feed` (and the static
-    decoder's step), not in the loops that drive it."""
+    drive it. The cache, its attention mask and the positions advance in `feed` only: one token per
+    held row, or a block of up to K per row in one forward pass (a multi-turn row's action and the
+    observation it brought back), after which rows stand at different positions."""
 
     model: torch.nn.Module
     ids: torch.Tensor
@@ -140,16 +140,19 @@ class TokenLoop:
         """The sampler's dtype (vapo_lit.engines.sampling: at least float32, float64 kept)."""
         return torch.float64 if self.logits.dtype == torch.float64 else torch.float32
 
-    def sample(self, column: int) -> tuple[torch.Tensor, torch.Tensor]:
-        """(tokens, behaviour log-probs) of the held rows for response column `column`."""
+    def sample(self, column: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """(tokens, behaviour log-probs) of the held rows for response column `column` (one for every
+        row, or a tensor with each held row's own)."""
         return sample_next(self.logits, temperature=self.temperature, top_p=self.top_p,
                            u=uniforms(self.row_seeds[self.active], column))
 
-    def feed(self, tokens: torch.Tensor, done: torch.Tensor, *, lazy: bool = False) -> bool:
-        """Push `tokens` (one per held row, in `active` order) through the cache and hold the next
-        logits. `done` (n,): rows that have ended, dropped from the static cache (`lazy`: only once
-        a quarter of its rows have ended, so that the copy is rare). False, nothing fed, when every
-        row is done."""
+    def feed(self, tokens: torch.Tensor, done: torch.Tensor, *, lazy: bool = False,
+             counts: torch.Tensor | None = None) -> bool:
+        """Push `tokens` through the cache and hold the next logits: one per held row (in `active`
+        order), or with `counts` a block (held, K) of which row i feeds its first counts[i], in one
+        forward pass. `done` (n,): rows that have ended, dropped from the static cache (`lazy`: only
+        once a quarter of its rows have ended, so that the copy is rare). False, nothing fed, when
+        every row is done."""
         if self.static is not None:
             finished = done[self.static.rows]
             ended = int(finished.sum())  # the loop's one host sync per token
@@ -157,18 +160,27 @@ class TokenLoop:
                 return False
             if ended and (not lazy or 4 * ended >= len(finished)):
                 self.static.keep(~finished)
-                tokens = tokens[~finished]
+                tokens, counts = tokens[~finished], None if counts is None else counts[~finished]
             self.active = self.static.rows
-            self.logits = self.static.step(tokens, self.next_pos[self.active])
+            pos = self.next_pos[self.active]
+            self.logits = self.static.step(tokens, pos) if counts is None else self.static.extend(tokens, counts, pos)
         else:
             if bool(done.all()):
                 return False
-            self.mask = torch.cat([self.mask, torch.ones((self.n, 1), dtype=self.mask.dtype, device=self.device)], 1)
-            out = self.model(input_ids=tokens[:, None], attention_mask=self.mask, position_ids=self.next_pos[:, None],
-                             use_cache=True, **{self.cache_kw: self.past})
-            self.past, self.logits = _cache_of(out), out.logits[:, -1, :]
-        self.next_pos = self.next_pos + 1
+            self._forward(tokens[:, None] if counts is None else tokens, counts)
+        self.next_pos = self.next_pos + 1 if counts is None else self.next_pos.index_add(0, self.active, counts)
         return True
+
+    def _forward(self, block: torch.Tensor, counts: torch.Tensor) -> None:
+        """The plain path's feed: every row's block (n, K) through transformers' forward and cache,
+        a row's columns past its count masked (as left padding is); counts None: all K of every row."""
+        offsets = torch.arange(block.shape[1], device=self.device)
+        real = torch.ones_like(block, dtype=self.mask.dtype) if counts is None else offsets[None] < counts[:, None]
+        self.mask = torch.cat([self.mask, real.to(self.mask.dtype)], 1)
+        out = self.model(input_ids=block, attention_mask=self.mask, position_ids=self.next_pos[:, None] + offsets[None],
+                         use_cache=True, **{self.cache_kw: self.past})
+        self.past = _cache_of(out)
+        self.logits = out.logits[:, -1, :] if counts is None else out.logits[torch.arange(self.n), counts - 1]
 
     def rollout(self, tokenizer, response_ids, logprobs, lengths, *, truncated, action=None, turns=None) -> Rollout:
         """The Rollout of responses (n, R) with their `lengths` (the response mask) and unmasked
