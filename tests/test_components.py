@@ -12,6 +12,8 @@ The actor's and critic's gradients under each switch are in tests/test_updates.p
 """
 from __future__ import annotations
 
+import math
+
 import lightning as L
 import pytest
 import torch
@@ -279,6 +281,41 @@ def test_value_pretraining_ends_by_its_rule(runs):
 def test_value_pretraining_stopping_rule(steps_done, ev, target, budget, end):
     rule = REGISTRY["value_pretraining"](value_pretrain_steps=budget, value_pretrain_min_ev=target)
     assert rule.should_end(steps_done, ev) is end
+
+
+def test_value_pretraining_target_reads_the_median_of_the_last_window_iterations():
+    """With a window of w, the target is checked against the median explained variance of the last w
+    iterations that have one (NaN until w iterations have run): one lucky batch does not end it."""
+    from vapo_lit.pretrain import RECENT_EV, PretrainPhase
+
+    phase = PretrainPhase(active=True)
+    for ev in (0.1, float("nan"), 0.5, 0.3):
+        phase.record(ev)
+    assert math.isnan(phase.recent_ev_median(5)) and phase.recent_ev_median(1) == 0.3
+    phase.record(0.9)
+    assert phase.last_ev == 0.9 and phase.recent_ev_median(5) == 0.4  # median of 0.1, 0.5, 0.3, 0.9
+    assert phase.recent_ev_median(3) == 0.5
+    restored = PretrainPhase()
+    restored.load_state_dict(phase.state_dict())
+    assert restored.recent_ev_median(5) == 0.4
+    for _ in range(RECENT_EV + 3):
+        phase.record(0.0)
+    assert len(phase.recent_ev) == RECENT_EV
+    rule = REGISTRY["value_pretraining"](value_pretrain_steps=50, value_pretrain_min_ev=0.35, value_pretrain_ev_window=5)
+
+    class Module:
+        pretrain = PretrainPhase(active=True, steps_done=5, recent_ev=[0.1, 0.2, 0.9, 0.3, 0.2])
+        ended = False
+
+        def end_value_pretraining(self):
+            self.ended = True
+
+    m = Module()
+    rule.on_train_batch_end(None, m, None, None, 0)
+    assert not m.ended  # one batch at 0.9, median 0.2
+    m.pretrain.recent_ev = [0.4, 0.2, 0.9, 0.36, 0.5]
+    rule.on_train_batch_end(None, m, None, None, 0)
+    assert m.ended  # median 0.4
 
 
 # ----------------------------------------------------------------------------- every switch, set by the trainer

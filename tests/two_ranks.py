@@ -114,7 +114,7 @@ def case_min_ev(rank: int) -> None:
     (cb,) = build_callbacks(["value_pretraining"], ComponentValues(value_pretrain_steps=50, value_pretrain_min_ev=target))
 
     class Module:
-        pretrain = PretrainPhase(active=True, steps_done=3, last_ev=target if rank == 0 else target - 1e-12)
+        pretrain = PretrainPhase(active=True, steps_done=3, recent_ev=[target if rank == 0 else target - 1e-12])
         ended = False
 
         def end_value_pretraining(self):

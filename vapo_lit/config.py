@@ -71,6 +71,8 @@ class ComponentValues:
 
     value_pretrain_steps: int = _f(50, "max critic-only iterations of value pretraining (paper: 50)", lo=1)
     value_pretrain_min_ev: float | None = _f(None, "stop value pretraining early once critic explained variance reaches this", lo=-1.0, hi=1.0)
+    value_pretrain_ev_window: int = _f(1, "value_pretrain_min_ev is checked against the median explained variance of this many "
+                                          "last iterations (one batch's is noisy)", lo=1)
     lambda_critic: float = _f(1.0, "lambda of the critic targets with decoupled GAE (paper: 1.0)", lo=0.0, hi=1.0)
     alpha: float = _f(0.05, "length-adaptive GAE alpha: lambda = 1 - 1/(alpha*l) (paper: 0.05, for chains of thousands of tokens)", lo=0.0, lo_open=True)
     eps_high: float = _f(0.28, "upper clip epsilon with Clip-Higher (DAPO/VAPO: 0.28)", lo=0.0)

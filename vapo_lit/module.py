@@ -213,7 +213,7 @@ class VapoModule(L.LightningModule):
         self.iteration += 1
         if pretraining:  # what the phase's stopping rule reads (components/value_pretraining.py)
             self.pretrain.steps_done += 1
-            self.pretrain.last_ev = stats.value.explained_variance
+            self.pretrain.record(stats.value.explained_variance)
         else:
             self.ppo_updates += 1
         # 8. evaluate (every eval_every PPO updates and after the last)   9. log   10. stop after cfg.steps
@@ -488,7 +488,7 @@ class VapoModule(L.LightningModule):
         sw = self.switches
         return pretrain.cache_key(self.cfg, steps=sw.value_pretrain_steps, min_ev=sw.value_pretrain_min_ev,
                                   samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
-                                  task_version=getattr(self.task, "version", "?"))
+                                  task_version=getattr(self.task, "version", "?"), ev_window=sw.value_pretrain_ev_window)
 
     def _reset_critic_optimizer(self) -> None:
         """PPO starts with a fresh critic optimiser and schedule after value pretraining, whether

@@ -9,7 +9,8 @@ setting added later changes the key unless someone declares here that it cannot 
 from __future__ import annotations
 
 import json
-from dataclasses import asdict, dataclass
+import statistics
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
@@ -19,6 +20,8 @@ from vapo_lit.distributed import barrier, broadcast_object, full_state_dict, loa
 CACHE_NAME = "pretrained-critic"
 CACHE_VERSION = 3
 """Bump when the pretraining code changes what it produces (3: entries carry the phase's cost)."""
+RECENT_EV = 64
+"""Pretraining iterations whose explained variance a phase keeps (the stopping rule's window)."""
 
 CANNOT_AFFECT_PRETRAINING = (
     # where and how a run is recorded
@@ -45,6 +48,8 @@ class PretrainPhase:
     last_ev: float = float("nan")
     """Explained variance (against Monte-Carlo returns) of the critic on the last pretraining batch,
     measured before that batch's update."""
+    recent_ev: list = field(default_factory=list)
+    """The last RECENT_EV iterations' explained variances (NaN where a batch's returns were all equal)."""
     from_cache: str | None = None
     """The cache entry the pretrained critic was loaded from, if it was."""
     finished: bool = False
@@ -55,6 +60,18 @@ class PretrainPhase:
 
     def state_dict(self) -> dict:
         return asdict(self)
+
+    def record(self, ev: float) -> None:
+        """One pretraining iteration's explained variance."""
+        self.last_ev = ev
+        self.recent_ev = [*self.recent_ev, ev][-RECENT_EV:]
+
+    def recent_ev_median(self, window: int) -> float:
+        """The median explained variance of the last `window` iterations (those with one), NaN until
+        `window` iterations have run."""
+        last = self.recent_ev[-window:]
+        finite = [x for x in last if x == x]
+        return statistics.median(finite) if len(last) >= window and finite else float("nan")
 
     def log(self) -> dict:
         """The phase's outcome as metrics (logged with the first row after it)."""
@@ -70,7 +87,8 @@ class PretrainPhase:
             setattr(self, k, v)
 
 
-def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str) -> dict:
+def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str,
+              ev_window: int = 1) -> dict:
     """Everything that determines a pretrained critic: the run config minus CANNOT_AFFECT_PRETRAINING,
     plus the effective pretraining values."""
     resolved = to_dict(cfg)
@@ -80,7 +98,8 @@ def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_token
             resolved.get(node, {}).pop(rest[0], None)
         else:
             resolved.pop(node, None)
-    return {"config": resolved, "value_pretrain_steps": steps, "value_pretrain_min_ev": min_ev,
+    window = {} if min_ev is None or ev_window == 1 else {"value_pretrain_ev_window": ev_window}
+    return {"config": resolved, "value_pretrain_steps": steps, "value_pretrain_min_ev": min_ev, **window,
             "samples_per_prompt": samples_per_prompt, "max_new_tokens": max_new_tokens,
             "task_version": task_version, "version": CACHE_VERSION}
 

@@ -1,6 +1,7 @@
 """Value pretraining (VC-PPO, VAPO section 4.1): before any actor update, train the critic alone on
 samples of the fixed initial policy with Monte-Carlo returns (lambda = 1), for `value_pretrain_steps`
-iterations (paper: 50) or until its explained variance reaches `value_pretrain_min_ev`.
+iterations (paper: 50) or until its explained variance reaches `value_pretrain_min_ev` (the median of
+the last `value_pretrain_ev_window` iterations' explained variances: one batch's is noisy).
 Off: actor and critic start updating together from the critic's initialisation.
 
 The module owns the phase (`VapoModule.pretrain`, see `vapo_lit/pretrain.py`: critic-only
@@ -16,7 +17,7 @@ from vapo_lit.distributed import agree_any
 
 class ValuePretraining(Component):
     name = "value_pretraining"
-    declares = ("value_pretraining", "value_pretrain_steps", "value_pretrain_min_ev")
+    declares = ("value_pretraining", "value_pretrain_steps", "value_pretrain_min_ev", "value_pretrain_ev_window")
 
     def should_end(self, steps_done: int, ev: float) -> bool:
         """The stopping rule: the step budget is spent, or the explained variance reached the target."""
@@ -29,5 +30,6 @@ class ValuePretraining(Component):
         # agreed across ranks: the explained variance is computed from the gathered batch on every
         # rank, but its last bits may differ between machines; a rank that ended the phase alone would
         # enter the critic's full_state_dict collective by itself and hang
-        if phase.active and agree_any(self.should_end(phase.steps_done, phase.last_ev)):
+        ev = phase.recent_ev_median(self.values["value_pretrain_ev_window"])
+        if phase.active and agree_any(self.should_end(phase.steps_done, ev)):
             pl_module.end_value_pretraining()
