@@ -16,9 +16,10 @@ static buffers, kept in the compute dtype (`compute_dtype`: bf16 under bf16 auto
 weights, not the float32 the rotary tables would promote the keys to). Grouped-query heads share
 their K/V without per-query-head copies (7x the cache's size per layer for a 7:1 model). The
 token step's attention reads only the live prefix, with no mask unless a prompt was left-padded
-(then an additive bias on the prompt's columns only) or the rows stand at different columns; on the CPU in float32/64 it is two batched
-matrix products over the cache's own storage, elsewhere SDPA's decode kernels (`attend`). The
-rotary cos/sin come from a table made once per rollout; q and k are rotated as one tensor. At
+(then an additive bias on the prompt's columns only) or the rows stand at different columns; on
+the CPU in float32/64 it is two batched matrix products over the cache's own storage, elsewhere
+SDPA's decode kernels (`attend`). The rotary cos/sin come from a table made once per rollout; q and
+k are rotated as one tensor. At
 long responses the step is bound by reading every row's K/V cache once per token, not by its
 FLOPs: `benchmarks/generate.py --long` prints the step against both bounds. Dropping finished
 rows compacts each layer's cache in place (no second cache beside the first). `extend` appends a
