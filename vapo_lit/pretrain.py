@@ -20,8 +20,6 @@ from vapo_lit.distributed import barrier, broadcast_object, full_state_dict, loa
 CACHE_NAME = "pretrained-critic"
 CACHE_VERSION = 3
 """Bump when the pretraining code changes what it produces (3: entries carry the phase's cost)."""
-RECENT_EV = 64
-"""Pretraining iterations whose explained variance a phase keeps (the stopping rule's window)."""
 
 CANNOT_AFFECT_PRETRAINING = (
     # where and how a run is recorded
@@ -49,7 +47,7 @@ class PretrainPhase:
     """Explained variance (against Monte-Carlo returns) of the critic on the last pretraining batch,
     measured before that batch's update."""
     recent_ev: list = field(default_factory=list)
-    """The last RECENT_EV iterations' explained variances (NaN where a batch's returns were all equal)."""
+    """Every pretraining iteration's explained variance (NaN where a batch's returns were all equal)."""
     from_cache: str | None = None
     """The cache entry the pretrained critic was loaded from, if it was."""
     finished: bool = False
@@ -64,7 +62,7 @@ class PretrainPhase:
     def record(self, ev: float) -> None:
         """One pretraining iteration's explained variance."""
         self.last_ev = ev
-        self.recent_ev = [*self.recent_ev, ev][-RECENT_EV:]
+        self.recent_ev = [*self.recent_ev, ev]
 
     def recent_ev_median(self, window: int) -> float:
         """The median explained variance of the last `window` iterations (those with one), NaN until

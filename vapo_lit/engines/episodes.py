@@ -242,23 +242,21 @@ class _Transcripts:
         block = []
         if not ep.queue:  # an action
             col = int(self.lengths[row])
-            self.action[row, col], self.logps[row, col] = 1.0, lp
-            self._append(row, [t])
+            self.action[row, col], self.logps[row, col], self.tokens[row, col] = 1.0, lp, t
+            self.lengths[row] += 1
             ep.turn.append(t)
             block.append(t)
             if t in self.eos or self.rules.stops.completed(ep.turn):
                 ep.end_turn(self.rules, self.tokens[row, :col + 1].tolist(), final=t in self.eos)
         room = min(self.chunk - len(block), self.width - int(self.lengths[row]))
         observed, ep.queue = ep.queue[:room], ep.queue[room:]
-        self._append(row, observed)
+        if observed:
+            col = int(self.lengths[row])
+            self.tokens[row, col:col + len(observed)] = torch.tensor(observed, dtype=torch.long)
+            self.lengths[row] += len(observed)
         if not ep.done and int(self.lengths[row]) == self.width:
             ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
         return block + observed
-
-    def _append(self, row: int, tokens: list[int]) -> None:
-        col = int(self.lengths[row])
-        self.tokens[row, col:col + len(tokens)] = torch.tensor(tokens, dtype=torch.long)
-        self.lengths[row] += len(tokens)
 
     def rollout(self, loop) -> Rollout:
         """The episodes' Rollout, as wide as the longest (see the module docstring)."""
