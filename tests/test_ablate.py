@@ -195,6 +195,23 @@ def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_tools_grids_validate_with_the_long_preset(tmp_path):
+    """The measurement grids in tools/ (rows differing in settings, with their own labels) load and
+    validate against the preset they are run with, one distinct cell per row and seed."""
+    root = Path(__file__).resolve().parents[1] / "tools"
+    base = merge(merge(RunConfig(), PRESETS["long"]), {"model": "random"})
+    sizes = {"critic_fit.yaml": 10, "critic_alpha.yaml": 5}
+    for name, n in sizes.items():
+        grid = load_grid(str(root / name))
+        cells = cells_of(grid, base, [0, 1], tmp_path / "runs")
+        assert len(cells) == 2 * n and len({c.cell_id for c in cells}) == 2 * n, name
+        assert len({c.row for c in cells}) == n, name
+    alpha = {c.row: c.cfg for c in cells_of(load_grid(str(root / "critic_alpha.yaml")), base, [0], tmp_path)}
+    assert alpha["vapo"].vapo.alpha == PRESETS["long"]["vapo"]["alpha"] and alpha["vapo-alpha0.05"].vapo.alpha == 0.05
+    assert alpha["vapo-oracle-alpha0.05"].gae_values == "oracle" and alpha["vapo"].gae_values != "oracle"
+    assert not (tmp_path / "runs").exists()
+
+
 def test_cell_identity_ignores_bookkeeping_only():
     cfg = merge(RunConfig(), PRESETS["smoke"])
     same = merge(cfg, {"out_dir": "x", "name": "y", "wandb": "offline", "wandb_group": "g", "threads": 3,

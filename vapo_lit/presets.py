@@ -38,15 +38,20 @@ PRESETS: dict[str, dict] = {
         # Table 1 where VAPO lives: the built-in longchain task, responses of 23-2,003
         # tokens in one batch (vapo_lit/tasks/longchain.py), the tiny model's base policy and reward
         # model built for it. The paper's ratios are kept as in `default` (16 samples per prompt, 16
-        # mini-batches per rollout, critic lr = 2 x actor lr, 50 value-pretraining steps, Clip-Higher
-        # 0.2 / 0.28, mu 0.1, lambda_critic 1); scaled, each for its reason:
+        # mini-batches per rollout, 50 value-pretraining steps, Clip-Higher 0.2 / 0.28, mu 0.1,
+        # lambda_critic 1); scaled, each for its reason:
         #   * 64 responses per step (4 prompts x 16; mini-batch 4) instead of 128: a response here is
         #     ~433 tokens on average, not ~117, and a run must fit ~20 minutes on one core;
-        #   * alpha 0.5 instead of 0.05: this task's lengths are about a tenth of the paper's (hundreds to
-        #     tens of thousands of tokens), so alpha x length spans what 0.05 x the paper's lengths spans:
-        #     lambda_policy 0.913 at 23 tokens, 0.99 at 200, 0.999 at 2,003 (at alpha 0.05 the paper's
-        #     230-token response gets 0.913 and a 20,000-token one 0.999);
-        #   * learning rates as `default` (same model size; chosen there);
+        #   * the critic: lr 3e-4 (10 x the actor's) and 4 passes over each batch. At the paper's
+        #     ratio (6e-5, one pass) the critic explains 0.12-0.34 of what a critic can explain here
+        #     after the 50 value-pretraining iterations; at 3e-4 x 4 passes 0.67-0.74 on 3 seeds
+        #     (tools/critic_fit.yaml; docs/guides/critic.md, "Settings that shape the critic");
+        #   * alpha 0.5 instead of 0.05. lambda_policy^l = (1 - 1/(alpha l))^l is about e^(-1/alpha)
+        #     at every length, so alpha sets how much of the reward reaches a response's first
+        #     tokens through lambda (0.135 at 0.5, 2e-9 at 0.05) rather than scaling with length;
+        #     at 0.05 the early tokens' credit comes from the critic alone (ablations/critic_pilot.yaml
+        #     runs both);
+        #   * actor learning rate as `default` (same model size; chosen there);
         #   * 100 PPO updates, eval every 10 on 32 problems (8 per length bucket) x 4 samples at top-p
         #     1.0 (the paper evaluates at 0.7, which cuts any error below 30% per step out of the
         #     samples: the compounding errors this task is built to show would be invisible).
@@ -54,8 +59,8 @@ PRESETS: dict[str, dict] = {
         #   * micro-batches of one response (the update's math is the same for any micro-batch size):
         #     at these mixed lengths a micro-batch of 4 pads to its longest response, which made the
         #     updates slower (docs/results/table1-long/index.md, "Micro-batches of one response").
-        "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "responses_per_step": 64, "mini_batch_size": 4,
-                "micro_batch_size": 1},
+        "ppo": {"actor_lr": 3e-5, "critic_lr": 3e-4, "critic_epochs": 4, "responses_per_step": 64,
+                "mini_batch_size": 4, "micro_batch_size": 1},
         "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,
                  "eps_high": 0.28, "mu": 0.1, "lambda_critic": 1.0},
         "steps": 100, "eval_every": 10, "eval_problems": 32, "eval_k": 4, "eval_top_p": 1.0,
