@@ -200,7 +200,7 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
     validate against the preset they are run with, one distinct cell per row and seed."""
     root = Path(__file__).resolve().parents[1] / "tools"
     base = merge(merge(RunConfig(), PRESETS["long"]), {"model": "random"})
-    sizes = {"critic_fit.yaml": 10, "critic_alpha.yaml": 5}
+    sizes = {"critic_fit.yaml": 10, "critic_alpha.yaml": 5, "vllm_vs_hf.yaml": 2}
     for name, n in sizes.items():
         grid = load_grid(str(root / name))
         cells = cells_of(grid, base, [0, 1], tmp_path / "runs")
@@ -218,8 +218,28 @@ def test_cell_identity_ignores_bookkeeping_only():
                        "cache_dir": "c", "checkpoint_every": 7, "wandb_job_type": "j", "wandb_project": "p"})
     assert set(BOOKKEEPING) <= set(RunConfig.__dataclass_fields__)
     assert cell_identity(cfg) == cell_identity(same)
-    for delta in ({"seed": 1}, {"steps": 4}, {"vapo": {"alpha": 0.5}}, {"components": ["clip_higher"]}):
+    for delta in ({"seed": 1}, {"steps": 4}, {"vapo": {"alpha": 0.5}}, {"components": ["clip_higher"]},
+                  {"builtin_shape": "vllm"}, {"builtin_shape": "default"}):
         assert cell_identity(merge(cfg, delta)) != cell_identity(cfg)
+
+
+def test_a_field_at_its_neutral_value_keeps_older_identities():
+    """A field in NEUTRAL, at its value there, hashes as if the config had no such field: a grid
+    started before the field existed keeps its cells' identities."""
+    from vapo_lit.cache import config_key
+    from vapo_lit.config import NEUTRAL, to_dict
+    from vapo_lit.pretrain import cache_key
+
+    cfg = merge(RunConfig(), PRESETS["long"])
+    older = {k: v for k, v in to_dict(cfg).items() if k not in BOOKKEEPING and k not in NEUTRAL}
+    assert set(NEUTRAL) <= set(RunConfig.__dataclass_fields__)
+    assert all(getattr(cfg, k) == v for k, v in NEUTRAL.items())
+    assert cell_identity(cfg) == config_key(older)
+    key = cache_key(cfg, steps=50, min_ev=None, samples_per_prompt=16, max_new_tokens=64, task_version="v")
+    assert not set(NEUTRAL) & set(key["config"])
+    other = cache_key(merge(cfg, {"builtin_shape": "vllm"}), steps=50, min_ev=None, samples_per_prompt=16,
+                      max_new_tokens=64, task_version="v")
+    assert other["config"]["builtin_shape"] == "vllm"
 
 
 def test_progress_line_and_eta():

@@ -228,3 +228,19 @@ def test_real_default_build_meets_targets(tmp_path):
     assert m["eval/verifier_errors"] == 0
     # generous bound: the 3-minute target is for an otherwise idle 2-core machine
     assert build_s < 600
+
+
+@pytest.mark.parametrize("engine,shape,head", [("hf", "auto", 16), ("vllm", "auto", 64), ("hf", "vllm", 64),
+                                                ("cb", "vllm", 64), ("vllm", "vllm", 64), ("vllm", "default", 16)])
+def test_builtin_shape_picks_the_models_a_run_builds(engine, shape, head):
+    """builtin_shape: auto gives the vLLM variant (one head of 64) exactly with rollout_engine=vllm;
+    vllm gives it to any engine (engines compared on one model); default keeps the heads of 16 (which
+    vLLM's preflight then refuses). `model: random` follows the same choice (head 32 vs 16)."""
+    from vapo_lit.build import policy_config
+    from vapo_lit.config import RunConfig, merge
+
+    cfg = merge(RunConfig(), {"rollout_engine": engine, "builtin_shape": shape})
+    c = policy_config(cfg, get_task("chain"))
+    assert c.hidden_size // c.num_attention_heads == head
+    r = policy_config(merge(cfg, {"model": "random"}), get_task("chain"))
+    assert r.hidden_size // r.num_attention_heads == (32 if head == 64 else 16)

@@ -288,6 +288,7 @@ def test_preflight_refusals_are_one_line(tmp_path, task):
     model_of(tok, hidden=64, heads=4).save_pretrained(local)  # head size 16, as the default built-in
     tok.save_pretrained(local)
     cases = [({"model": str(local)}, r"head size 16 .*which vLLM's CPU backend does not run .*use a model with a head size"),
+             ({"builtin_shape": "default"}, r"head size 16 .*--builtin_shape auto or vllm"),
              ({"model_dtype": "float64"}, r"not float64 .*use model_dtype float32"),
              ({"precision": "64-true"}, r"not float64"),
              ({"devices": "2"}, r"runs in one training process without a data-parallel strategy for now \(devices=2,"),

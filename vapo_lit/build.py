@@ -24,9 +24,8 @@ def build_module(cfg: RunConfig) -> VapoModule:
     # 64-true: build in float64 already (Lightning casts only after a checkpoint was loaded into the
     # module, so a float32 module would round a resumed run's float64 weights)
     dtype = "float64" if cfg.precision == "64-true" else cfg.model_dtype
-    vllm = cfg.rollout_engine == "vllm"  # its CPU backend refuses the default tiny models' head size 16
     if cfg.model == "random":
-        actor, tokenizer = random_tiny_policy(task, cfg.seed, heads=1 if vllm else 2)
+        actor, tokenizer = random_tiny_policy(task, cfg.seed, heads=1 if vllm_shape(cfg) else 2)
         critic = None if critic_free else ValueModel.from_causal_lm(actor)
         if dtype != "auto":
             actor = actor.to(DTYPES[dtype])
@@ -76,11 +75,16 @@ def task_options_of(cfg: RunConfig) -> dict:
     return options
 
 
+def vllm_shape(cfg: RunConfig) -> bool:
+    """Whether the built-in or random models take the shape vLLM's CPU backend runs (builtin_shape:
+    vllm, or auto with rollout_engine=vllm); that backend refuses the default head size of 16."""
+    return cfg.builtin_shape == "vllm" or (cfg.builtin_shape == "auto" and cfg.rollout_engine == "vllm")
+
+
 def builtin_variant(cfg: RunConfig) -> dict:
-    """load_policy's options for the built-in models a run gets: with rollout_engine=vllm the vLLM
-    variant (vapo_lit.models.builtin.vllm_model: one attention head of 64, which vLLM's CPU backend
-    runs; the default's heads of 16 it refuses), else none (the default models)."""
-    if cfg.model != "builtin" or cfg.rollout_engine != "vllm":
+    """load_policy's options for the built-in models a run gets: the vLLM variant when vllm_shape
+    (vapo_lit.models.builtin.vllm_model: one attention head of 64), else none (the default models)."""
+    if cfg.model != "builtin" or not vllm_shape(cfg):
         return {}
     from vapo_lit.models.builtin import vllm_model
     from vapo_lit.tasks import get_task
@@ -89,7 +93,7 @@ def builtin_variant(cfg: RunConfig) -> dict:
 
 
 def random_config(task, heads: int = 2):
-    """The config of `model: random` (heads=1 with rollout_engine=vllm: head size 32, which vLLM's CPU
+    """The config of `model: random` (heads=1 under vllm_shape: head size 32, which vLLM's CPU
     backend runs, instead of 16)."""
     from transformers import LlamaConfig
 
@@ -102,7 +106,7 @@ def random_config(task, heads: int = 2):
 def policy_config(cfg: RunConfig, task):
     """The transformers config of the policy `cfg` builds, without building or loading it (preflight)."""
     if cfg.model == "random":
-        return random_config(task, heads=1 if cfg.rollout_engine == "vllm" else 2)
+        return random_config(task, heads=1 if vllm_shape(cfg) else 2)
     if cfg.model == "builtin":
         from vapo_lit.models.builtin import default_model, llama_config
 

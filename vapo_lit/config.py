@@ -143,6 +143,18 @@ class PPOConfig:
                                      "the trainer's recomputed behaviour log-prob (verl, OpenRLHF: 2; None: off)", lo=1.0)
 
 
+NEUTRAL = {"builtin_shape": "auto"}
+"""Settings added after runs were first cached, at the value that computes what a config did before
+the setting existed. Cache keys (a grid cell's identity, the pretrained critic's key) leave them out
+at that value, so a grid or a cached critic from before the setting keeps its key. A setting added
+later whose default keeps older runs' meaning belongs here."""
+
+
+def without_neutral(resolved: dict) -> dict:
+    """A resolved config dict (`to_dict`) without the NEUTRAL settings that are at their neutral value."""
+    return {k: v for k, v in resolved.items() if k not in NEUTRAL or v != NEUTRAL[k]}
+
+
 @dataclass
 class RunConfig:
     """One training run."""
@@ -150,6 +162,10 @@ class RunConfig:
     task: str = _f("chain", "task: a registered name (chain, longchain, math, math_tools, toolchain) or your class as path/to/file.py:Class or package.module:Class")
     task_options: dict = _f({}, "keyword options for the task (e.g. data file paths for 'math')")
     model: str = _f("builtin", "policy: 'builtin' (tiny model built and cached locally) or a local HF causal-LM dir")
+    builtin_shape: str = _f("auto", "attention shape of the built-in and random models: default (heads of 16; random: 2 heads "
+                                    "of 16), vllm (one head of 64; random: one of 32: shapes vLLM's CPU backend runs, usable "
+                                    "with any engine, e.g. to compare engines on one model) or auto (vllm with "
+                                    "rollout_engine=vllm, else default)", choices=("auto", "default", "vllm"))
     critic_model: dict = _f({}, "built-in critic architecture, as TinyModelConfig overrides (e.g. {\"hidden_size\": 128, "
                                 "\"num_hidden_layers\": 4}): the reward model is then built on a base model of that shape, "
                                 "SFT'd like the policy ({}: the policy's shape)")

@@ -14,7 +14,7 @@ from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
-from vapo_lit.config import to_dict
+from vapo_lit.config import to_dict, without_neutral
 from vapo_lit.distributed import barrier, broadcast_object, full_state_dict, load_full_state_dict, rank_and_world
 
 CACHE_NAME = "pretrained-critic"
@@ -89,7 +89,7 @@ def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_token
               ev_window: int = 1) -> dict:
     """Everything that determines a pretrained critic: the run config minus CANNOT_AFFECT_PRETRAINING,
     plus the effective pretraining values."""
-    resolved = to_dict(cfg)
+    resolved = without_neutral(to_dict(cfg))
     for path in CANNOT_AFFECT_PRETRAINING:
         node, *rest = path.split(".")
         if rest:

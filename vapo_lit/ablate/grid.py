@@ -16,8 +16,9 @@ A grid comes from `--drop a[,b]` (full recipe + that drop) or from `ablations/NA
                                 # (model_seed = seed); default shared: every seed uses one model_seed
 
 A cell = (row config, seed). Its identity is a hash of the fully resolved config minus the
-bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, caches): two
-grids that need the same run share it, and its run folder `<label>-s<seed>-<hash>` derives from it.
+bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, caches) and the
+settings of `config.NEUTRAL` at their neutral values: two grids that need the same run share it, and
+its run folder `<label>-s<seed>-<hash>` derives from it.
 """
 from __future__ import annotations
 
@@ -29,7 +30,8 @@ from pathlib import Path
 import yaml
 
 from vapo_lit.cache import config_key
-from vapo_lit.config import COMPONENTS, RunConfig, check_components, merge, ordered, to_dict, validate
+from vapo_lit.config import (COMPONENTS, RunConfig, check_components, merge, ordered, to_dict, validate,
+                             without_neutral)
 from vapo_lit.labels import run_label
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
@@ -180,7 +182,7 @@ def cell_identity(cfg: RunConfig) -> str:
     d = to_dict(cfg)
     for key in BOOKKEEPING:
         d.pop(key, None)
-    return config_key(d)
+    return config_key(without_neutral(d))
 
 
 def cells_of(grid: Grid, base: RunConfig, seeds: list[int], runs_dir: Path) -> list[Cell]:

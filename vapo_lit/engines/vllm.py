@@ -460,7 +460,7 @@ def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
     refused = check_shape(model_config, device_type)
     if refused:
         raise ValueError(f"{where}: the policy has {refused}; use a model with a head size it runs, or "
-                         "--model builtin (with vllm it is built with one head of 64)")
+                         "--model builtin with --builtin_shape auto or vllm (one head of 64)")
     dtype = torch.float32 if cfg.model_dtype in ("float32", "auto") else getattr(torch, cfg.model_dtype)
     max_len = int(getattr(model_config, "max_position_embeddings", 0) or 2048)
     one = one_sequence_bytes(max_len, kv_bytes_per_token(model_config, dtype))
