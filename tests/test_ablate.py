@@ -209,6 +209,11 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
     alpha = {c.row: c.cfg for c in cells_of(load_grid(str(root / "critic_alpha.yaml")), base, [0], tmp_path)}
     assert alpha["vapo"].vapo.alpha == PRESETS["long"]["vapo"]["alpha"] and alpha["vapo-alpha0.05"].vapo.alpha == 0.05
     assert alpha["vapo-oracle-alpha0.05"].gae_values == "oracle" and alpha["vapo"].gae_values != "oracle"
+    assert load_grid(str(root / "vllm_vs_hf.yaml")).reference == "vapo-hf"
+    bad = tmp_path / "bad.yaml"
+    bad.write_text("rows:\n  - {}\n  - drop: [clip_higher]\nreference: nope\n")
+    with pytest.raises(ValueError, match=r"reference: 'nope' is not a row; rows: vapo, vapo-no-clip_higher"):
+        load_grid(str(bad))
     assert not (tmp_path / "runs").exists()
 
 

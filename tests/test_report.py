@@ -7,6 +7,7 @@ bad logs refused with the file and line; truncated runs flagged; W&B section fro
 """
 from __future__ import annotations
 
+import json
 import math
 import os
 import shutil
@@ -442,6 +443,30 @@ def test_missing_cell_unpaired_seed_and_reference_flag(tmp_path):
     assert list(pd.read_csv(out / "reports" / "g" / "table.csv")["row"]) == ROWS[:2]
     md = (out / "reports" / "g" / "table.md").read_text()
     assert "Rows without any run log, left out of the tables: vanilla PPO (seed(s) 0 1 2; 4 crashed attempt(s))" in md
+
+
+def test_a_grids_declared_reference_row(tmp_path):
+    """A manifest's `reference` (a grid file's `reference:` key) is the row the deltas are taken
+    against when --reference is not given; --reference overrides it; a declared row without logs
+    gives no deltas rather than an error."""
+    out = make_synthetic(tmp_path / "o", manifest=False)
+    cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]
+    path = write_manifest(out, "g", ROWS, cells)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "reference": "vanilla_ppo"}))
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    t = pd.read_csv(out / "reports" / "g" / "table.csv").set_index("row")
+    assert math.isnan(t.loc["vanilla_ppo", "delta_final"]) and t.loc["vapo", "delta_final_pairs"] == 3
+    by_hand = t.loc["vapo", "final_mean"] - t.loc["vanilla_ppo", "final_mean"]
+    assert t.loc["vapo", "delta_final"] == pytest.approx(by_hand, abs=1e-6)  # table.csv keeps 8 decimals
+    assert report([str(out), "--grid", "g", "--reference", "vapo", "--no-figures"]) == 0
+    t = pd.read_csv(out / "reports" / "g" / "table.csv").set_index("row")
+    assert math.isnan(t.loc["vapo", "delta_final"]) and not math.isnan(t.loc["vanilla_ppo", "delta_final"])
+    for seed in range(3):
+        (out / "runs" / f"vanilla_ppo-s{seed}" / "metrics.csv").unlink()
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    t = pd.read_csv(out / "reports" / "g" / "table.csv").set_index("row")
+    assert t["delta_final"].isna().all()
 
 
 # ============================================================================ bad and truncated logs

@@ -75,6 +75,8 @@ class Grid:
     description: str = ""
     model_seed: str = "shared"
     """One of MODEL_SEEDS."""
+    reference: str | None = None
+    """The row the report's deltas are taken against (None: the full recipe's row, 'vapo')."""
 
 
 def _row_from_spec(spec: dict, where: str) -> Row:
@@ -160,9 +162,10 @@ def load_grid(name_or_path: str) -> Grid:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping with 'rows' and/or 'generate'")
-    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed"}
+    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed", "reference"}
     if bad:
-        raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed")
+        raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
+                         "reference")
     model_seed = spec.get("model_seed", "shared")
     if model_seed not in MODEL_SEEDS:
         raise ValueError(f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "
@@ -175,7 +178,10 @@ def load_grid(name_or_path: str) -> Grid:
     dup = sorted({x for x in labels if labels.count(x) > 1})
     if dup:
         raise ValueError(f"{path}: duplicate row label(s) {dup}")
-    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed)
+    reference = spec.get("reference")
+    if reference is not None and reference not in labels:
+        raise ValueError(f"{path}: reference: {reference!r} is not a row; rows: {', '.join(labels)}")
+    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed, reference)
 
 
 def cell_identity(cfg: RunConfig) -> str:

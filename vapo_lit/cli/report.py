@@ -41,7 +41,8 @@ def build_parser() -> argparse.ArgumentParser:
                     help="sample efficiency: PPO updates until the eval reaches this score, in points; "
                          "auto (default) = 90%% of the full recipe's mean peak, rounded down")
     ap.add_argument("--reference", default=None,
-                    help="the row the deltas are taken against (default: the full recipe, 'vapo')")
+                    help="the row the deltas are taken against (default: the grid's `reference:`, else the full "
+                         "recipe, 'vapo')")
     ap.add_argument("--max-seeds", type=int, default=20,
                     help="seeds-needed estimates above this are reported as not reachable (default 20)")
     ap.add_argument("--no-figures", action="store_true", help="tables only (the PNGs take most of the time)")
@@ -87,7 +88,7 @@ def main(argv=None) -> int:
     if err:
         print(f"vapo-report: error: {err}", file=sys.stderr)
         return 2
-    from vapo_lit.report import REFERENCE, grids_in, write_report
+    from vapo_lit.report import grids_in, write_report
 
     grids = grids_in(args.out_dir)
     if args.grid and args.grid not in grids:
@@ -102,14 +103,14 @@ def main(argv=None) -> int:
     since = time.time()
     try:
         print(write_report(args.out_dir, grid_id=args.grid, last_n=args.last_n, to=args.to,
-                           reference=args.reference or REFERENCE, threshold=args.threshold, max_seeds=args.max_seeds,
+                           reference=args.reference, threshold=args.threshold, max_seeds=args.max_seeds,
                            figures=not args.no_figures))
     except ValueError as e:  # LogError included: a malformed or empty log, named by file and line
         print(f"vapo-report: error: {e}", file=sys.stderr)
         return 2
     from vapo_lit.report.grid_run import log_grid_runs
 
-    settings = {"last_n": args.last_n, "threshold": args.threshold, "reference": args.reference or REFERENCE,
+    settings = {"last_n": args.last_n, "threshold": args.threshold, "reference": args.reference or "default",
                 "max_seeds": args.max_seeds}
     for line in log_grid_runs(args.out_dir, args.grid, to=args.to, since=since, mode=args.wandb, settings=settings):
         print(line)

@@ -207,7 +207,7 @@ class GridReport:
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
-                reference: str | None = REFERENCE, threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
+                reference: str | None = None, threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
     """Build one grid's report from its runs' logs; returns the Markdown text.
     Raises LogError for a malformed log or when there is no run log at all."""
     out = Path(out)
@@ -234,10 +234,11 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     with_logs = {log.row for log in logs}
     no_log_rows = [r for r in order if r not in with_logs]  # every cell failed or not run yet: named, not tabled
     order = [r for r in order if r in with_logs]
+    given, reference = reference, reference or found.reference or REFERENCE
     if reference not in order:
-        if reference != REFERENCE:
-            raise ValueError(f"--reference {reference!r}: no such row; rows: {', '.join(order)}")
-        reference = None
+        if given not in (None, REFERENCE):
+            raise ValueError(f"--reference {given!r}: no such row; rows: {', '.join(order)}")
+        reference = None  # the grid's declared row or the full recipe has no logs (yet): no deltas
     position = {r: i for i, r in enumerate(order)}
     seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
     thr = _threshold(seeds, reference, threshold)
@@ -368,7 +369,7 @@ def _source_text(source: str, n: int) -> str:
     return f"{source} ({n} run(s))"
 
 
-def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, reference: str | None = REFERENCE,
+def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, reference: str | None = None,
                  threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
     """Report `grid_id`, or every grid under OUT/grids/ (grids without any log yet are skipped),
     or OUT as a plain folder of runs. Raises LogError when nothing at all can be reported."""
