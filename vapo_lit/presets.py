@@ -3,7 +3,8 @@
 * `default`: the paper's recipe (its ratios) scaled to the built-in task and tiny model on a
   2-core CPU (`make demo`); every departure is listed with its reason below.
 * `long`: the same ratios on the built-in long chain-of-thought task (longchain: responses of 23 to
-  2,003 tokens), for Table 1 in the regime VAPO is about (`vapo-ablate --grid table1 --preset long`).
+  2,003 tokens), for Table 1 in the regime VAPO is about (`vapo-ablate --grid table1 --preset long`),
+  with a critic trained harder than the paper's ratio (measured: see the preset's comments).
 * `smoke`: a few iterations on a shrunken task, to check that everything runs (tests, CI).
 * `paper`: VAPO section 5.1 hyperparameters for GPU users with a real model
   (512 prompts x 16, mini-batch 512, actor lr 1e-6, critic lr 2e-6, 50 warmup steps, alpha 0.05).
