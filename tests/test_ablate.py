@@ -178,7 +178,7 @@ def test_one_label_for_run_folders_wandb_and_reports(tmp_path):
 
 def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
     base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
-    sizes = {"table1": 10, "pairwise": 29, "critic_free": 4, "agentic": 7, "critic_pilot": 3}
+    sizes = {"table1": 10, "pairwise": 29, "critic_free": 4, "agentic": 7, "critic_pilot": 3, "table1_long": 11}
     for name, n in sizes.items():
         grid = load_grid(name)
         cells = cells_of(grid, base, [0, 1], tmp_path / "runs")

@@ -408,3 +408,18 @@ def test_cb_training_reproduces_the_golden_history(tmp_path, monkeypatch):
         for key in w:
             if key.startswith(("rollout/", "objective/", "eval/")):
                 assert g[key] == w[key], (w["step"], key, g[key], w[key])
+
+
+def test_vllm_auto_kv_cache_is_split_among_the_processes_of_a_machine(monkeypatch):
+    """vllm_kv_cache_gib=None: room for the call's responses, capped at a quarter of the free memory,
+    that quarter split among the processes sharing it; never below one full-length sequence."""
+    from vapo_lit.engines import vllm as V
+
+    monkeypatch.setattr(V, "available_memory_gib", lambda device_type: 16.0)
+    per_token, max_len = 4096, 512
+    assert 2000 * 1000 * per_token > 4 * 2 ** 30  # more than a quarter of 16 GiB
+    assert V.auto_kv_bytes(per_token, 2000, 1000, max_len, "cpu") == 4 * 2 ** 30
+    assert V.auto_kv_bytes(per_token, 2000, 1000, max_len, "cpu", share=2) == 2 * 2 ** 30
+    assert V.auto_kv_bytes(per_token, 500, 1000, max_len, "cpu", share=2) == 500 * 1000 * per_token
+    assert V.auto_kv_bytes(per_token, 1, 10, max_len, "cpu", share=2) == max(V.one_sequence_bytes(max_len, per_token),
+                                                                              V.MIN_KV_BYTES)

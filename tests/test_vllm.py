@@ -12,6 +12,7 @@ from __future__ import annotations
 import csv
 import importlib.util
 import json
+import math
 import random
 import subprocess
 import sys
@@ -291,8 +292,8 @@ def test_preflight_refusals_are_one_line(tmp_path, task):
              ({"builtin_shape": "default"}, r"head size 16 .*--builtin_shape auto or vllm"),
              ({"model_dtype": "float64"}, r"not float64 .*use model_dtype float32"),
              ({"precision": "64-true"}, r"not float64"),
-             ({"devices": "2"}, r"runs in one training process without a data-parallel strategy for now \(devices=2,"),
-             ({"strategy": "fsdp"}, r"strategy=fsdp\): a vLLM engine beside the trainer's process group"),
+             ({"strategy": "fsdp", "devices": "2"}, r"runs with DDP on one machine, one engine per process \(strategy=fsdp,"),
+             ({"num_nodes": 2}, r"num_nodes=2\): FSDP and several machines are not supported with it yet"),
              ({"vllm_kv_cache_gib": 100000.0}, r"KV cache needs 100000.00 GiB .* available; set a smaller vllm_kv_cache_gib"),
              ({"vllm_kv_cache_gib": 1e-6}, r"vllm_kv_cache_gib=1e-06 holds less than one sequence of the model's 512 "
                                            r"positions .*give at least 0.00")]
@@ -381,6 +382,44 @@ def test_a_two_row_grid_with_vllm(tmp_path):
         rows = [r for r in _rows(run / "metrics.csv") if r["rollout/sampler_logprob_diff_max"]]
         assert rows and all(float(r["rollout/sampler_logprob_diff_max"]) < TOL for r in rows)
     assert list((tmp_path / "abl" / "reports").rglob("table.md"))
+
+
+@NEEDS_VLLM
+@pytest.mark.slow
+def test_two_ddp_processes_with_vllm_equal_one(tmp_path):
+    """Data-parallel training with vLLM: 2 CPU processes (gloo), one engine each, built inside the
+    trainer's process group, each sampling its half of the batch with the same per-response seeds as
+    one process. The first rollout (before any update) is the single process's exactly; the whole
+    metric history equals it within float32 all-reduce rounding; every iteration's sampler gap stays
+    at rounding level on both halves (each rank's engine got every weight sync)."""
+    env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
+    base = [sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--model", "random", "--rollout_engine",
+            "vllm", "--accelerator", "cpu", "--out_dir", str(tmp_path / "runs"), "--wandb", "disabled",
+            "--threads", "1", "--eval_every", "1"]
+    runs = {}
+    for name, extra in (("single", []), ("ddp", ["--devices", "2", "--strategy", "ddp"])):
+        done = subprocess.run(base + ["--name", name, "--cache_dir", str(tmp_path / f"cache-{name}")] + extra,
+                              capture_output=True, text=True, timeout=900, env=env)
+        assert done.returncode == 0, done.stderr[-3000:]
+        runs[name] = _rows(tmp_path / "runs" / name / "metrics.csv")
+    assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr  # really two processes
+    single, ddp = runs["single"], runs["ddp"]
+    assert [r["step"] for r in single] == [r["step"] for r in ddp] and len(single) == 6
+    first = next(i for i, r in enumerate(single) if r["step"] == "1")
+    for k in ("objective/score", "rollout/response_length", "rollout/response_length_max"):
+        assert single[first][k] and single[first][k] == ddp[first][k], k
+    assert single[0]["eval/avg@2"] == ddp[0]["eval/avg@2"]  # the base eval, each rank sampling its half
+    for a, b in zip(single, ddp):
+        assert {k for k in a if not k.startswith("perf/")} == {k for k in b if not k.startswith("perf/")}
+        for k in a:
+            if k.startswith("perf/") or a[k] == b[k]:
+                continue
+            fa, fb = float(a[k]), float(b[k])
+            assert (math.isnan(fa) and math.isnan(fb)) or fa == pytest.approx(fb, rel=1e-4, abs=1e-6), (a["step"], k)
+        if b.get("rollout/sampler_logprob_diff_max"):
+            assert float(b["rollout/sampler_logprob_diff_max"]) < TOL
+    card = json.loads((tmp_path / "runs" / "ddp" / "run_card.json").read_text())
+    assert card["hardware"]["devices"] == 2 and card["config"]["rollout_engine"] == "vllm"
 
 
 def test_behaviour_logprobs_are_recomputed_by_default_with_vllm_and_with_tis():

@@ -528,6 +528,9 @@ class VapoModule(L.LightningModule):
         self._log(metrics, step=self.iteration)
 
     def on_train_start(self) -> None:
+        if self.trainer.world_size > 1 and hasattr(self.engine, "start"):  # an engine whose build is a collective:
+            world = self.trainer.world_size                                 # every rank here, the weights restored
+            self.engine.start(-(-self.cfg.ppo.responses_per_step // world), share=world // self.trainer.num_nodes)
         if not self._resumed:  # the initial policy's eval: its own row, step 0
             # seeded as iteration 0 even when a cached pretrained critic moved the iteration on, so
             # every run of one seed reports the same base eval

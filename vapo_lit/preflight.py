@@ -72,7 +72,7 @@ def check_vllm(cfg: RunConfig) -> None:
     count = (len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else
              torch.cuda.device_count() if accelerator == "cuda" else 1)
     vllm_preflight(cfg, policy_config(cfg, get_task(cfg.task, **task_options_of(cfg))), accelerator,
-                   processes=count * cfg.num_nodes)
+                   processes=count)
 
 
 def preflight_grid(cells) -> None:

@@ -9,11 +9,12 @@ contract of :class:`~vapo_lit.engines.RolloutEngine`:
   (``load_format="dummy"``: nothing is read from disk) in the actor's dtype, then given the actor's
   weights by `load_weights`. Its KV cache is ``vllm_kv_cache_gib`` GiB, or room for the first call's
   responses at full length, at most a quarter of the memory available then (vLLM queues the requests
-  that do not fit), at least one sequence of the model's full length. One training process without a
-  data-parallel strategy for now (preflight refuses the rest): vLLM's in-process worker sets up a
-  process group of its own, which a data-parallel trainer's would collide with (not attempted here).
+  that do not fit; split among the processes of one machine), at least one sequence of the model's
+  full length. Under DDP one engine per training process, built by `start` on every rank when
+  training starts: vLLM's in-process worker creates its process groups inside the trainer's (each
+  engine in groups of its own), a collective. FSDP and several machines: refused by preflight.
 * **weights**: `load_weights(actor)` streams the actor's parameters (FSDP-sharded ones gathered, for
-  when data-parallel training is supported) through vLLM's own loader, ``reload_weights`` of its model
+  when FSDP with vLLM is supported) through vLLM's own loader, ``reload_weights`` of its model
   runner, called in process by ``collective_rpc``: vLLM maps the names (q/k/v into its fused qkv
   projection, gate/up into gate_up, a tied output layer skipped) and repacks what its CPU kernels want
   repacked. No disk round trip. The prefix cache is reset after every sync, so no K/V computed with the
@@ -132,6 +133,8 @@ class VLLMEngine:
     def __init__(self, actor, tokenizer, *, kv_cache_gib: float | None = None, env=None):
         self.model, self.tokenizer = actor, tokenizer
         self.kv_cache_gib = kv_cache_gib
+        self.share = 1
+        """Processes whose engines share this machine's memory (the auto KV cache is split among them)."""
         self.rules = None
         if env is not None:  # a multi-turn task: episodes (a bad stop list or chat template fails here)
             from vapo_lit.engines.episodes import Rules
@@ -162,6 +165,16 @@ class VLLMEngine:
         self.sync_seconds = time.perf_counter() - t0
 
     # ------------------------------------------------------------------ the engine
+    def start(self, n: int, longest: int | None = None, share: int = 1) -> None:
+        """Build the engine now (sized for `n` responses of up to `longest` tokens, None: the model's
+        positions), not at the first generate. Under data parallelism every rank calls this at the
+        same point: building it creates vLLM's process groups inside the trainer's (one engine per
+        rank, each in groups of its own), a collective that a rank which skipped it would hang.
+        `share`: the processes on this machine."""
+        self.share = share
+        if self.llm is None:
+            self._build(n, longest)
+
     def _build(self, n: int, longest: int) -> None:
         vllm, _ = import_vllm()
         config = self.model.config
@@ -171,14 +184,15 @@ class VLLMEngine:
                              f"{dtype} (use model_dtype float32 and a 32-bit precision)")
         max_len = int(getattr(config, "max_position_embeddings", 0) or longest)
         per_token = kv_bytes_per_token(config, dtype)
-        kv = auto_kv_bytes(per_token, n, min(longest, max_len), max_len, device_type=next(self.model.parameters()).device.type)
+        device = next(self.model.parameters()).device
+        kv = auto_kv_bytes(per_token, n, min(longest or max_len, max_len), max_len, device_type=device.type,
+                           share=self.share if device.type == "cpu" else 1)
         if self.kv_cache_gib is not None:
             kv = int(self.kv_cache_gib * 2 ** 30)
             if kv < one_sequence_bytes(max_len, per_token):
                 raise ValueError(too_small(self.kv_cache_gib, max_len, one_sequence_bytes(max_len, per_token)))
         config_dir = tempfile.mkdtemp(prefix="vapo-vllm-")
         config.save_pretrained(config_dir)  # the architecture only: the weights come from the actor
-        device = next(self.model.parameters()).device
         kwargs = dict(model=config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=DTYPES[dtype],
                       seed=0, max_model_len=max_len, kv_cache_memory_bytes=kv, enforce_eager=True,
                       logprobs_mode="raw_logprobs", generation_config="vllm", enable_prefix_caching=True,
@@ -391,13 +405,14 @@ def check_shape(config, device_type: str) -> str | None:
     return None
 
 
-def auto_kv_bytes(per_token: int, n: int, tokens: int, max_len: int, device_type: str) -> int:
+def auto_kv_bytes(per_token: int, n: int, tokens: int, max_len: int, device_type: str, share: int = 1) -> int:
     """The KV cache `vllm_kv_cache_gib=None` gives: room for `n` responses of `tokens` tokens at once,
-    at most a quarter of the memory available now (vLLM queues the requests that do not fit), and
-    at least one sequence of `max_len` tokens (vLLM refuses less) and 64 MiB."""
+    at most a quarter of the memory available now (vLLM queues the requests that do not fit) split
+    among the `share` processes whose engines take it from the same memory (the CPU's), and at least
+    one sequence of `max_len` tokens (vLLM refuses less) and 64 MiB."""
     floor = max(one_sequence_bytes(max_len, per_token), MIN_KV_BYTES)
     free = available_memory_gib(device_type)
-    cap = floor if free is None else max(floor, int(free * 2 ** 30 / 4))
+    cap = floor if free is None else max(floor, int(free * 2 ** 30 / 4 / max(1, share)))
     return int(min(max(n * tokens * per_token, floor), cap))
 
 
@@ -433,9 +448,10 @@ def available_memory_gib(device_type: str) -> float | None:
 
 def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
     """ValueError of one line when rollout_engine=vllm cannot run `cfg`: vLLM missing (or broken by the
-    registry's torchvision), a dtype it has no kernels for, a model shape its backend refuses, or less
-    memory than its KV cache needs. `model_config`: the policy's transformers config (as it will be
-    built); `device_type`: 'cpu' or 'cuda'; `processes`: training processes (devices x num_nodes).
+    registry's torchvision), a strategy other than DDP on one machine, a dtype it has no kernels for,
+    a model shape its backend refuses, or less memory than the KV caches need. `model_config`: the
+    policy's transformers config (as it will be built); `device_type`: 'cpu' or 'cuda'; `processes`:
+    training processes on this machine (one engine each).
     Imports nothing of vLLM (find_spec only)."""
     import importlib.util
 
@@ -449,11 +465,10 @@ def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{where}: the installed torchvision does not load against this torch ({first}); "
                              "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)") from None
-    if processes > 1 or cfg.strategy != "auto":
-        raise ValueError(f"{where} runs in one training process without a data-parallel strategy for now (devices="
-                         f"{cfg.devices}, num_nodes={cfg.num_nodes}, strategy={cfg.strategy}): a vLLM engine beside the "
-                         "trainer's process group is not supported yet; use --devices 1 --strategy auto, or "
-                         "rollout_engine hf")
+    if cfg.strategy not in ("auto", "ddp") or cfg.num_nodes > 1:
+        raise ValueError(f"{where} runs with DDP on one machine, one engine per process (strategy={cfg.strategy}, "
+                         f"num_nodes={cfg.num_nodes}): FSDP and several machines are not supported with it yet; use "
+                         "--strategy ddp (or auto) --num_nodes 1, or rollout_engine hf")
     if cfg.precision == "64-true" or cfg.model_dtype == "float64":
         raise ValueError(f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
                          f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto")
@@ -472,6 +487,9 @@ def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
         need = max(one, MIN_KV_BYTES) / 2 ** 30
         what = f"one sequence of {max_len} tokens, the model's max_position_embeddings"
     free = available_memory_gib(device_type)
+    if free is not None and device_type == "cpu":
+        need *= processes  # every process's engine takes its KV cache from the same memory
+        what += f", x {processes} processes" if processes > 1 else ""
     if free is not None and need > free:
         raise ValueError(f"{where}: its KV cache needs {need:.2f} GiB ({what}) and this {device_type} has "
                          f"{free:.2f} GiB available; set a smaller vllm_kv_cache_gib or ppo.rollout_batch_size, "
