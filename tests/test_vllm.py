@@ -292,8 +292,7 @@ def test_preflight_refusals_are_one_line(tmp_path, task):
              ({"builtin_shape": "default"}, r"head size 16 .*--builtin_shape auto or vllm"),
              ({"model_dtype": "float64"}, r"not float64 .*use model_dtype float32"),
              ({"precision": "64-true"}, r"not float64"),
-             ({"strategy": "fsdp", "devices": "2"}, r"runs with DDP on one machine, one engine per process \(strategy=fsdp,"),
-             ({"num_nodes": 2}, r"num_nodes=2\): FSDP and several machines are not supported with it yet"),
+             ({"num_nodes": 2}, r"runs on one machine, one engine per training process \(num_nodes=2\): several machines"),
              ({"vllm_kv_cache_gib": 100000.0}, r"KV cache needs 100000.00 GiB .* available; set a smaller vllm_kv_cache_gib"),
              ({"vllm_kv_cache_gib": 1e-6}, r"vllm_kv_cache_gib=1e-06 holds less than one sequence of the model's 512 "
                                            r"positions .*give at least 0.00")]
@@ -386,8 +385,10 @@ def test_a_two_row_grid_with_vllm(tmp_path):
 
 @NEEDS_VLLM
 @pytest.mark.slow
-def test_two_ddp_processes_with_vllm_equal_one(tmp_path):
-    """Data-parallel training with vLLM: 2 CPU processes (gloo), one engine each, built inside the
+@pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
+def test_two_data_parallel_processes_with_vllm_equal_one(tmp_path, strategy):
+    """Data-parallel training with vLLM, DDP and FSDP (actor and critic sharded; each sync gathers
+    the actor's shards on every rank): 2 CPU processes (gloo), one engine each, built inside the
     trainer's process group, each sampling its half of the batch with the same per-response seeds as
     one process. The first rollout (before any update) is the single process's exactly; the whole
     metric history equals it within float32 all-reduce rounding; every iteration's sampler gap stays
@@ -397,7 +398,7 @@ def test_two_ddp_processes_with_vllm_equal_one(tmp_path):
             "vllm", "--accelerator", "cpu", "--out_dir", str(tmp_path / "runs"), "--wandb", "disabled",
             "--threads", "1", "--eval_every", "1"]
     runs = {}
-    for name, extra in (("single", []), ("ddp", ["--devices", "2", "--strategy", "ddp"])):
+    for name, extra in (("single", []), ("ddp", ["--devices", "2", "--strategy", strategy])):
         done = subprocess.run(base + ["--name", name, "--cache_dir", str(tmp_path / f"cache-{name}")] + extra,
                               capture_output=True, text=True, timeout=900, env=env)
         assert done.returncode == 0, done.stderr[-3000:]
@@ -419,7 +420,8 @@ def test_two_ddp_processes_with_vllm_equal_one(tmp_path):
         if b.get("rollout/sampler_logprob_diff_max"):
             assert float(b["rollout/sampler_logprob_diff_max"]) < TOL
     card = json.loads((tmp_path / "runs" / "ddp" / "run_card.json").read_text())
-    assert card["hardware"]["devices"] == 2 and card["config"]["rollout_engine"] == "vllm"
+    assert card["hardware"]["devices"] == 2 and card["hardware"]["strategy"] == f"vapo_{strategy}"
+    assert card["config"]["rollout_engine"] == "vllm"
 
 
 def test_behaviour_logprobs_are_recomputed_by_default_with_vllm_and_with_tis():

@@ -141,7 +141,8 @@ def prepare_models(cells, log=print) -> None:
         t0 = time.time()
         task = get_task(cfg.task, **cfg.task_options)
         load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, **variant)
-        if cfg.advantage_estimator != "grpo" and resolve_critic_init(cfg.critic_init, cfg.model) in ("reward_model", "actor"):
+        init = resolve_critic_init(cfg.critic_init, cfg.model)
+        if cfg.advantage_estimator != "grpo" and init in ("reward_model", "actor"):
             load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed, cache_dir=cfg.cache_dir,
                         **critic_shape(cfg, task, variant))
         log(f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)")

@@ -12,9 +12,9 @@ contract of :class:`~vapo_lit.engines.RolloutEngine`:
   that do not fit; split among the processes of one machine), at least one sequence of the model's
   full length. Under DDP one engine per training process, built by `start` on every rank when
   training starts: vLLM's in-process worker creates its process groups inside the trainer's (each
-  engine in groups of its own), a collective. FSDP and several machines: refused by preflight.
-* **weights**: `load_weights(actor)` streams the actor's parameters (FSDP-sharded ones gathered, for
-  when FSDP with vLLM is supported) through vLLM's own loader, ``reload_weights`` of its model
+  engine in groups of its own), a collective. Several machines: refused by preflight.
+* **weights**: `load_weights(actor)` streams the actor's parameters (FSDP-sharded ones gathered on
+  every rank) through vLLM's own loader, ``reload_weights`` of its model
   runner, called in process by ``collective_rpc``: vLLM maps the names (q/k/v into its fused qkv
   projection, gate/up into gate_up, a tied output layer skipped) and repacks what its CPU kernels want
   repacked. No disk round trip. The prefix cache is reset after every sync, so no K/V computed with the
@@ -167,7 +167,7 @@ class VLLMEngine:
     # ------------------------------------------------------------------ the engine
     def start(self, n: int, longest: int | None = None, share: int = 1) -> None:
         """Build the engine now (sized for `n` responses of up to `longest` tokens, None: the model's
-        positions), not at the first generate. Under data parallelism every rank calls this at the
+        positions), not at the first generate. Under DDP or FSDP every rank calls this at the
         same point: building it creates vLLM's process groups inside the trainer's (one engine per
         rank, each in groups of its own), a collective that a rank which skipped it would hang.
         `share`: the processes on this machine."""
@@ -448,7 +448,7 @@ def available_memory_gib(device_type: str) -> float | None:
 
 def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
     """ValueError of one line when rollout_engine=vllm cannot run `cfg`: vLLM missing (or broken by the
-    registry's torchvision), a strategy other than DDP on one machine, a dtype it has no kernels for,
+    registry's torchvision), several machines, a dtype it has no kernels for,
     a model shape its backend refuses, or less memory than the KV caches need. `model_config`: the
     policy's transformers config (as it will be built); `device_type`: 'cpu' or 'cuda'; `processes`:
     training processes on this machine (one engine each).
@@ -465,10 +465,9 @@ def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
             raise ValueError(f"{where}: the installed torchvision does not load against this torch ({first}); "
                              "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)") from None
-    if cfg.strategy not in ("auto", "ddp") or cfg.num_nodes > 1:
-        raise ValueError(f"{where} runs with DDP on one machine, one engine per process (strategy={cfg.strategy}, "
-                         f"num_nodes={cfg.num_nodes}): FSDP and several machines are not supported with it yet; use "
-                         "--strategy ddp (or auto) --num_nodes 1, or rollout_engine hf")
+    if cfg.num_nodes > 1:
+        raise ValueError(f"{where} runs on one machine, one engine per training process (num_nodes={cfg.num_nodes}): "
+                         "several machines are not supported with it yet; use --num_nodes 1, or rollout_engine hf")
     if cfg.precision == "64-true" or cfg.model_dtype == "float64":
         raise ValueError(f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
                          f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto")
