@@ -217,6 +217,22 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_models_are_prepared_once_per_distinct_build_critic_free_rows_apart(tmp_path, monkeypatch):
+    """vapo-ablate builds each distinct set of built-in models before its workers start: a critic-free
+    row first does not stand in for a later row that needs the critic; seeds and drops share one."""
+    import vapo_lit.build
+    from vapo_lit.ablate.runner import prepare_models
+
+    calls = []
+    monkeypatch.setattr(vapo_lit.build, "load_models", lambda cfg, task: calls.append(cfg.advantage_estimator))
+    grid = tmp_path / "g.yaml"
+    grid.write_text("rows:\n  - {only: [group_sampling], set: {advantage_estimator: grpo}}\n  - {}\n"
+                    "  - {drop: [clip_higher]}\n")
+    base = merge(RunConfig(), PRESETS["smoke"])
+    prepare_models(cells_of(load_grid(str(grid)), base, [0, 1], tmp_path / "runs"), log=lambda _: None)
+    assert calls == ["grpo", "gae"]
+
+
 def test_cell_identity_ignores_bookkeeping_only():
     cfg = merge(RunConfig(), PRESETS["smoke"])
     same = merge(cfg, {"out_dir": "x", "name": "y", "wandb": "offline", "wandb_group": "g", "threads": 3,

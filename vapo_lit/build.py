@@ -15,7 +15,7 @@ def build_module(cfg: RunConfig) -> VapoModule:
 
     `model: random` is an untrained tiny Llama on the task's tokenizer with a critic on a copy of
     its backbone: seconds to build, for smoke runs and tests of the machinery (it learns nothing)."""
-    from vapo_lit.models import DTYPES, enable_gradient_checkpointing, load_critic, load_policy
+    from vapo_lit.models import DTYPES, enable_gradient_checkpointing
     from vapo_lit.models.value import ValueModel
     from vapo_lit.tasks import get_task
 
@@ -31,15 +31,7 @@ def build_module(cfg: RunConfig) -> VapoModule:
             actor = actor.to(DTYPES[dtype])
             critic = critic if critic is None else critic.to(DTYPES[dtype])
     else:
-        variant = builtin_variant(cfg)
-        actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype,
-                                       **variant)
-        from vapo_lit.models import resolve_critic_init
-
-        from_builtin = variant and resolve_critic_init(cfg.critic_init, cfg.model) in ("reward_model", "actor")
-        critic = None if critic_free else load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed,
-                                                      cache_dir=cfg.cache_dir, dtype=dtype,
-                                                      **critic_shape(cfg, task, variant if from_builtin else {}))
+        actor, tokenizer, critic = load_models(cfg, task, dtype)
     low = {p.dtype for p in actor.parameters()} & {torch.bfloat16, torch.float16}
     if low:
         warnings.warn(f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "
@@ -50,6 +42,23 @@ def build_module(cfg: RunConfig) -> VapoModule:
             if model is not None:
                 enable_gradient_checkpointing(model)
     return VapoModule(cfg, task, actor, tokenizer, critic)
+
+
+def load_models(cfg: RunConfig, task, dtype: str = "float32"):
+    """(policy, tokenizer, critic or None for the critic-free estimator) of every `model` but
+    `random`, loaded, or built and cached on first use: the built-in variant the config asks for and
+    the critic's `critic_model` shape (vapo-ablate calls it before its workers start)."""
+    from vapo_lit.models import load_critic, load_policy, resolve_critic_init
+
+    variant = builtin_variant(cfg)
+    actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype,
+                                   **variant)
+    if cfg.advantage_estimator == "grpo":
+        return actor, tokenizer, None
+    from_builtin = variant and resolve_critic_init(cfg.critic_init, cfg.model) in ("reward_model", "actor")
+    critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed, cache_dir=cfg.cache_dir,
+                         dtype=dtype, **critic_shape(cfg, task, variant if from_builtin else {}))
+    return actor, tokenizer, critic
 
 
 def critic_shape(cfg: RunConfig, task, variant: dict) -> dict:

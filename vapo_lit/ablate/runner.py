@@ -125,26 +125,20 @@ def open_store(p: Plan) -> CellStore:
 def prepare_models(cells, log=print) -> None:
     """Build (or load) each distinct built-in base policy and reward model once, here, before
     workers start: parallel workers would otherwise each build the same cache entry."""
-    from vapo_lit.build import builtin_variant, critic_shape
-    from vapo_lit.models import load_critic, load_policy, resolve_critic_init
+    from vapo_lit.build import builtin_variant, load_models
     from vapo_lit.tasks import get_task
 
     seen = set()
     for c in cells:
         cfg = c.cfg
-        variant = builtin_variant(cfg)
         key = (cfg.task, repr(sorted(cfg.task_options.items())), cfg.model, cfg.critic_init, cfg.model_seed,
-               cfg.cache_dir, bool(variant), repr(sorted(cfg.critic_model.items())))
+               cfg.cache_dir, bool(builtin_variant(cfg)), repr(sorted(cfg.critic_model.items())),
+               cfg.advantage_estimator == "grpo")
         if cfg.model != "builtin" or key in seen:
             continue
         seen.add(key)
         t0 = time.time()
-        task = get_task(cfg.task, **cfg.task_options)
-        load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, **variant)
-        init = resolve_critic_init(cfg.critic_init, cfg.model)
-        if cfg.advantage_estimator != "grpo" and init in ("reward_model", "actor"):
-            load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed, cache_dir=cfg.cache_dir,
-                        **critic_shape(cfg, task, variant))
+        load_models(cfg, get_task(cfg.task, **cfg.task_options))
         log(f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)")
 
 
