@@ -168,7 +168,56 @@ def test_pretrained_critic_is_cached_and_reused(tmp_path):
     assert float(rows_b[-1]["perf/cumulative_seconds"]) > sum(phase) + float(rows_b[-1]["perf/total_seconds"])
 
 
+class CriticSteps(Callback):
+    """(phase, critic lr, critic optimizer steps) of every iteration."""
+
+    def __init__(self):
+        self.rows = []
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
+        phase = "value_pretrain" if pl_module.pretrain.active else "ppo"
+        self.start = (phase, pl_module._opt(1)[0].param_groups[0]["lr"], pl_module.critic_steps)
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
+        phase, lr, before = self.start
+        self.rows.append((phase, lr, pl_module.critic_steps - before))
+
+
+def test_value_pretraining_trains_the_critic_at_its_own_rate_and_passes(tmp_path):
+    """value_pretrain_critic_lr / _epochs apply while the phase runs; PPO then uses ppo.critic_lr and
+    ppo.critic_epochs (smoke: 16 responses per step, critic mini-batch 8: 2 steps per pass)."""
+    watch = CriticSteps()
+    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=2, eval_every=0,
+                    ppo={"critic_lr": 1e-4, "critic_epochs": 1},
+                    vapo={"value_pretrain_steps": 2, "value_pretrain_critic_lr": 1e-3, "value_pretrain_critic_epochs": 3})
+    train(cfg, module_factory=tiny_factory, extra_callbacks=[watch])
+    assert watch.rows == [("value_pretrain", 1e-3, 6), ("value_pretrain", 1e-3, 6), ("ppo", 1e-4, 2), ("ppo", 1e-4, 2)]
+    rows = read_metrics(next((tmp_path / "runs").iterdir()))
+    assert [float(r["train/critic_lr"]) for r in rows[1:]] == [1e-3, 1e-3, 1e-4, 1e-4]
+
+
+def test_a_critic_pretrained_at_the_same_rate_is_reused_whichever_setting_named_it(tmp_path):
+    """The cache key holds the phase's effective learning rate and passes: a critic pretrained with
+    ppo.critic_lr 1e-3 x 3 passes is the one a run asking for value_pretrain_critic_lr 1e-3 x 3 (and
+    another PPO critic) gets, and the PPO iteration after it runs at the PPO rate."""
+    first = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0, name="first",
+                      ppo={"critic_lr": 1e-3, "critic_epochs": 3}, vapo={"value_pretrain_steps": 2})
+    train(first, module_factory=tiny_factory)
+    watch = CriticSteps()
+    second = merge(first, {"name": "second", "ppo": {"critic_lr": 1e-4, "critic_epochs": 1},
+                           "vapo": {"value_pretrain_critic_lr": 1e-3, "value_pretrain_critic_epochs": 3}})
+    train(second, module_factory=tiny_factory, extra_callbacks=[watch])
+    assert watch.rows == [("ppo", 1e-4, 2)]  # loaded from the cache: no pretraining iteration
+    rows_a, rows_b = read_metrics(tmp_path / "runs" / "first"), read_metrics(tmp_path / "runs" / "second")
+    assert rows_a[-1]["loss/policy"] == rows_b[-1]["loss/policy"]  # same critic values: same advantages
+    third = merge(second, {"name": "third", "vapo": {"value_pretrain_critic_epochs": 2}})
+    watch = CriticSteps()
+    train(third, module_factory=tiny_factory, extra_callbacks=[watch])
+    assert [p for p, _, _ in watch.rows] == ["value_pretrain", "value_pretrain", "ppo"]  # another critic
+
+
 @pytest.mark.parametrize("delta", [
+    {"vapo": {"value_pretrain_critic_lr": 1e-3}}, {"vapo": {"value_pretrain_critic_epochs": 2}},
     {"ppo": {"gamma": 0.9}}, {"truncation": "bootstrap"}, {"ppo": {"temperature": 0.7}}, {"ppo": {"top_p": 0.9}},
     {"ppo": {"critic_lr": 3e-4}}, {"ppo": {"value_clip": 0.2}}, {"ppo": {"responses_per_step": 32}}, {"seed": 1},
     {"task_options": {"max_n": 10}}, {"model": "other"}, {"critic_init": "actor"},
@@ -218,15 +267,18 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-@pytest.mark.parametrize("crash_at,every,pretrain_steps", [(5, 2, 1), (1, 1, 1), (2, 1, 3)])
-def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_steps):
+@pytest.mark.parametrize("crash_at,every,pretrain_steps,own_rate", [(5, 2, 1, False), (1, 1, 1, False),
+                                                                    (2, 1, 3, False), (2, 1, 3, True)])
+def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_steps, own_rate):
     """(1, 1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
     metrics are logged with the next row (they must survive the restart). (2, 1, 3): killed in the
-    middle of value pretraining (2 of its 3 iterations done): the resumed run does the third only.
+    middle of value pretraining (2 of its 3 iterations done): the resumed run does the third only;
+    with `own_rate` the phase's own critic learning rate and passes carry across the restart.
     Exact equality holds on any CPU: both runs are in this process, on the same kernels (it passes
     under ATEN_CPU_CAPABILITY=default, avx2 and avx512)."""
+    own = {"value_pretrain_critic_lr": 5e-4, "value_pretrain_critic_epochs": 2} if own_rate else {}
     base = dict(components=list(COMPONENTS), steps=5 - pretrain_steps + 1, eval_every=2, checkpoint_every=every,
-                vapo={"value_pretrain_steps": pretrain_steps})
+                vapo={"value_pretrain_steps": pretrain_steps, **own})
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
     train(full, module_factory=tiny_factory)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)

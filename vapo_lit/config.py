@@ -73,6 +73,10 @@ class ComponentValues:
     value_pretrain_min_ev: float | None = _f(None, "stop value pretraining early once critic explained variance reaches this", lo=-1.0, hi=1.0)
     value_pretrain_ev_window: int = _f(1, "value_pretrain_min_ev is checked against the median explained variance of this many "
                                           "last iterations (one batch's is noisy)", lo=1)
+    value_pretrain_critic_lr: float | None = _f(None, "the critic's learning rate during value pretraining (None: "
+                                                      "ppo.critic_lr, which PPO uses after it)", lo=0.0, lo_open=True)
+    value_pretrain_critic_epochs: int | None = _f(None, "the critic's passes over each batch during value pretraining "
+                                                        "(None: ppo.critic_epochs, which PPO uses after it)", lo=1)
     lambda_critic: float = _f(1.0, "lambda of the critic targets with decoupled GAE (paper: 1.0)", lo=0.0, hi=1.0)
     alpha: float = _f(0.05, "length-adaptive GAE alpha: lambda = 1 - 1/(alpha*l) (paper: 0.05, for chains of thousands of tokens)", lo=0.0, lo_open=True)
     eps_high: float = _f(0.28, "upper clip epsilon with Clip-Higher (DAPO/VAPO: 0.28)", lo=0.0)
@@ -143,16 +147,24 @@ class PPOConfig:
                                      "the trainer's recomputed behaviour log-prob (verl, OpenRLHF: 2; None: off)", lo=1.0)
 
 
-NEUTRAL = {"builtin_shape": "auto"}
+NEUTRAL = {"builtin_shape": "auto", "vapo.value_pretrain_critic_lr": None, "vapo.value_pretrain_critic_epochs": None}
 """Settings added after runs were first cached, at the value that computes what a config did before
 the setting existed. Cache keys (a grid cell's identity, the pretrained critic's key) leave them out
 at that value, so a grid or a cached critic from before the setting keeps its key. A setting added
-later whose default keeps older runs' meaning belongs here."""
+later whose default keeps older runs' meaning belongs here ("section.field" for a nested one)."""
 
 
 def without_neutral(resolved: dict) -> dict:
     """A resolved config dict (`to_dict`) without the NEUTRAL settings that are at their neutral value."""
-    return {k: v for k, v in resolved.items() if k not in NEUTRAL or v != NEUTRAL[k]}
+    out = {k: (dict(v) if isinstance(v, dict) else v) for k, v in resolved.items()}
+    for path, neutral in NEUTRAL.items():
+        *parents, name = path.split(".")
+        node = out
+        for part in parents:
+            node = node.get(part) if isinstance(node, dict) else None
+        if isinstance(node, dict) and name in node and node[name] == neutral:
+            del node[name]
+    return out
 
 
 @dataclass

@@ -327,11 +327,12 @@ class VapoModule(L.LightningModule):
         return pool.select(dynamic.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True)
 
     def update_critic(self, exp: Experience) -> CriticStats:
-        """critic_epochs passes of value-loss steps over mini-batches; each mini-batch's loss is
+        """critic_epochs passes (value pretraining's own while it runs) of value-loss steps over
+        mini-batches; each mini-batch's loss is
         normalised by its own valid-token count, summed over its micro-batches (and ranks)."""
         world, p = rank_and_world()[1], self.cfg.ppo
         losses, norms = [], []
-        for epoch in range(p.critic_epochs):
+        for epoch in range(self.critic_schedule()[1]):
             for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu(),
                                                  size=p.critic_mini_batch_size):
                 den, total = exp.mask[idx].sum(), 0.0
@@ -470,6 +471,7 @@ class VapoModule(L.LightningModule):
             cached = pretrain.restore(self.pretrain_key(), self.cfg.cache_dir, self.critic)
             if cached is None:
                 self.pretrain.active = True
+                self._reset_critic_optimizer()  # value pretraining's own learning rate
                 return
             self._reset_critic_optimizer()
             self.pretrain = cached
@@ -490,13 +492,25 @@ class VapoModule(L.LightningModule):
                                   samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
                                   task_version=getattr(self.task, "version", "?"), ev_window=sw.value_pretrain_ev_window)
 
+    def critic_schedule(self, pretraining: bool | None = None) -> tuple[float, int]:
+        """The critic's (learning rate, passes per batch): value pretraining's own settings while it
+        runs (each None: the PPO ones), ppo.critic_lr and ppo.critic_epochs otherwise."""
+        p, sw = self.cfg.ppo, self.switches
+        if not (self.pretrain.active if pretraining is None else pretraining):
+            return p.critic_lr, p.critic_epochs
+        lr, epochs = sw.value_pretrain_critic_lr, sw.value_pretrain_critic_epochs
+        return (p.critic_lr if lr is None else lr), (p.critic_epochs if epochs is None else epochs)
+
     def _reset_critic_optimizer(self) -> None:
-        """PPO starts with a fresh critic optimiser and schedule after value pretraining, whether
-        the pretrained critic was just trained or loaded from the cache (so both runs match)."""
+        """A fresh critic optimiser and schedule at the phase's learning rate (critic_schedule): when
+        value pretraining starts, and when PPO starts after it, whether the pretrained critic was just
+        trained or loaded from the cache (so both runs match)."""
         opt, sch = self._opt(1)
         adam_state(opt, reset=True)
         sch.last_epoch = 0
+        sch.base_lrs = [self.critic_schedule()[0] for _ in sch.base_lrs]
         for group, base, fn in zip(sch.optimizer.param_groups, sch.base_lrs, sch.lr_lambdas):
+            group["initial_lr"] = base
             group["lr"] = base * fn(0)
 
     # ------------------------------------------------------------------ logging and evaluation

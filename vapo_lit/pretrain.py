@@ -88,8 +88,13 @@ class PretrainPhase:
 def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str,
               ev_window: int = 1) -> dict:
     """Everything that determines a pretrained critic: the run config minus CANNOT_AFFECT_PRETRAINING,
-    plus the effective pretraining values."""
+    plus the effective pretraining values. The critic's learning rate and passes are the phase's own
+    (vapo.value_pretrain_critic_lr / _epochs where set), in ppo's place: a critic pretrained at the
+    same rate keeps its key whichever setting named that rate."""
     resolved = without_neutral(to_dict(cfg))
+    for own, ppo in (("value_pretrain_critic_lr", "critic_lr"), ("value_pretrain_critic_epochs", "critic_epochs")):
+        if getattr(cfg.vapo, own) is not None:
+            resolved["ppo"][ppo] = getattr(cfg.vapo, own)
     for path in CANNOT_AFFECT_PRETRAINING:
         node, *rest = path.split(".")
         if rest:

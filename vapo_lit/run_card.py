@@ -108,6 +108,7 @@ def _warmup(cfg: RunConfig, module) -> dict:
         "warmup_steps_max": sw.value_pretrain_steps if sw.value_pretraining else 0,
         "warmup_stop_min_ev": sw.value_pretrain_min_ev if sw.value_pretraining else None,
         "warmup_lambda_critic": module.advantage_settings(pretraining=True).lam_critic if sw.value_pretraining else None,
+        "warmup_critic_lr_epochs": list(module.critic_schedule(pretraining=True)) if sw.value_pretraining else None,
     }
 
 

@@ -1,7 +1,9 @@
 """Value pretraining (VC-PPO, VAPO section 4.1): before any actor update, train the critic alone on
 samples of the fixed initial policy with Monte-Carlo returns (lambda = 1), for `value_pretrain_steps`
 iterations (paper: 50) or until its explained variance reaches `value_pretrain_min_ev` (the median of
-the last `value_pretrain_ev_window` iterations' explained variances: one batch's is noisy).
+the last `value_pretrain_ev_window` iterations' explained variances: one batch's is noisy). The
+critic may train harder in this phase than in PPO (`value_pretrain_critic_lr`,
+`value_pretrain_critic_epochs`; each None: the ppo setting).
 Off: actor and critic start updating together from the critic's initialisation.
 
 The module owns the phase (`VapoModule.pretrain`, see `vapo_lit/pretrain.py`: critic-only
@@ -17,7 +19,8 @@ from vapo_lit.distributed import agree_any
 
 class ValuePretraining(Component):
     name = "value_pretraining"
-    declares = ("value_pretraining", "value_pretrain_steps", "value_pretrain_min_ev", "value_pretrain_ev_window")
+    declares = ("value_pretraining", "value_pretrain_steps", "value_pretrain_min_ev", "value_pretrain_ev_window",
+                "value_pretrain_critic_lr", "value_pretrain_critic_epochs")
 
     def should_end(self, steps_done: int, ev: float) -> bool:
         """The stopping rule: the step budget is spent, or the explained variance reached the target."""
