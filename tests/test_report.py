@@ -546,3 +546,27 @@ def test_report_reads_logs_only_and_its_statistics_load_without_pandas():
     code = "import sys, vapo_lit.statistics; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
+
+
+def test_the_paper_note_counts_directions_holm_survivors_and_the_rank_correlation():
+    import pandas as pd
+
+    from vapo_lit import statistics as stats
+    from vapo_lit.report import render
+    from vapo_lit.report.table import PAPER_DROPS
+
+    nan = float("nan")
+    rows = [("vapo", nan, nan), ("vapo-no-value_pretraining", -10.0, 0.01), ("vapo-no-clip_higher", 2.0, 0.5),
+            ("vapo-no-token_level_loss", -1.0, nan), ("vapo-no-group_sampling", nan, nan),
+            ("grpo+token_level_loss+clip_higher+group_sampling", 9.0, 0.02), ("vanilla_ppo", -30.0, 0.001)]
+    table = pd.DataFrame([{"row": r, "delta_final": d, "delta_final_p_holm": p} for r, d, p in rows])
+    ctx = render.Context(k=4, last_n=10, threshold=50, reference="vapo", token_budget=1, time_budget=1, max_seeds=20)
+    note = render.paper_note(table, ctx)
+    rho = stats.spearman([-10.0, 2.0, -1.0], [PAPER_DROPS[c] for c in ("value_pretraining", "clip_higher",
+                                                                       "token_level_loss")])
+    assert "2 of the 3 single drops move in the paper's direction (Δ < 0): w/o value_pretraining, " \
+           "w/o token_level_loss;" in note
+    assert "surviving Holm: w/o value_pretraining (p=0.010)." in note  # GRPO and vanilla PPO are not single drops
+    assert f"with the paper's: {rho:+.2f}." in note
+    assert render.paper_note(table, render.Context(4, 10, 50, "grpo+token_level_loss+clip_higher+group_sampling",
+                                                   1, 1, 20)) == ""

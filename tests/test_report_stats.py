@@ -206,3 +206,27 @@ def test_stats_module_stays_pure():
     imported = {a.name.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names}
     imported |= {n.module.split(".")[0] for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module}
     assert imported <= {"__future__", "math", "dataclasses"}
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_spearman_matches_a_reference_with_and_without_ties(seed):
+    """Reference: NumPy's Pearson correlation of pandas' average ranks, in float64."""
+    import pandas as pd
+
+    rng = np.random.default_rng(seed)
+    for n in (3, 7, 12):
+        x = rng.normal(size=n)
+        y = rng.integers(0, 4, size=n).astype(float) if seed % 2 else x + rng.normal(size=n)  # ties when odd
+        rx, ry = pd.Series(x).rank(method="average").to_numpy(), pd.Series(y).rank(method="average").to_numpy()
+        assert stats.ranks(y.tolist()) == ry.tolist()
+        want = np.corrcoef(rx, ry)[0, 1] if ry.std() > 0 else float("nan")
+        got = stats.spearman(x.tolist(), y.tolist())
+        assert (math.isnan(want) and math.isnan(got)) or got == pytest.approx(want, abs=1e-12)
+
+
+def test_ranks_average_ties_and_spearman_edge_cases():
+    assert stats.ranks([3.0, 1.0, 3.0, 2.0]) == [3.5, 1.0, 3.5, 2.0]
+    assert stats.spearman([1, 2, 3], [30, 20, 10]) == pytest.approx(-1.0)
+    assert math.isnan(stats.spearman([1, 2], [1, 2]))  # fewer than 3 pairs
+    assert math.isnan(stats.spearman([1, 2, 3], [5, 5, 5]))  # no spread on one side
+    assert stats.spearman([1, float("nan"), 2, 3], [1, 9, 2, 3]) == pytest.approx(1.0)  # NaN pairs left out

@@ -174,6 +174,35 @@ def holm(pvalues) -> list[float]:
     return out
 
 
+def ranks(values) -> list[float]:
+    """Ranks from 1, ties given the mean of the ranks they span."""
+    xs = [float(v) for v in values]
+    order = sorted(range(len(xs)), key=lambda i: xs[i])
+    out = [NAN] * len(xs)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and xs[order[j + 1]] == xs[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            out[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return out
+
+
+def spearman(x, y) -> float:
+    """Spearman's rank correlation: Pearson's correlation of the ranks (`ranks`, ties averaged).
+    NaN with fewer than 3 pairs, or when either side has a single rank (no spread)."""
+    pairs = [(float(a), float(b)) for a, b in zip(x, y) if _ok(a) and _ok(b)]
+    if len(pairs) < 3:
+        return NAN
+    rx, ry = ranks([a for a, _ in pairs]), ranks([b for _, b in pairs])
+    mx, my = sum(rx) / len(rx), sum(ry) / len(ry)
+    sxy = sum((a - mx) * (b - my) for a, b in zip(rx, ry))
+    sxx, syy = sum((a - mx) ** 2 for a in rx), sum((b - my) ** 2 for b in ry)
+    return sxy / math.sqrt(sxx * syy) if sxx > 0 and syy > 0 else NAN
+
+
 def seeds_needed(mean: float, std: float, level: float = 0.95, cap: int = 100):
     """Plug-in sample size: the smallest n >= 2 at which a paired t-interval with this mean and
     spread would exclude zero, i.e. t_{(1+level)/2, n-1} * std / sqrt(n) < |mean|. None when no

@@ -11,7 +11,8 @@ from typing import Callable
 
 import pandas as pd
 
-from vapo_lit.report.table import pretty, resolved
+from vapo_lit import statistics as stats
+from vapo_lit.report.table import PAPER_DROPS, pretty, resolved
 
 DASH = "–"
 
@@ -245,6 +246,28 @@ def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "
     return (f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with {pretty(ctx.reference)}, "
             f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}"
             + (f"; no p-value (zero spread, ‡): {', '.join(flat)}." if flat else "."))
+
+
+def paper_note(table: pd.DataFrame, ctx: Context) -> str:
+    """The single drops against VAPO's Table 1 (`PAPER_DROPS`), when the reference is the full recipe:
+    how many move in the paper's direction (Δ final < 0), which survive Holm on either side, and
+    the rank correlation of the deltas with the paper's. Empty without such rows."""
+    if ctx.reference != "vapo":
+        return ""
+    drops = [(r, PAPER_DROPS[r["row"][len("vapo-no-"):]]) for r in table.to_dict("records")
+             if r["row"].startswith("vapo-no-") and r["row"][len("vapo-no-"):] in PAPER_DROPS
+             and not _nan(r["delta_final"])]
+    if not drops:
+        return ""
+    down = [pretty(r["row"]) for r, _ in drops if r["delta_final"] < 0]
+    held = [f"{pretty(r['row'])} (p={pval(r['delta_final_p_holm'])})" for r, _ in drops
+            if not _nan(r["delta_final_p_holm"]) and r["delta_final_p_holm"] <= 0.05]
+    rho = stats.spearman([r["delta_final"] for r, _ in drops], [paper for _, paper in drops])
+    corr = (f"Rank correlation (Spearman) of the {len(drops)} deltas with the paper's: {num(rho, 2, True)}."
+            if not _nan(rho) else "Too few single drops for a rank correlation with the paper's.")
+    return (f"Against the paper's Table 1 (Δ final; there every single drop lowers the score): {len(down)} of the "
+            f"{len(drops)} single drops move in the paper's direction (Δ < 0){': ' + ', '.join(down) if down else ''}; "
+            f"surviving Holm: {', '.join(held) or 'none'}. {corr}")
 
 
 def zero_spread_note(table: pd.DataFrame, ctx: Context, metrics: dict) -> str:

@@ -281,7 +281,8 @@ def render_markdown(rep: GridReport) -> str:
     sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
                 render.markdown(*render.rows("main", table, ctx))]
     notes = [render.zero_spread_note(table, ctx, {"final": "Δ final"}) if reference else "",
-             render.holm_note(table, ctx) if reference else "", render.seeds_note(table, ctx) if reference else "",
+             render.holm_note(table, ctx) if reference else "", render.paper_note(table, ctx),
+             render.seeds_note(table, ctx) if reference else "",
              render.pairing_note(table, ctx, rep.missing), render.no_log_note(rep.no_log_rows, rep.missing),
              render.truncation_note(seeds), seed_scope_note(rep.logs)]
     sections += [n for n in notes if n]
