@@ -200,7 +200,7 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
     validate against the preset they are run with, one distinct cell per row and seed."""
     root = Path(__file__).resolve().parents[1] / "tools"
     base = merge(merge(RunConfig(), PRESETS["long"]), {"model": "random"})
-    sizes = {"critic_fit.yaml": 10, "critic_alpha.yaml": 5, "vllm_vs_hf.yaml": 2}
+    sizes = {"critic_fit.yaml": 10, "critic_alpha.yaml": 7, "vllm_vs_hf.yaml": 2}
     for name, n in sizes.items():
         grid = load_grid(str(root / name))
         cells = cells_of(grid, base, [0, 1], tmp_path / "runs")
@@ -209,6 +209,12 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
     alpha = {c.row: c.cfg for c in cells_of(load_grid(str(root / "critic_alpha.yaml")), base, [0], tmp_path)}
     assert alpha["vapo"].vapo.alpha == PRESETS["long"]["vapo"]["alpha"] and alpha["vapo-alpha0.05"].vapo.alpha == 0.05
     assert alpha["vapo-oracle-alpha0.05"].gae_values == "oracle" and alpha["vapo"].gae_values != "oracle"
+    # every row pins its critic, so the rows mean the same under any preset
+    assert all((c.ppo.critic_lr, c.ppo.critic_epochs, c.vapo.value_pretrain_critic_lr) == (3e-4, 4, None)
+               for r, c in alpha.items() if "ppo-critic" not in r)
+    soft = alpha["vapo-ppo-critic6e-5"]
+    assert (soft.ppo.critic_lr, soft.ppo.critic_epochs) == (6e-5, 1)
+    assert (soft.vapo.value_pretrain_critic_lr, soft.vapo.value_pretrain_critic_epochs) == (3e-4, 4)
     assert load_grid(str(root / "vllm_vs_hf.yaml")).reference == "vapo-hf"
     bad = tmp_path / "bad.yaml"
     bad.write_text("rows:\n  - {}\n  - drop: [clip_higher]\nreference: nope\n")
@@ -251,7 +257,7 @@ def test_a_field_at_its_neutral_value_keeps_older_identities():
     from vapo_lit.config import NEUTRAL, to_dict
     from vapo_lit.pretrain import cache_key
 
-    cfg = merge(RunConfig(), PRESETS["long"])
+    cfg = merge(RunConfig(), PRESETS["default"])
     older = {k: v for k, v in to_dict(cfg).items() if k not in BOOKKEEPING and k not in NEUTRAL}
     for path in NEUTRAL:
         *parents, name = path.split(".")

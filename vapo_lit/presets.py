@@ -4,7 +4,8 @@
   2-core CPU (`make demo`); every departure is listed with its reason below.
 * `long`: the same ratios on the built-in long chain-of-thought task (longchain: responses of 23 to
   2,003 tokens), for Table 1 in the regime VAPO is about (`vapo-ablate --grid table1 --preset long`),
-  with a critic trained harder than the paper's ratio (measured: see the preset's comments).
+  with a critic trained harder than the paper's ratio in value pretraining (measured: see the
+  preset's comments).
 * `smoke`: a few iterations on a shrunken task, to check that everything runs (tests, CI).
 * `paper`: VAPO section 5.1 hyperparameters for GPU users with a real model
   (512 prompts x 16, mini-batch 512, actor lr 1e-6, critic lr 2e-6, 50 warmup steps, alpha 0.05).
@@ -43,15 +44,21 @@ PRESETS: dict[str, dict] = {
         # lambda_critic 1); scaled, each for its reason:
         #   * 64 responses per step (4 prompts x 16; mini-batch 4) instead of 128: a response here is
         #     ~433 tokens on average, not ~117, and a run must fit ~20 minutes on one core;
-        #   * the critic: lr 3e-4 (10 x the actor's) and 4 passes over each batch. At the paper's
-        #     ratio (6e-5, one pass) the critic explains 0.12-0.34 of what a critic can explain here
-        #     after the 50 value-pretraining iterations; at 3e-4 x 4 passes 0.67-0.74 on 3 seeds
-        #     (tools/critic_fit.yaml; docs/guides/critic.md, "Settings that shape the critic");
+        #   * the critic in value pretraining: lr 3e-4 (10 x the actor's) and 4 passes over each
+        #     batch. At the paper's ratio (6e-5, one pass) the critic explains 0.12-0.34 of what a
+        #     critic can explain here after the 50 value-pretraining iterations; at 3e-4 x 4 passes
+        #     0.67-0.74 on 3 seeds (tools/critic_fit.yaml; docs/guides/critic.md, "Settings that
+        #     shape the critic"). In PPO the paper's ratio (6e-5, one pass): on 2 seeds it scored
+        #     as well as 3e-4 x 4 passes there (final 65.6 vs 63.7), its explained variance against
+        #     the true values held better late in PPO (0.53 / 0.43 vs 0.44 / 0.21 over the last 20
+        #     updates), and the PPO phase took a third of the time (tools/critic_alpha.yaml);
         #   * alpha 0.5 instead of 0.05. lambda_policy^l = (1 - 1/(alpha l))^l is about e^(-1/alpha)
         #     at every length, so alpha sets how much of the reward reaches a response's first
         #     tokens through lambda (0.135 at 0.5, 2e-9 at 0.05) rather than scaling with length;
-        #     at 0.05 the early tokens' credit comes from the critic alone (ablations/critic_pilot.yaml
-        #     runs both);
+        #     at 0.05 the early tokens' credit comes from the critic alone. With the true state
+        #     values (the oracle critic) 0.05 and 0.5 both beat GRPO (final 84.8 and 80.9 vs 71.5 on
+        #     2 seeds); with the learned critic 0.05 is behind 0.5 with either critic (final 50.0 vs
+        #     65.6, and 39.5 vs 63.7, where one run stalled near 20) (tools/critic_alpha.yaml);
         #   * actor learning rate as `default` (same model size; chosen there);
         #   * 100 PPO updates, eval every 10 on 32 problems (8 per length bucket) x 4 samples at top-p
         #     1.0 (the paper evaluates at 0.7, which cuts any error below 30% per step out of the
@@ -60,9 +67,10 @@ PRESETS: dict[str, dict] = {
         #   * micro-batches of one response (the update's math is the same for any micro-batch size):
         #     at these mixed lengths a micro-batch of 4 pads to its longest response, which made the
         #     updates slower (docs/results/table1-long/index.md, "Micro-batches of one response").
-        "ppo": {"actor_lr": 3e-5, "critic_lr": 3e-4, "critic_epochs": 4, "responses_per_step": 64,
+        "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "critic_epochs": 1, "responses_per_step": 64,
                 "mini_batch_size": 4, "micro_batch_size": 1},
         "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,
+                 "value_pretrain_critic_lr": 3e-4, "value_pretrain_critic_epochs": 4,
                  "eps_high": 0.28, "mu": 0.1, "lambda_critic": 1.0},
         "steps": 100, "eval_every": 10, "eval_problems": 32, "eval_k": 4, "eval_top_p": 1.0,
     },
