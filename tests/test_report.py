@@ -570,3 +570,15 @@ def test_the_paper_note_counts_directions_holm_survivors_and_the_rank_correlatio
     assert f"with the paper's: {rho:+.2f}." in note
     assert render.paper_note(table, render.Context(4, 10, 50, "grpo+token_level_loss+clip_higher+group_sampling",
                                                    1, 1, 20)) == ""
+
+
+def test_the_caveats_name_what_a_delta_is_against_the_reference():
+    import pandas as pd
+
+    from vapo_lit.report.write import caveats
+
+    table = pd.DataFrame([{"row": "vapo", "n": 3}, {"row": "vapo-no-clip_higher", "n": 3}])
+    assert "removing that component *from this full recipe*" in caveats(table, "vapo")
+    other = caveats(table, "grpo+token_level_loss+clip_higher+group_sampling")
+    assert "paired difference of a row from critic-free GRPO" in other and "removing" not in other.split("\n")[2]
+    assert "no reference row, so no Δ" in caveats(table, None)

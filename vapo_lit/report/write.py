@@ -48,13 +48,19 @@ def grids_in(out: Path) -> list[str]:
     return sorted(p.stem for p in (Path(out) / "grids").glob("*.json"))
 
 
-def caveats(table: pd.DataFrame) -> str:
-    """docs/algorithm.md's 'what the results do not support', applied to this table."""
+def caveats(table: pd.DataFrame, reference: str | None = "vapo") -> str:
+    """docs/algorithm.md's 'what the results do not support', applied to this table and its
+    reference row (the full recipe: each Δ is a removal; another row: a difference from it)."""
     n_min = int(table["n"].min()) if len(table) else 0
     single = [pretty(r) for r in table["row"] if r.startswith("vapo-no-") and "+" not in r]
+    if reference == "vapo":
+        what = "each Δ is the conditional effect of removing that component *from this full recipe*"
+    elif reference:
+        what = f"each Δ is the paired difference of a row from {pretty(reference)}"
+    else:
+        what = "each row's scores (there is no reference row, so no Δ)"
     lines = ["## What these deltas do and do not support", "",
-             "Supported: each Δ is the conditional effect of removing that component *from this full recipe*, on this "
-             "task, model, preset and budget, with the stated seeds.", "",
+             f"Supported: {what}, on this task, model, preset and budget, with the stated seeds.", "",
              "Not supported by this table:",
              "- that the full recipe's score is due to any single component: components interact, and single-drop "
              "deltas are not independent effects (they need not add up; test interactions with a joint-drop or the "
@@ -316,7 +322,7 @@ def render_markdown(rep: GridReport) -> str:
     files += ["the critic's quality in `critic.csv`"] if rep.critic is not None else []
     files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
     files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
-    sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table),
+    sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table, reference),
                  "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
                  f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
                  f"folder)."]
