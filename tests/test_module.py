@@ -8,6 +8,7 @@ import csv
 import dataclasses
 import json
 import math
+import statistics
 
 import pytest
 import torch
@@ -165,6 +166,13 @@ def test_pretrained_critic_is_cached_and_reused(tmp_path):
     assert float(rows_b[-1]["perf/cumulative_tokens"]) == float(rows_a[-1]["perf/cumulative_tokens"]) > 0
     phase = [float(r["perf/total_seconds"]) for r in rows_a if r.get("train/value_pretraining") == "1.0"]
     assert len(phase) == 2
+    # where the phase ended (median of its last iterations' finite explained variances; none where a
+    # random model's batches all score 0), logged alike by the run that loaded the cached critic
+    evs = [float(r["value/explained_variance"]) for r in rows_a if r.get("train/value_pretraining") == "1.0"]
+    finite = [x for x in evs if x == x]
+    logged = [[float(r["value_pretrain/ev_end"]) for r in rows if r.get("value_pretrain/ev_end")]
+              for rows in (rows_a, rows_b)]
+    assert logged[0] == logged[1] == ([pytest.approx(statistics.median(finite))] if finite else [])
     assert float(rows_b[-1]["perf/cumulative_seconds"]) > sum(phase) + float(rows_b[-1]["perf/total_seconds"])
 
 
@@ -391,3 +399,25 @@ def test_perf_metrics_add_up(tmp_path):
             assert f["cumulative_seconds"] == pytest.approx(elapsed, rel=1e-6)
     peak_now = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024  # kB on Linux
     assert 20 < float(it[-1]["perf/peak_memory_mb"]) <= peak_now * 1.01
+
+
+def test_the_phase_keeps_where_it_ended_for_a_cached_load():
+    """PretrainPhase.end_stats: medians over the last END_WINDOW iterations (NaNs left out, the
+    true-value columns only where recorded); a phase restored from a cache entry reports the entry's."""
+    from vapo_lit.pretrain import END_WINDOW, PretrainPhase
+    from vapo_lit.report.critic import LAST_VP
+
+    assert END_WINDOW == LAST_VP  # the report's 'end of value pretraining'
+    ph = PretrainPhase()
+    for i in range(15):
+        ph.record(0.01 * i, 0.02 * i, 0.6 if i % 2 else float("nan"))
+    tail = range(15 - END_WINDOW, 15)
+    end = ph.end_stats()
+    assert end["ev_end"] == pytest.approx(statistics.median([0.01 * i for i in tail]))
+    assert end["ev_oracle_end"] == pytest.approx(statistics.median([0.02 * i for i in tail]))
+    assert end["ceiling_end"] == 0.6
+    plain = PretrainPhase()
+    plain.record(0.3)
+    assert plain.end_stats() == {"ev_end": 0.3}
+    assert PretrainPhase(end=end, from_cache="x").log()["value_pretrain/ev_oracle_end"] == end["ev_oracle_end"]
+    assert ph.cost()["end"] == end

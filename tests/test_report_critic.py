@@ -18,7 +18,7 @@ from vapo_lit.report.logs import RunLog
 E = CALIBRATION_UPDATES
 
 
-def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cached=False, offset=0.0):
+def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cached=False, offset=0.0, end=None):
     """vp value-pretraining rows whose EV at VP iteration i is 0.01 * i + offset, then PPO rows with
     EV 0.5 + 0.01 * i; the true-value columns likewise shifted; the ceiling 0.6 (0.7 during VP)."""
     n = vp + n_ppo
@@ -32,6 +32,8 @@ def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cache
     if cached:
         cols["value_pretrain/steps"] = [50.0] + [float("nan")] * (n - 1)
         cols["value_pretrain/final_ev"] = [0.33] + [float("nan")] * (n - 1)
+        for k, v in (end or {}).items():
+            cols[f"value_pretrain/{k}"] = [v] + [float("nan")] * (n - 1)
     return RunLog(Path(f"/x/{row}-{seed}"), row, seed, 4, n_ppo, list(components), "gae", pd.DataFrame(cols))
 
 
@@ -58,6 +60,12 @@ def test_a_cached_value_pretraining_phase_is_read_from_its_logged_summary():
     assert frame.loc["vapo", "vp_iterations"] == 50 and frame.loc["vapo", "ev_vp_end"] == pytest.approx(0.33)
     old = critic.critic_frame([run("vapo", 0, vp=0)], ["vapo"], last_n=4).set_index("row")  # logged before the summary
     assert math.isnan(old.loc["vapo", "vp_iterations"]) and math.isnan(old.loc["vapo", "ev_vp_end"])
+    assert math.isnan(frame.loc["vapo", "vp_end_of_ceiling"])  # an entry without its end: no share
+    # an entry that kept where its phase ended: its medians, and the share of the ceiling then
+    end = {"ev_end": 0.41, "ev_oracle_end": 0.55, "ceiling_end": 0.62}
+    kept = critic.critic_frame([run("vapo", 0, vp=0, cached=True, end=end)], ["vapo"], last_n=4).set_index("row")
+    assert kept.loc["vapo", "ev_vp_end"] == pytest.approx(0.41) and kept.loc["vapo", "ev_oracle_vp_end"] == 0.55
+    assert kept.loc["vapo", "vp_end_of_ceiling"] == pytest.approx(0.41 / 0.62)
 
 
 def test_rows_without_a_critic_are_left_out_and_no_critic_means_no_section():

@@ -213,7 +213,9 @@ class VapoModule(L.LightningModule):
         self.iteration += 1
         if pretraining:  # what the phase's stopping rule reads (components/value_pretraining.py)
             self.pretrain.steps_done += 1
-            self.pretrain.record(stats.value.explained_variance)
+            oracle = stats.value.oracle
+            self.pretrain.record(stats.value.explained_variance, *((oracle.explained_variance, oracle.ceiling)
+                                                                   if oracle is not None else ()))
         else:
             self.ppo_updates += 1
         # 8. evaluate (every eval_every PPO updates and after the last)   9. log   10. stop after cfg.steps

@@ -17,6 +17,9 @@ from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
 from vapo_lit.config import to_dict, without_neutral
 from vapo_lit.distributed import barrier, broadcast_object, full_state_dict, load_full_state_dict, rank_and_world
 
+NAN = float("nan")
+END_WINDOW = 10
+"""Iterations whose median is 'the critic at the end of value pretraining' (report/critic.py's LAST_VP)."""
 CACHE_NAME = "pretrained-critic"
 CACHE_VERSION = 3
 """Bump when the pretraining code changes what it produces (3: entries carry the phase's cost)."""
@@ -48,6 +51,12 @@ class PretrainPhase:
     measured before that batch's update."""
     recent_ev: list = field(default_factory=list)
     """Every pretraining iteration's explained variance (NaN where a batch's returns were all equal)."""
+    recent_oracle: list = field(default_factory=list)
+    """Every pretraining iteration's [explained variance against the true values, their ceiling]
+    on a task with true values (NaN elsewhere)."""
+    end: dict = field(default_factory=dict)
+    """The cached phase's `end_stats`, for a phase loaded from the cache (its iterations were not run
+    here)."""
     from_cache: str | None = None
     """The cache entry the pretrained critic was loaded from, if it was."""
     finished: bool = False
@@ -59,10 +68,27 @@ class PretrainPhase:
     def state_dict(self) -> dict:
         return asdict(self)
 
-    def record(self, ev: float) -> None:
-        """One pretraining iteration's explained variance."""
+    def record(self, ev: float, ev_oracle: float = NAN, ceiling: float = NAN) -> None:
+        """One pretraining iteration's explained variance (and, on a task with true values, the
+        critic's against them and the true values' own ceiling)."""
         self.last_ev = ev
         self.recent_ev = [*self.recent_ev, ev]
+        self.recent_oracle = [*self.recent_oracle, [ev_oracle, ceiling]]
+
+    def end_stats(self) -> dict:
+        """Medians over the phase's last END_WINDOW iterations: explained variance against returns,
+        against the true values, and the ceiling (the critic report's 'end of value pretraining');
+        the cached ones for a phase loaded from the cache."""
+        if self.end:
+            return dict(self.end)
+        tail = self.recent_oracle[-END_WINDOW:]
+        columns = (self.recent_ev[-END_WINDOW:], [x for x, _ in tail], [c for _, c in tail])
+        out = {}
+        for name, xs in zip(("ev_end", "ev_oracle_end", "ceiling_end"), columns):
+            finite = [x for x in xs if x == x]
+            if finite:
+                out[name] = statistics.median(finite)
+        return out
 
     def recent_ev_median(self, window: int) -> float:
         """The median explained variance of the last `window` iterations (those with one), NaN until
@@ -73,12 +99,15 @@ class PretrainPhase:
 
     def log(self) -> dict:
         """The phase's outcome as metrics (logged with the first row after it)."""
-        out = {"value_pretrain/steps": self.steps_done, "value_pretrain/final_ev": self.last_ev}
+        out = {"value_pretrain/steps": self.steps_done, "value_pretrain/final_ev": self.last_ev,
+               **{f"value_pretrain/{k}": v for k, v in self.end_stats().items()}}
         return {**out, "value_pretrain/from_cache": 1.0} if self.from_cache else out
 
     def cost(self) -> dict:
-        """What the cache entry keeps besides the critic: how far the phase went and what it cost."""
-        return {"steps_done": self.steps_done, "last_ev": self.last_ev, "seconds": self.seconds, "tokens": self.tokens}
+        """What the cache entry keeps besides the critic: how far the phase went, where it ended
+        (`end_stats`) and what it cost."""
+        return {"steps_done": self.steps_done, "last_ev": self.last_ev, "seconds": self.seconds, "tokens": self.tokens,
+                "end": self.end_stats()}
 
     def load_state_dict(self, state: dict) -> None:
         for k, v in state.items():
@@ -139,7 +168,7 @@ def restore(key: dict, cache_dir, critic) -> PretrainPhase | None:
     entry, stats = cached
     load_full_state_dict(critic, _read_critic(entry, critic) if zero else None)
     return PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"], from_cache=str(entry),
-                         finished=True, seconds=stats["seconds"], tokens=stats["tokens"])
+                         finished=True, seconds=stats["seconds"], tokens=stats["tokens"], end=stats.get("end", {}))
 
 
 def store(key: dict, cache_dir, critic, phase: PretrainPhase) -> None:

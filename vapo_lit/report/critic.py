@@ -9,9 +9,11 @@ critic can reach there, since outcomes are random given the state). `critic.csv`
 with a critic:
 
 * `vp_iterations`: value-pretraining iterations (mean over seeds; 0 without value pretraining; a
-  run that loaded its pretrained critic from the cache logs the cached phase's count and final
-  explained variance as `value_pretrain/steps` and `value_pretrain/final_ev`, which stand in for
-  its missing rows: the last batch's explained variance instead of a median);
+  run that loaded its pretrained critic from the cache logs the cached phase's count and where it
+  ended as `value_pretrain/steps` and `value_pretrain/ev_end`, `ev_oracle_end`, `ceiling_end`
+  (medians over its last LAST_VP iterations), which stand in for its missing rows; a cache entry
+  from before those were kept gives only `value_pretrain/final_ev`, the last batch's explained
+  variance);
 * `ev_vp_end`, `ev_early`, `ev_late`: explained variance against Monte-Carlo returns, median over
   the last LAST_VP value-pretraining iterations, the first CALIBRATION_UPDATES and the last N PPO
   iterations;
@@ -62,9 +64,12 @@ def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
         out[f"ev{suffix}_early"] = _median(_col(ppo, col).dropna().iloc[:CALIBRATION_UPDATES])
         out[f"ev{suffix}_late"] = _median(_col(ppo, col).dropna().iloc[-last_n:])
     out["ceiling"] = _median(_col(df, "value/oracle_ceiling"))
-    if not len(vp) and value_pretraining:  # loaded from the cache: its logged final EV, where logged
-        out["ev_vp_end"] = _median(_col(df, "value_pretrain/final_ev").dropna().iloc[-1:])
     ceiling_vp = _median(_col(vp, "value/oracle_ceiling").iloc[-LAST_VP:]) if len(vp) else NAN
+    if not len(vp) and value_pretraining:  # loaded from the cache: the cached phase's end, where logged
+        end = {k: _median(_col(df, f"value_pretrain/{k}").dropna().iloc[-1:])
+               for k in ("ev_end", "ev_oracle_end", "ceiling_end", "final_ev")}
+        out["ev_vp_end"] = end["ev_end"] if end["ev_end"] == end["ev_end"] else end["final_ev"]
+        out["ev_oracle_vp_end"], ceiling_vp = end["ev_oracle_end"], end["ceiling_end"]
     out["vp_end_of_ceiling"] = out["ev_vp_end"] / ceiling_vp if ceiling_vp > 0 else NAN
     return out
 
