@@ -68,6 +68,15 @@ def test_the_warmup_records_its_lambda_only_with_value_pretraining(module):
     assert warm["value_pretraining"] and warm["warmup_steps_max"] == 7 and warm["warmup_lambda_critic"] == 1.0
     warm = card_for(module, without("value_pretraining"))["value_initialisation_and_warmup"]
     assert not warm["value_pretraining"] and warm["warmup_steps_max"] == 0 and warm["warmup_lambda_critic"] is None
+    assert warm["warmup_critic_lr_epochs"] is None
+
+
+def test_the_warmup_records_the_critics_rate_in_value_pretraining(module):
+    warm = card_for(module, ppo={"critic_lr": 6e-5, "critic_epochs": 1},
+                    vapo={"value_pretrain_critic_lr": 3e-4, "value_pretrain_critic_epochs": 4})
+    assert warm["value_initialisation_and_warmup"]["warmup_critic_lr_epochs"] == [3e-4, 4]
+    same = card_for(module, ppo={"critic_lr": 6e-5, "critic_epochs": 2})["value_initialisation_and_warmup"]
+    assert same["warmup_critic_lr_epochs"] == [6e-5, 2]  # None: the ppo ones
 
 
 @pytest.mark.parametrize("recompute, source", [(True, "recomputed"), (False, "sampler")])
