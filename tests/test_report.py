@@ -566,7 +566,7 @@ def test_the_paper_note_counts_directions_holm_survivors_and_the_rank_correlatio
                                                                        "token_level_loss")])
     assert "2 of the 3 single drops move in the paper's direction (Δ < 0): w/o value_pretraining, " \
            "w/o token_level_loss;" in note
-    assert "surviving Holm: w/o value_pretraining (p=0.010)." in note  # GRPO and vanilla PPO are not single drops
+    assert "surviving Holm: w/o value_pretraining (Δ -10.0, p=0.010)." in note  # GRPO and vanilla PPO are not single drops
     assert f"with the paper's: {rho:+.2f}." in note
     assert render.paper_note(table, render.Context(4, 10, 50, "grpo+token_level_loss+clip_higher+group_sampling",
                                                    1, 1, 20)) == ""

@@ -329,9 +329,9 @@ class VapoModule(L.LightningModule):
         return pool.select(dynamic.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True)
 
     def update_critic(self, exp: Experience) -> CriticStats:
-        """critic_epochs passes (value pretraining's own while it runs) of value-loss steps over
-        mini-batches; each mini-batch's loss is
-        normalised by its own valid-token count, summed over its micro-batches (and ranks)."""
+        """critic_epochs passes (value pretraining's own while it runs: critic_schedule) of value-loss
+        steps over mini-batches; each mini-batch's loss is normalised by its own valid-token count,
+        summed over its micro-batches (and ranks)."""
         world, p = rank_and_world()[1], self.cfg.ppo
         losses, norms = [], []
         for epoch in range(self.critic_schedule()[1]):

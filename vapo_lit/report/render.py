@@ -260,8 +260,8 @@ def paper_note(table: pd.DataFrame, ctx: Context) -> str:
     if not drops:
         return ""
     down = [pretty(r["row"]) for r, _ in drops if r["delta_final"] < 0]
-    held = [f"{pretty(r['row'])} (p={pval(r['delta_final_p_holm'])})" for r, _ in drops
-            if not _nan(r["delta_final_p_holm"]) and r["delta_final_p_holm"] <= 0.05]
+    held = [f"{pretty(r['row'])} (Δ {num(r['delta_final'], 1, True)}, p={pval(r['delta_final_p_holm'])})"
+            for r, _ in drops if not _nan(r["delta_final_p_holm"]) and r["delta_final_p_holm"] <= 0.05]
     rho = stats.spearman([r["delta_final"] for r, _ in drops], [paper for _, paper in drops])
     corr = (f"Rank correlation (Spearman) of the {len(drops)} deltas with the paper's: {num(rho, 2, True)}."
             if not _nan(rho) else "Too few single drops for a rank correlation with the paper's.")
