@@ -254,7 +254,7 @@ def test_a_field_at_its_neutral_value_keeps_older_identities():
     """A field in NEUTRAL, at its value there, hashes as if the config had no such field: a grid
     started before the field existed keeps its cells' identities."""
     from vapo_lit.cache import config_key
-    from vapo_lit.config import NEUTRAL, to_dict
+    from vapo_lit.config import NEUTRAL, to_dict, without_neutral
     from vapo_lit.pretrain import cache_key
 
     cfg = merge(RunConfig(), PRESETS["default"])
@@ -270,13 +270,33 @@ def test_a_field_at_its_neutral_value_keeps_older_identities():
         if parents:
             del older[parents[0]][name]
     assert cell_identity(cfg) == config_key(older)
-    assert "value_pretrain_critic_lr" in to_dict(cfg)["vapo"]  # (the nested ones exist before they are left out)
     key = cache_key(cfg, steps=50, min_ev=None, samples_per_prompt=16, max_new_tokens=64, task_version="v")
     assert not set(NEUTRAL) & set(key["config"])
+    resolved = to_dict(cfg)
+    assert "value_pretrain_critic_lr" not in without_neutral(resolved)["vapo"]
+    assert "value_pretrain_critic_lr" in resolved["vapo"]  # without_neutral leaves its input alone
     assert cell_identity(merge(cfg, {"vapo": {"value_pretrain_critic_lr": 1e-3}})) != cell_identity(cfg)
     other = cache_key(merge(cfg, {"builtin_shape": "vllm"}), steps=50, min_ev=None, samples_per_prompt=16,
                       max_new_tokens=64, task_version="v")
     assert other["config"]["builtin_shape"] == "vllm"
+
+
+def test_the_long_presets_pretrained_critic_is_the_one_cached_before_it_had_its_own_rate():
+    """The long preset pretrains at 3e-4 x 4 passes through vapo.value_pretrain_critic_*; its critic
+    before that was ppo.critic_lr 3e-4 x 4 with the phase's settings at None. Same training, same
+    cache entry; another phase rate, another entry."""
+    from vapo_lit.pretrain import cache_key
+
+    def key(cfg):
+        return cache_key(cfg, steps=50, min_ev=None, samples_per_prompt=16, max_new_tokens=2003, task_version="v")
+
+    now = merge(RunConfig(), PRESETS["long"])
+    before = merge(now, {"ppo": {"critic_lr": 3e-4, "critic_epochs": 4},
+                         "vapo": {"value_pretrain_critic_lr": None, "value_pretrain_critic_epochs": None}})
+    assert (now.ppo.critic_lr, now.vapo.value_pretrain_critic_lr) == (6e-5, 3e-4)
+    assert key(now) == key(before)
+    assert key(merge(now, {"vapo": {"value_pretrain_critic_epochs": 2}})) != key(now)
+    assert cell_identity(now) != cell_identity(before)  # the PPO phase differs: another run
 
 
 def test_progress_line_and_eta():

@@ -401,6 +401,35 @@ def test_perf_metrics_add_up(tmp_path):
     assert 20 < float(it[-1]["perf/peak_memory_mb"]) <= peak_now * 1.01
 
 
+def test_where_value_pretraining_ended_travels_through_the_cache(tmp_path, monkeypatch):
+    """The module records each pretraining iteration; the phase's end (medians of its last
+    iterations) goes into the cache entry and comes back, logged alike, in a run that loads it. A
+    random model's batches all score 0 (explained variance NaN), so the recorded values are made
+    finite here, keeping the module's call and everything after it."""
+    from vapo_lit import pretrain as pre
+
+    recorded, original = [], pre.PretrainPhase.record
+
+    def record(self, ev, ev_oracle=float("nan"), ceiling=float("nan")):
+        k = len(self.recent_ev)
+        recorded.append((0.1 * k, 0.2 + 0.1 * k, 0.7))
+        original(self, *recorded[-1])
+
+    monkeypatch.setattr(pre.PretrainPhase, "record", record)
+    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0, name="first",
+                    vapo={"value_pretrain_steps": 3})
+    train(cfg, module_factory=tiny_factory)
+    train(merge(cfg, {"name": "second"}), module_factory=tiny_factory)
+    assert len(recorded) == 3  # the second run pretrained nothing
+    want = {"ev_end": 0.1, "ev_oracle_end": 0.3, "ceiling_end": 0.7}  # medians of the 3 iterations
+    (entry,) = (tmp_path / "cache").glob("pretrained-critic-*")
+    assert json.loads((entry / "pretraining.json").read_text())["end"] == pytest.approx(want)
+    for name in ("first", "second"):
+        rows = read_metrics(tmp_path / "runs" / name)
+        logged = {k: float(r[f"value_pretrain/{k}"]) for r in rows for k in want if r.get(f"value_pretrain/{k}")}
+        assert logged == pytest.approx(want), name
+
+
 def test_the_phase_keeps_where_it_ended_for_a_cached_load():
     """PretrainPhase.end_stats: medians over the last END_WINDOW iterations (NaNs left out, the
     true-value columns only where recorded); a phase restored from a cache entry reports the entry's."""
@@ -421,3 +450,11 @@ def test_the_phase_keeps_where_it_ended_for_a_cached_load():
     assert plain.end_stats() == {"ev_end": 0.3}
     assert PretrainPhase(end=end, from_cache="x").log()["value_pretrain/ev_oracle_end"] == end["ev_oracle_end"]
     assert ph.cost()["end"] == end
+    # a checkpoint from before the true-value columns: their earlier iterations count as NaN, and
+    # nothing this object held (a cached phase's end) survives the load
+    old = PretrainPhase(end={"ev_end": 0.9}, from_cache="entry")
+    old.load_state_dict({"active": True, "steps_done": 12, "recent_ev": [0.01 * i for i in range(12)]})
+    assert old.end == {} and old.from_cache is None and len(old.recent_oracle) == 12
+    old.record(0.5, 0.4, 0.6)
+    assert old.end_stats() == {"ev_end": pytest.approx(statistics.median([0.01 * i for i in range(3, 12)] + [0.5])),
+                               "ev_oracle_end": 0.4, "ceiling_end": 0.6}

@@ -230,3 +230,6 @@ def test_ranks_average_ties_and_spearman_edge_cases():
     assert math.isnan(stats.spearman([1, 2], [1, 2]))  # fewer than 3 pairs
     assert math.isnan(stats.spearman([1, 2, 3], [5, 5, 5]))  # no spread on one side
     assert stats.spearman([1, float("nan"), 2, 3], [1, 9, 2, 3]) == pytest.approx(1.0)  # NaN pairs left out
+    assert stats.spearman([1, 2, 3, 4], [np.float32("nan"), 3, 2, 1]) == pytest.approx(-1.0)  # NumPy's NaN too
+    with pytest.raises(ValueError, match="NaN or None has no rank"):
+        stats.ranks([1.0, float("nan"), 0.5])

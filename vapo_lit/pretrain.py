@@ -110,8 +110,14 @@ class PretrainPhase:
                 "end": self.end_stats()}
 
     def load_state_dict(self, state: dict) -> None:
-        for k, v in state.items():
-            setattr(self, k, v)
+        """The saved phase; fields a checkpoint from before they existed lacks take their defaults
+        (never what this object held), and the true-value columns of its earlier iterations are NaN."""
+        fresh = PretrainPhase()
+        for k in asdict(fresh):
+            setattr(self, k, state.get(k, getattr(fresh, k)))
+        missing = len(self.recent_ev) - len(self.recent_oracle)
+        if missing > 0:
+            self.recent_oracle = [[NAN, NAN]] * missing + list(self.recent_oracle)
 
 
 def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str,

@@ -174,9 +174,16 @@ def holm(pvalues) -> list[float]:
     return out
 
 
+def _finite(v) -> bool:
+    return _ok(v) and not math.isnan(float(v))
+
+
 def ranks(values) -> list[float]:
-    """Ranks from 1, ties given the mean of the ranks they span."""
+    """Ranks from 1, ties given the mean of the ranks they span. Every value must be a number (no
+    NaN: it has no place in an order)."""
     xs = [float(v) for v in values]
+    if not all(_finite(x) for x in xs):
+        raise ValueError(f"ranks of {xs}: NaN or None has no rank; leave such values out first")
     order = sorted(range(len(xs)), key=lambda i: xs[i])
     out = [NAN] * len(xs)
     i = 0
@@ -193,7 +200,7 @@ def ranks(values) -> list[float]:
 def spearman(x, y) -> float:
     """Spearman's rank correlation: Pearson's correlation of the ranks (`ranks`, ties averaged).
     NaN with fewer than 3 pairs, or when either side has a single rank (no spread)."""
-    pairs = [(float(a), float(b)) for a, b in zip(x, y) if _ok(a) and _ok(b)]
+    pairs = [(float(a), float(b)) for a, b in zip(x, y) if _finite(a) and _finite(b)]
     if len(pairs) < 3:
         return NAN
     rx, ry = ranks([a for a, _ in pairs]), ranks([b for _, b in pairs])
