@@ -1,0 +1,59 @@
+"""tools/keep_report.py (keeping a grid's study under reports/): it copies the manifest and each
+cell's logs, never checkpoints; the kept folder gives back the committed report byte for byte; a
+cell without a log is left out and named; bad input writes nothing."""
+from __future__ import annotations
+
+import shutil
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT / "tools"))
+from keep_report import LOGS, main  # noqa: E402
+
+STUDY = ROOT / "reports" / "vllm-vs-hf"  # a committed study stands in for an output folder
+GRID = "vllm_vs_hf"
+
+
+def output_folder(tmp_path: Path) -> Path:
+    out = tmp_path / "out"
+    shutil.copytree(STUDY / "grids", out / "grids")
+    shutil.copytree(STUDY / "runs", out / "runs")
+    for run in (out / "runs").iterdir():  # what a real run folder also holds, never kept
+        (run / "checkpoints").mkdir()
+        (run / "checkpoints" / "last.ckpt").write_bytes(b"x")
+    return out
+
+
+def test_the_kept_study_gives_back_the_committed_report(tmp_path, capsys):
+    out, to = output_folder(tmp_path), tmp_path / "kept"
+    assert main([str(out), "--grid", GRID, "--to", str(to), "--no-figures"]) == 0
+    for name in ("table.md", "table.csv", "seeds.csv"):
+        assert (to / name).read_bytes() == (STUDY / name).read_bytes(), name
+    kept = {p.relative_to(to).as_posix() for p in (to / "runs").rglob("*") if p.is_file()}
+    want = {p.relative_to(STUDY).as_posix() for p in (STUDY / "runs").rglob("*") if p.is_file()}
+    assert kept == want and all(Path(k).name in LOGS for k in kept)
+
+
+def test_a_cell_without_a_log_is_left_out_and_named(tmp_path, capsys):
+    out, to = output_folder(tmp_path), tmp_path / "kept"
+    lost = sorted((out / "runs").iterdir())[0]
+    (lost / "metrics.csv").unlink()
+    assert main([str(out), "--grid", GRID, "--to", str(to), "--no-figures"]) == 0
+    assert f"no log in {lost}; left out" in capsys.readouterr().out
+    assert not (to / "runs" / lost.name).exists() and (to / "table.md").is_file()
+    assert "no log for seed(s)" in (to / "table.md").read_text()
+
+
+def test_bad_input_writes_nothing(tmp_path, capsys):
+    out, to = output_folder(tmp_path), tmp_path / "kept"
+    assert main([str(out), "--grid", "nope", "--to", str(to)]) == 2
+    assert f"no grid manifest {out / 'grids' / 'nope.json'}; grids in {out}: {GRID}" in capsys.readouterr().err
+    assert not to.exists()
+    to.mkdir()
+    (to / "notes.md").write_text("kept")
+    assert main([str(out), "--grid", GRID, "--to", str(to)]) == 2
+    assert "exists; add --replace" in capsys.readouterr().err
+    assert [p.name for p in to.iterdir()] == ["notes.md"]
+    assert main([str(out), "--grid", GRID, "--to", str(to), "--replace", "--no-figures"]) == 0
+    assert (to / "notes.md").read_text() == "kept" and (to / "table.md").is_file()

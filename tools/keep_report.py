@@ -1,0 +1,69 @@
+"""Keep a grid's study in reports/: copy its manifest (`grids/<grid>.json`) and, for every cell the
+manifest names, the logs a report is computed from (metrics.csv, config.yaml, run_card.json,
+attempts.jsonl, summary.json; no checkpoints, exported models or W&B files) into TO, in the same
+`runs/<run>/` layout, then write the report there. A cell without a log yet (still running, or
+failed) is left out and named; the report says which seeds are missing.
+
+    python tools/keep_report.py runs/table1-long --grid table1_long --to reports/table1-long [--replace]
+
+TO must not exist unless --replace is given (then its runs/ and grids/ are replaced).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import sys
+from pathlib import Path
+
+LOGS = ("metrics.csv", "config.yaml", "run_card.json", "attempts.jsonl", "summary.json")
+
+
+def keep(out: Path, grid: str, to: Path, replace: bool = False) -> list[str]:
+    """Copy the study; returns the run folders that had no log (left out)."""
+    manifest = out / "grids" / f"{grid}.json"
+    if not manifest.is_file():
+        found = sorted(p.stem for p in (out / "grids").glob("*.json"))
+        raise ValueError(f"no grid manifest {manifest}; grids in {out}: {', '.join(found) or '(none)'}")
+    if to.exists() and not replace:
+        raise ValueError(f"{to} exists; add --replace to replace its runs/ and grids/")
+    cells = json.loads(manifest.read_text())["cells"]
+    missing = [c["run_dir"] for c in cells if not (out / c["run_dir"] / "metrics.csv").is_file()]
+    for sub in ("runs", "grids"):
+        shutil.rmtree(to / sub, ignore_errors=True)
+    (to / "grids").mkdir(parents=True)
+    shutil.copy2(manifest, to / "grids" / manifest.name)
+    for c in cells:
+        if c["run_dir"] in missing:
+            continue
+        dest = to / c["run_dir"]
+        dest.mkdir(parents=True)
+        for name in LOGS:
+            if (out / c["run_dir"] / name).is_file():
+                shutil.copy2(out / c["run_dir"] / name, dest / name)
+    return missing
+
+
+def main(argv=None) -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("out", type=Path, help="the grid's output folder (vapo-ablate --out)")
+    ap.add_argument("--grid", required=True, help="the grid's id (its manifest grids/<grid>.json)")
+    ap.add_argument("--to", required=True, type=Path, help="the report folder to keep, e.g. reports/<name>")
+    ap.add_argument("--replace", action="store_true", help="replace TO's runs/ and grids/ if it exists")
+    ap.add_argument("--no-figures", action="store_true", help="write the text files only")
+    args = ap.parse_args(argv)
+    try:
+        missing = keep(args.out, args.grid, args.to, args.replace)
+    except ValueError as e:
+        print(f"keep_report: error: {e}", file=sys.stderr)
+        return 2
+    for run in missing:
+        print(f"keep_report: no log in {args.out / run}; left out")
+    from vapo_lit.cli.report import main as report
+
+    return report([str(args.to), "--grid", args.grid, "--to", str(args.to), "--wandb", "disabled",
+                   *(["--no-figures"] if args.no_figures else [])])
+
+
+if __name__ == "__main__":
+    sys.exit(main())
