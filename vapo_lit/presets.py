@@ -45,13 +45,13 @@ PRESETS: dict[str, dict] = {
         #   * 64 responses per step (4 prompts x 16; mini-batch 4) instead of 128: a response here is
         #     ~433 tokens on average, not ~117, and a run must fit ~20 minutes on one core;
         #   * the critic in value pretraining: lr 3e-4 (10 x the actor's) and 4 passes over each
-        #     batch. At the paper's ratio (6e-5, one pass) the critic explains 0.12-0.34 of what a
+        #     batch. At the paper's ratio (6e-5, one pass) the critic explains 0.12-0.22 of what a
         #     critic can explain here after the 50 value-pretraining iterations; at 3e-4 x 4 passes
         #     0.67-0.74 on 3 seeds (tools/critic_fit.yaml; docs/guides/critic.md, "Settings that
         #     shape the critic"). In PPO the paper's ratio (6e-5, one pass): on 2 seeds it scored
         #     as well as 3e-4 x 4 passes there (final 65.6 vs 63.7), its explained variance against
-        #     the true values held better late in PPO (0.53 / 0.43 vs 0.44 / 0.21 over the last 20
-        #     updates), and the PPO phase took a third of the time (tools/critic_alpha.yaml);
+        #     the true values held better late in PPO (0.53 / 0.45 vs 0.43 / 0.22 over the last 20
+        #     updates), at a quarter of the critic's compute in PPO (tools/critic_alpha.yaml);
         #   * alpha 0.5 instead of 0.05. lambda_policy^l = (1 - 1/(alpha l))^l is about e^(-1/alpha)
         #     at every length, so alpha sets how much of the reward reaches a response's first
         #     tokens through lambda (0.135 at 0.5, 2e-9 at 0.05) rather than scaling with length;
