@@ -497,11 +497,10 @@ class VapoModule(L.LightningModule):
     def critic_schedule(self, pretraining: bool | None = None) -> tuple[float, int]:
         """The critic's (learning rate, passes per batch): value pretraining's own settings while it
         runs (each None: the PPO ones), ppo.critic_lr and ppo.critic_epochs otherwise."""
-        p, sw = self.cfg.ppo, self.switches
+        p = self.cfg.ppo
         if not (self.pretrain.active if pretraining is None else pretraining):
             return p.critic_lr, p.critic_epochs
-        lr, epochs = sw.value_pretrain_critic_lr, sw.value_pretrain_critic_epochs
-        return (p.critic_lr if lr is None else lr), (p.critic_epochs if epochs is None else epochs)
+        return pretrain.phase_critic(p, self.switches)
 
     def _reset_critic_optimizer(self) -> None:
         """A fresh critic optimiser and schedule at the phase's learning rate (critic_schedule): when

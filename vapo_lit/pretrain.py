@@ -120,6 +120,14 @@ class PretrainPhase:
             self.recent_oracle = [[NAN, NAN]] * missing + list(self.recent_oracle)
 
 
+def phase_critic(ppo, values) -> tuple[float, int]:
+    """The critic's (learning rate, passes per batch) during value pretraining: `values`'
+    value_pretrain_critic_lr / _epochs (the config's vapo section, or the module's switches), each
+    None meaning ppo's critic_lr / critic_epochs."""
+    lr, epochs = values.value_pretrain_critic_lr, values.value_pretrain_critic_epochs
+    return (ppo.critic_lr if lr is None else lr), (ppo.critic_epochs if epochs is None else epochs)
+
+
 def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str,
               ev_window: int = 1) -> dict:
     """Everything that determines a pretrained critic: the run config minus CANNOT_AFFECT_PRETRAINING,
@@ -127,9 +135,7 @@ def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_token
     (vapo.value_pretrain_critic_lr / _epochs where set), in ppo's place: a critic pretrained at the
     same rate keeps its key whichever setting named that rate."""
     resolved = without_neutral(to_dict(cfg))
-    for own, ppo in (("value_pretrain_critic_lr", "critic_lr"), ("value_pretrain_critic_epochs", "critic_epochs")):
-        if getattr(cfg.vapo, own) is not None:
-            resolved["ppo"][ppo] = getattr(cfg.vapo, own)
+    resolved["ppo"]["critic_lr"], resolved["ppo"]["critic_epochs"] = phase_critic(cfg.ppo, cfg.vapo)
     for path in CANNOT_AFFECT_PRETRAINING:
         node, *rest = path.split(".")
         if rest:
