@@ -18,12 +18,12 @@ import os
 import signal
 import subprocess
 import sys
-import time
 from pathlib import Path
 
 import pytest
 import torch
 
+from vapo_lit import faults
 from vapo_lit.config import RunConfig, merge, validate
 
 TASK = {"min_n": 2, "max_n": 7, "n_buckets": 2, "eval_per_bucket": 3}
@@ -120,19 +120,23 @@ def test_two_ddp_processes_equal_one(tmp_path, model_dir, single):
 @pytest.mark.slow
 @pytest.mark.parametrize("strategy", ["ddp", "fsdp"])
 def test_two_processes_killed_and_resumed_equal_one_uninterrupted(tmp_path, model_dir, single, strategy):
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
+    # Rank 0 SIGKILLs the launcher and its rank-1 child at once right after its second last.ckpt: a
+    # fixed point between two iterations, never a race with a run that may finish first on a fast machine.
+    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1",
+           faults.ENV: "last_saved:2:killgroup"}
     proc = subprocess.Popen([sys.executable, "-m", "vapo_lit.cli.train",
                              *flags(model_dir, tmp_path, "ddp", tmp_path / "c2", "--devices", "2",
                                     "--strategy", strategy)],
                             stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
-    metrics = tmp_path / "ddp" / "metrics.csv"
-    deadline = time.time() + 300
-    while time.time() < deadline and proc.poll() is None:
-        if metrics.is_file() and len(metrics.read_text().splitlines()) >= 4:  # header, base eval, 2 iterations
-            break
-        time.sleep(0.2)
-    os.killpg(proc.pid, signal.SIGKILL)  # the launcher and its rank-1 child
-    proc.wait()
+    try:
+        proc.wait(timeout=300)
+    finally:
+        try:
+            os.killpg(proc.pid, signal.SIGKILL)  # only if the fault never fired
+        except ProcessLookupError:
+            pass
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
     assert (tmp_path / "ddp" / "checkpoints" / "last.ckpt").is_file()
     assert not (tmp_path / "ddp" / "summary.json").exists()  # it really was cut short
     resumed = run_cli(["--resume", str(tmp_path / "ddp")])

@@ -100,6 +100,8 @@ class RunCheckpoints(Callback):
             self._save(trainer, "best.ckpt")
         if pl_module.iteration % self.every == 0 or trainer.should_stop:
             pl_module.last_good_checkpoint = self._save(trainer, "last.ckpt")
+            if trainer.is_global_zero:
+                faults.reach("last_saved")
 
 
 class RunExports(Callback):

@@ -6,10 +6,12 @@ to leave a half-written file first). Nothing happens unless the environment vari
     VAPO_LIT_FAULT=<point>:<n>[:<action>]      e.g. csv_append:5  or  checkpoint:2:enospc
 
 is set: then the n-th time this process reaches <point> it performs <action>: ``kill`` (default;
-SIGKILL itself, like a power cut or the OOM killer: no handler, no cleanup) or ``enospc`` (raise
-OSError(ENOSPC), what a full disk gives). Points: ``csv_append`` (half a metrics.csv row on disk),
+SIGKILL itself, like the OOM killer: no handler, no cleanup), ``killgroup`` (SIGKILL its whole process
+group at once, a launcher and its ranks: a lost machine) or ``enospc`` (raise OSError(ENOSPC), what a
+full disk gives). Points: ``csv_append`` (half a metrics.csv row on disk),
 ``checkpoint`` (a half-written .last.ckpt.tmp), ``cache_write`` (a built cache entry not yet moved
-into place), ``enqueue`` (after each trial a grid adds to its study).
+into place), ``enqueue`` (after each trial a grid adds to its study), ``last_saved`` (on rank 0, after
+each last.ckpt is in place: a kill between two iterations, at a known point).
 """
 from __future__ import annotations
 
@@ -36,6 +38,8 @@ def due(point: str) -> str | None:
 def fire(action: str, point: str) -> None:
     if action == "enospc":
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {point})")
+    if action == "killgroup":
+        os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 
 
