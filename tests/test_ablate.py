@@ -223,6 +223,33 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
     assert not (tmp_path / "runs").exists()
 
 
+def test_a_grids_contrasts_load_checked_and_reach_the_manifest(tmp_path):
+    """`contrasts:` [row, against] pairs: checked against the rows when the grid loads (one-line
+    errors naming the file), and written into the manifest the report reads."""
+    from vapo_lit.ablate.runner import plan, write_manifest
+
+    long = load_grid("table1_long")
+    assert long.contrasts == [("vapo-oracle", "grpo+token_level_loss+clip_higher+group_sampling")]
+    assert load_grid("table1").contrasts == []
+    rows = "rows:\n  - {}\n  - drop: [clip_higher]\n  - only: []\n"
+    for text, says in (("contrasts: [[vapo, nope]]", "contrast ['vapo', 'nope']: 'nope' is not a row; rows: vapo, "
+                                                     "vapo-no-clip_higher, vanilla_ppo"),
+                       ("contrasts: [[vapo, vapo]]", "compares a row with itself"),
+                       ("contrasts: [vapo]", "a contrast is a pair [row, against] of row labels; got 'vapo'"),
+                       ("contrasts: {vapo: vanilla_ppo}", "contrasts: expected a list of [row, against] pairs"),
+                       ("contrasts: [[vapo, vanilla_ppo], [vapo, vanilla_ppo]]", "is given twice")):
+        bad = tmp_path / "bad.yaml"
+        bad.write_text(rows + text + "\n")
+        with pytest.raises(ValueError) as e:
+            load_grid(str(bad))
+        assert str(e.value).startswith(str(bad)) and says in str(e.value), str(e.value)
+    good = tmp_path / "good.yaml"
+    good.write_text(rows + "contrasts: [[vapo-no-clip_higher, vanilla_ppo]]\n")
+    p = plan(load_grid(str(good)), merge(RunConfig(), {"model": "random"}), [0], tmp_path / "out")
+    data = json.loads(write_manifest(p).read_text())
+    assert data["contrasts"] == [["vapo-no-clip_higher", "vanilla_ppo"]]
+
+
 def test_models_are_prepared_once_per_distinct_build_critic_free_rows_apart(tmp_path, monkeypatch):
     """vapo-ablate builds each distinct set of built-in models before its workers start: a critic-free
     row first does not stand in for a later row that needs the critic; seeds and drops share one."""

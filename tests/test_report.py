@@ -469,6 +469,57 @@ def test_a_grids_declared_reference_row(tmp_path):
     assert t["delta_final"].isna().all()
 
 
+def test_contrasts_from_the_manifest_and_the_flag(tmp_path, capsys):
+    """Further contrasts (a grid's `contrasts:` in its manifest, and --contrast ROW:AGAINST) are paired
+    by seed like the table's deltas, checked here against float64 numpy on seeds.csv; Holm runs over
+    the contrasts alone. A contrast naming no row is a one-line error before anything is written."""
+    import numpy as np
+
+    out = make_synthetic(tmp_path / "o", manifest=False)
+    cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]
+    path = write_manifest(out, "g", ROWS, cells)
+    data = json.loads(path.read_text())
+    path.write_text(json.dumps({**data, "contrasts": [["vanilla_ppo", "vapo-no-value_pretraining"]]}))
+    assert report([str(out), "--grid", "g", "--no-figures", "--contrast", "vapo-no-value_pretraining:vapo"]) == 0
+    folder = out / "reports" / "g"
+    frame = pd.read_csv(folder / "contrasts.csv")
+    assert [tuple(x) for x in frame[["row", "against"]].values] == [
+        ("vanilla_ppo", "vapo-no-value_pretraining"), ("vapo-no-value_pretraining", "vapo")]
+    seeds = pd.read_csv(folder / "seeds.csv")
+    t975 = 4.302652729749464  # scipy.stats.t.ppf(0.975, 2) (scipy 1.17.1)
+    ps = []
+    for _, r in frame.iterrows():
+        for m in ("final", "auc", "peak"):
+            a = seeds[seeds["row"] == r["row"]].sort_values("seed")[m].to_numpy(np.float64)
+            b = seeds[seeds["row"] == r["against"]].sort_values("seed")[m].to_numpy(np.float64)
+            d = a - b
+            half = t975 * d.std(ddof=1) / np.sqrt(len(d))
+            assert r[f"delta_{m}_pairs"] == 3
+            assert r[f"delta_{m}"] == pytest.approx(d.mean(), abs=1e-6)  # the CSV keeps 8 decimals
+            assert r[f"delta_{m}_ci_lo"] == pytest.approx(d.mean() - half, abs=1e-6)
+            assert r[f"delta_{m}_ci_hi"] == pytest.approx(d.mean() + half, abs=1e-6)
+        ps.append(r["delta_final_p"])
+    lo, hi = sorted(ps)
+    holm = sorted(frame["delta_final_p_holm"])
+    assert holm == pytest.approx([min(1, 2 * lo), max(min(1, 2 * lo), min(1, hi))], abs=1e-6)
+    md = (folder / "table.md").read_text()
+    section = md[md.index("## Further contrasts"):]
+    assert "| vanilla PPO | w/o value_pretraining | 3 |" in section
+    assert "further contrasts in `contrasts.csv`" in md
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0  # the manifest's pair alone
+    assert len(pd.read_csv(folder / "contrasts.csv")) == 1
+    shutil.rmtree(out / "reports")
+    for bad, says in (("vapo:nope", "'nope' is not a row; rows: vapo, vapo-no-value_pretraining, vanilla_ppo"),
+                      ("vapo", "expected ROW:AGAINST"), ("vapo:vapo", "expected ROW:AGAINST")):
+        assert _one_line_error(capsys, [str(out), "--grid", "g", "--no-figures", "--contrast", bad]).count(says) == 1
+        assert not (out / "reports").exists()
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    path.write_text(json.dumps({**data, "contrasts": [["vanilla_ppo", "gone"]]}))  # a row without logs: left out
+    assert report([str(out), "--grid", "g", "--no-figures"]) == 0
+    assert not (out / "reports" / "g" / "contrasts.csv").exists()
+    assert "## Further contrasts" not in (out / "reports" / "g" / "table.md").read_text()
+
+
 # ============================================================================ bad and truncated logs
 def _one_line_error(capsys, argv) -> str:
     assert report(argv) == 2

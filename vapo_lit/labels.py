@@ -1,5 +1,5 @@
-"""Row labels: the one name of a component set (run folders, W&B job types, report rows) and the
-paper's row order. Plain functions of the component names."""
+"""Row labels: the one name of a component set (run folders, W&B job types, report rows), the
+paper's row order, and pairs of rows to contrast. Plain functions of the component names."""
 from __future__ import annotations
 
 from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS
@@ -44,3 +44,22 @@ def row_order(components, advantage_estimator: str = "gae", label: str = "") -> 
     if len(dropped) == len(COMPONENTS):
         return (3, (), extras, label)
     return (1 if len(dropped) == 1 else 2, (len(dropped), dropped), extras, label)
+
+
+def check_contrasts(pairs: list, rows: list, where: str) -> list[tuple[str, str]]:
+    """A grid's or a report's contrasts ([row, against] pairs) as tuples, each label a row (`rows`),
+    no pair twice; ValueError naming `where`."""
+    out = []
+    for pair in pairs:
+        if not (isinstance(pair, (list, tuple)) and len(pair) == 2 and all(isinstance(x, str) for x in pair)):
+            raise ValueError(f"{where}: a contrast is a pair [row, against] of row labels; got {pair!r}")
+        bad = [x for x in pair if x not in rows]
+        if bad:
+            raise ValueError(f"{where}: contrast {list(pair)}: {', '.join(map(repr, bad))} is not a row; "
+                             f"rows: {', '.join(rows)}")
+        if pair[0] == pair[1]:
+            raise ValueError(f"{where}: contrast {list(pair)} compares a row with itself")
+        if tuple(pair) in out:
+            raise ValueError(f"{where}: contrast {list(pair)} is given twice")
+        out.append(tuple(pair))
+    return out

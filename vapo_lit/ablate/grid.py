@@ -32,7 +32,7 @@ import yaml
 from vapo_lit.cache import config_key
 from vapo_lit.config import (COMPONENTS, RunConfig, check_components, merge, ordered, to_dict, validate,
                              without_neutral)
-from vapo_lit.labels import run_label
+from vapo_lit.labels import check_contrasts, run_label
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
                "cache_dir", "checkpoint_every")
@@ -77,6 +77,8 @@ class Grid:
     """One of MODEL_SEEDS."""
     reference: str | None = None
     """The row the report's deltas are taken against (None: the full recipe's row, 'vapo')."""
+    contrasts: list = field(default_factory=list)
+    """Further (row, against) pairs the report compares (report/contrasts.py)."""
 
 
 def _row_from_spec(spec: dict, where: str) -> Row:
@@ -162,10 +164,10 @@ def load_grid(name_or_path: str) -> Grid:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping with 'rows' and/or 'generate'")
-    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed", "reference"}
+    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed", "reference", "contrasts"}
     if bad:
         raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
-                         "reference")
+                         "reference, contrasts")
     model_seed = spec.get("model_seed", "shared")
     if model_seed not in MODEL_SEEDS:
         raise ValueError(f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "
@@ -181,7 +183,11 @@ def load_grid(name_or_path: str) -> Grid:
     reference = spec.get("reference")
     if reference is not None and reference not in labels:
         raise ValueError(f"{path}: reference: {reference!r} is not a row; rows: {', '.join(labels)}")
-    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed, reference)
+    pairs = spec.get("contrasts") or []
+    if not isinstance(pairs, list):
+        raise ValueError(f"{path}: contrasts: expected a list of [row, against] pairs; got {pairs!r}")
+    contrasts = check_contrasts(pairs, labels, f"{path} contrasts")
+    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed, reference, contrasts)
 
 
 def cell_identity(cfg: RunConfig) -> str:

@@ -102,6 +102,7 @@ def write_manifest(p: Plan) -> Path:
         "grid": p.grid.grid_id, "description": p.grid.description, "storage": mask_url(p.url), "study": p.study,
         "wandb_group": p.grid.grid_id, "rows": [c.row for c in rows],
         **({"reference": p.grid.reference} if p.grid.reference else {}),
+        **({"contrasts": [list(c) for c in p.grid.contrasts]} if p.grid.contrasts else {}),
         "cells": [{"row": c.row, "seed": c.seed, "cell_id": c.cell_id, "run_dir": os.path.relpath(c.run_dir, p.out)}
                   for c in p.cells],
     }

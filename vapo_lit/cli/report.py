@@ -31,6 +31,14 @@ def _threshold(text: str):
     return value
 
 
+def contrast_pair(spec: str) -> tuple[str, str]:
+    """--contrast ROW:AGAINST as a pair (the labels are checked against the grid's rows later)."""
+    row, sep, against = spec.partition(":")
+    if not sep or not row or not against or row == against:
+        raise ValueError(f"--contrast {spec!r}: expected ROW:AGAINST, two different row labels")
+    return row, against
+
+
 def build_parser() -> argparse.ArgumentParser:
     ap = argparse.ArgumentParser(prog="vapo-report", description=__doc__.split("\n\n")[0],
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
@@ -43,6 +51,8 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--reference", default=None,
                     help="the row the deltas are taken against (default: the grid's `reference:`, else the full "
                          "recipe, 'vapo')")
+    ap.add_argument("--contrast", action="append", default=[], metavar="ROW:AGAINST",
+                    help="also compare these two rows, paired by seed (repeatable; besides the grid's `contrasts:`)")
     ap.add_argument("--max-seeds", type=int, default=20,
                     help="seeds-needed estimates above this are reported as not reachable (default 20)")
     ap.add_argument("--no-figures", action="store_true", help="tables only (the PNGs take most of the time)")
@@ -84,6 +94,11 @@ def main(argv=None) -> int:
     elif args.max_seeds < 2:
         err = "--max-seeds must be >= 2"
     else:
+        try:
+            args.contrast = [contrast_pair(c) for c in args.contrast]
+        except ValueError as e:
+            err = str(e)
+    if not err:
         err = workspace_error(args)
     if err:
         print(f"vapo-report: error: {err}", file=sys.stderr)
@@ -104,14 +119,14 @@ def main(argv=None) -> int:
     try:
         print(write_report(args.out_dir, grid_id=args.grid, last_n=args.last_n, to=args.to,
                            reference=args.reference, threshold=args.threshold, max_seeds=args.max_seeds,
-                           figures=not args.no_figures))
+                           figures=not args.no_figures, contrasts=args.contrast))
     except ValueError as e:  # LogError included: a malformed or empty log, named by file and line
         print(f"vapo-report: error: {e}", file=sys.stderr)
         return 2
     from vapo_lit.report.grid_run import log_grid_runs
 
     settings = {"last_n": args.last_n, "threshold": args.threshold, "reference": args.reference or "default",
-                "max_seeds": args.max_seeds}
+                "max_seeds": args.max_seeds, "contrasts": [":".join(c) for c in args.contrast]}
     for line in log_grid_runs(args.out_dir, args.grid, to=args.to, since=since, mode=args.wandb, settings=settings):
         print(line)
     if args.wandb_workspace:

@@ -184,12 +184,14 @@ def load_run(run_dir: Path, row: str | None = None) -> RunLog:
 @dataclass
 class Found:
     """What a report covers: (row, run folder) pairs with logs, rows in order (manifest's or None),
-    per row the manifest's cells without logs (missing or failed) with their attempt counts, and the
-    row the grid declares as the deltas' reference (None: not declared)."""
+    per row the manifest's cells without logs (missing or failed) with their attempt counts, the
+    row the grid declares as the deltas' reference (None: not declared) and its further contrasts
+    ([row, against] pairs)."""
     runs: list
     rows: list | None = None
     missing: dict = field(default_factory=dict)   # row -> [(seed, attempts dict)]
     reference: str | None = None
+    contrasts: list = field(default_factory=list)
 
 
 def find_runs(out: Path, grid_id: str | None = None) -> Found:
@@ -204,7 +206,7 @@ def find_runs(out: Path, grid_id: str | None = None) -> Found:
             rows = list(data.get("rows") or dict.fromkeys(c[0] for c in cells))
         except (KeyError, TypeError, ValueError) as e:
             raise LogError(f"{manifest} line 1: a cell lacks row, seed or run_dir ({e})") from None
-        found = Found([], rows, reference=data.get("reference"))
+        found = Found([], rows, reference=data.get("reference"), contrasts=list(data.get("contrasts") or []))
         for row, seed, d in cells:
             if (d / "metrics.csv").is_file():
                 found.runs.append((row, d))

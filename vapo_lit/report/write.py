@@ -24,9 +24,10 @@ from pathlib import Path
 import pandas as pd
 
 from vapo_lit.config import COMPONENTS
-from vapo_lit.labels import row_order, run_label
+from vapo_lit.labels import check_contrasts, row_order, run_label
 from vapo_lit.report import render
 from vapo_lit.report.collect import CALIBRATION_UPDATES, bias_buckets, calibration, efficiency, per_run
+from vapo_lit.report import contrasts as contrast
 from vapo_lit.report import critic as critic_quality
 from vapo_lit.report.credit import CREDIT_TEXT, credit_frame
 from vapo_lit.report.figures import MECHANISM_FIGURES, NAMES as FIGURES, plot_all
@@ -210,15 +211,20 @@ class GridReport:
     logged without them."""
     critic: pd.DataFrame | None = None
     """The critic's quality per row (report/critic.py); None when no row has a critic."""
+    contrasts: pd.DataFrame | None = None
+    """Further paired comparisons (report/contrasts.py); None when none is asked for."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
-                reference: str | None = None, threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
-    """Build one grid's report from its runs' logs; returns the Markdown text.
+                reference: str | None = None, threshold="auto", max_seeds: int = 20, figures: bool = True,
+                contrasts=()) -> str:
+    """Build one grid's report from its runs' logs; returns the Markdown text. `contrasts`: (row,
+    against) pairs compared besides the grid's own.
     Raises LogError for a malformed log or when there is no run log at all."""
     out = Path(out)
     folder = Path(to) if to is not None else out / "reports" / (grid_id or "runs")
-    rep = compute(out, grid_id, folder, last_n, reference=reference, threshold=threshold, max_seeds=max_seeds)
+    rep = compute(out, grid_id, folder, last_n, reference=reference, threshold=threshold, max_seeds=max_seeds,
+                  contrasts=contrasts)
     folder.mkdir(parents=True, exist_ok=True)  # only now: every input has been read and checked
     write_files(rep, figures=figures)
     text = render_markdown(rep)
@@ -227,7 +233,7 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
 
 
 def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, reference: str | None, threshold,
-            max_seeds: int) -> GridReport:
+            max_seeds: int, contrasts=()) -> GridReport:
     """Every number of the report: per-run (seeds), per-row (table) and the calibration frame."""
     found = find_runs(out, grid_id)
     if not found.runs:
@@ -245,6 +251,8 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
         if given not in (None, REFERENCE):
             raise ValueError(f"--reference {given!r}: no such row; rows: {', '.join(order)}")
         reference = None  # the grid's declared row or the full recipe has no logs (yet): no deltas
+    pairs = [tuple(c) for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
+    pairs += [c for c in check_contrasts(list(contrasts), order, "--contrast") if c not in pairs]
     position = {r: i for i, r in enumerate(order)}
     seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
     thr = _threshold(seeds, reference, threshold)
@@ -260,7 +268,8 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
                       build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
                       ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
-                      mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n))
+                      mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
+                      contrast.contrast_frame(seeds, pairs))
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -269,6 +278,9 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
     frames += [("credit", rep.credit)] if rep.credit is not None else []
     frames += list(zip(("mechanisms", "by_length"), rep.mechanisms)) if rep.mechanisms is not None else []
     frames += [("critic", rep.critic)] if rep.critic is not None else []
+    frames += [("contrasts", rep.contrasts)] if rep.contrasts is not None else []
+    if rep.contrasts is None:
+        (rep.folder / "contrasts.csv").unlink(missing_ok=True)  # a rerun's report has none now
     for name, frame in frames:
         frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
     _write(rep.folder / "table.tex", render.latex_all(rep.table, rep.ctx) + "\n")
@@ -297,6 +309,8 @@ def render_markdown(rep: GridReport) -> str:
         sections += [f"## Paired deltas against {ref_name}", PAIRED_TEXT.format(ref=ref_name),
                      render.markdown(*render.rows("paired", table, ctx)), *([flat] if flat else []),
                      render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
+    if rep.contrasts is not None:
+        sections += ["## Further contrasts", contrast.TEXT, contrast.markdown_table(rep.contrasts)]
     sources = sorted(set(seeds["cost_source"]))
     cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
     sections += ["## Compute-matched comparison",
@@ -320,6 +334,7 @@ def render_markdown(rep: GridReport) -> str:
     figures += ("critic_quality",) if rep.critic is not None else ()
     files = ["value bias by position in `calibration.csv`"]
     files += ["the critic's quality in `critic.csv`"] if rep.critic is not None else []
+    files += ["further contrasts in `contrasts.csv`"] if rep.contrasts is not None else []
     files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
     files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
     sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table, reference),
@@ -377,7 +392,7 @@ def _source_text(source: str, n: int) -> str:
 
 
 def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, reference: str | None = None,
-                 threshold="auto", max_seeds: int = 20, figures: bool = True) -> str:
+                 threshold="auto", max_seeds: int = 20, figures: bool = True, contrasts=()) -> str:
     """Report `grid_id`, or every grid under OUT/grids/ (grids without any log yet are skipped),
     or OUT as a plain folder of runs. Raises LogError when nothing at all can be reported."""
     out = Path(out)
@@ -386,7 +401,7 @@ def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, 
     for gid in ids:
         try:
             text = report_grid(out, gid, last_n, to=to, reference=reference, threshold=threshold, max_seeds=max_seeds,
-                               figures=figures)
+                               figures=figures, contrasts=contrasts)
         except LogError as e:
             if len(ids) > 1 and "no run logs to report" in str(e):
                 empty.append(str(gid))
