@@ -51,6 +51,7 @@ def test_the_critic_frame_against_hand_computed_medians():
     assert frame.loc["vapo", "ev_oracle_vp_end"] == pytest.approx(median([0.02 * i for i in range(12)][-critic.LAST_VP:]))
     assert frame.loc["vapo", "ceiling"] == pytest.approx(0.6)  # the run's median: 15 PPO rows at 0.6, 12 at 0.7
     assert frame.loc["vapo", "vp_end_of_ceiling"] == pytest.approx(sum(v / 0.7 for v in vp_end) / 2)
+    assert frame.loc["vapo", "vp_end_of_ceiling_min"] == pytest.approx(min(vp_end) / 0.7)  # seed 0's
     assert frame.loc["vapo", "vp_iterations"] == 12 and frame.loc["vapo", "runs"] == 2
     assert frame.loc["vapo-oracle", "vp_iterations"] == 0 and math.isnan(frame.loc["vapo-oracle", "ev_vp_end"])
 
@@ -82,6 +83,7 @@ def test_the_table_and_the_figure(tmp_path):
     logs = [run("vapo", 0), run("vapo", 1, offset=0.1)]
     frame = critic.critic_frame(logs, ["vapo"], last_n=4)
     text = critic.markdown_table(frame)
-    assert "VP end / ceiling" in text and f"{100 * frame['vp_end_of_ceiling'][0]:.0f}%" in text
+    mean, low = frame["vp_end_of_ceiling"][0], frame["vp_end_of_ceiling_min"][0]
+    assert low < mean and f"| {100 * mean:.0f}% ({100 * low:.0f}%) |" in text
     critic.plot(logs, ["vapo"], tmp_path / "critic_quality.png")
     assert (tmp_path / "critic_quality.png").stat().st_size > 10_000

@@ -19,7 +19,8 @@ with a critic:
   iterations;
 * `ev_oracle_*`: the same against the true values; `ceiling`: the oracle's own explained variance
   against Monte-Carlo returns (median over the run); `vp_end_of_ceiling`: ev_vp_end / ceiling per
-  run, the share of the achievable reached when PPO starts.
+  run, the share of the achievable reached when PPO starts; `vp_end_of_ceiling_min`: its smallest
+  value over the row's seeds (every seed reached at least this).
 
 Medians within a run (one batch without a correct response gives an explained variance far below
 0), then the mean over the row's seeds. Rows without a critic are left out.
@@ -34,7 +35,7 @@ LAST_VP = 10
 """Value-pretraining iterations whose median is 'the critic at the end of value pretraining'."""
 SIGNATURE = "value/explained_variance"
 COLUMNS = ("vp_iterations", "ev_vp_end", "ev_early", "ev_late", "ev_oracle_vp_end", "ev_oracle_early", "ev_oracle_late",
-           "ceiling", "vp_end_of_ceiling")
+           "ceiling", "vp_end_of_ceiling", "vp_end_of_ceiling_min")
 NAN = float("nan")
 
 
@@ -85,7 +86,9 @@ def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
         if not runs:
             continue
         per_run = [run_quality(log.metrics, last_n, "value_pretraining" in log.components) for log in runs]
-        records.append({"row": row, "runs": len(runs), **{c: _mean(r[c] for r in per_run) for c in COLUMNS}})
+        shares = [r["vp_end_of_ceiling"] for r in per_run if r["vp_end_of_ceiling"] == r["vp_end_of_ceiling"]]
+        records.append({"row": row, "runs": len(runs), **{c: _mean(r[c] for r in per_run) for c in COLUMNS[:-1]},
+                        "vp_end_of_ceiling_min": min(shares) if shares else NAN})
     return pd.DataFrame(records, columns=["row", "runs", *COLUMNS])
 
 
@@ -96,7 +99,13 @@ CRITIC_TEXT = (
     "true state values (the success probability from each state under the sampling policy, from its measured "
     "per-step error rates): EV vs true = the critic against them, and ceiling = the true values' own EV against "
     "Monte-Carlo returns, the most any critic can reach on this task; 'VP end / ceiling' = the share of it reached "
-    "when PPO starts. Figure: critic_quality.png.")
+    "when PPO starts (mean over seeds, and the smallest seed's). Figure: critic_quality.png.")
+
+
+def _share(mean: float, low: float) -> str:
+    if mean != mean:
+        return "–"
+    return f"{100 * mean:.0f}% ({100 * low:.0f}%)"
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
@@ -104,10 +113,9 @@ def markdown_table(frame: pd.DataFrame) -> str:
     from vapo_lit.report.table import pretty
 
     head = ["row", "n", "VP iters", "EV VP end", "EV early", "EV late", "EV vs true VP end", "EV vs true early",
-            "EV vs true late", "ceiling", "VP end / ceiling"]
+            "EV vs true late", "ceiling", "VP end / ceiling (min)"]
     body = [[pretty(r["row"]), str(int(r["runs"])), num(r["vp_iterations"], 0), *(num(r[c], 2) for c in COLUMNS[1:8]),
-             "–" if r["vp_end_of_ceiling"] != r["vp_end_of_ceiling"] else f"{100 * r['vp_end_of_ceiling']:.0f}%"]
-            for _, r in frame.iterrows()]
+             _share(r["vp_end_of_ceiling"], r["vp_end_of_ceiling_min"])] for _, r in frame.iterrows()]
     return markdown(head, body)
 
 
