@@ -92,7 +92,7 @@ def assert_same_history(a, b, rel=1e-9):
 def assert_same_parameters(a, b, rel=1e-10):
     from safetensors.torch import load_file
 
-    for name in ("policy-final", "critic-final"):
+    for name in ("policy-final", "critic-final", "policy-best"):
         wa, wb = load_file(f"{a}/{name}/model.safetensors"), load_file(f"{b}/{name}/model.safetensors")
         assert wa.keys() == wb.keys()
         for k in wa:

@@ -495,7 +495,7 @@ def test_contrasts_from_the_manifest_and_the_flag(tmp_path, capsys):
             d = a - b
             half = t975 * d.std(ddof=1) / np.sqrt(len(d))
             assert r[f"delta_{m}_pairs"] == 3
-            assert r[f"delta_{m}"] == pytest.approx(d.mean(), abs=1e-6)  # the CSV keeps 8 decimals
+            assert r[f"delta_{m}"] == pytest.approx(d.mean(), abs=1e-6)  # the CSV keeps 10 significant digits
             assert r[f"delta_{m}_ci_lo"] == pytest.approx(d.mean() - half, abs=1e-6)
             assert r[f"delta_{m}_ci_hi"] == pytest.approx(d.mean() + half, abs=1e-6)
         ps.append(r["delta_final_p"])
@@ -510,14 +510,37 @@ def test_contrasts_from_the_manifest_and_the_flag(tmp_path, capsys):
     assert len(pd.read_csv(folder / "contrasts.csv")) == 1
     shutil.rmtree(out / "reports")
     for bad, says in (("vapo:nope", "'nope' is not a row; rows: vapo, vapo-no-value_pretraining, vanilla_ppo"),
-                      ("vapo", "expected ROW:AGAINST"), ("vapo:vapo", "expected ROW:AGAINST")):
+                      ("vapo", "expected ROW:AGAINST"), ("vapo:vapo", "expected ROW:AGAINST"),
+                      ("vapo-no-value_pretraining:vanilla_ppo", "is given twice (a reversed pair is the same test)")):
         assert _one_line_error(capsys, [str(out), "--grid", "g", "--no-figures", "--contrast", bad]).count(says) == 1
         assert not (out / "reports").exists()
     assert report([str(out), "--grid", "g", "--no-figures"]) == 0
-    path.write_text(json.dumps({**data, "contrasts": [["vanilla_ppo", "gone"]]}))  # a row without logs: left out
+    for seed in range(3):  # a declared row without any run log (yet): the pair is left out and named
+        (out / "runs" / f"vanilla_ppo-s{seed}" / "metrics.csv").unlink()
     assert report([str(out), "--grid", "g", "--no-figures"]) == 0
-    assert not (out / "reports" / "g" / "contrasts.csv").exists()
-    assert "## Further contrasts" not in (out / "reports" / "g" / "table.md").read_text()
+    assert not (out / "reports" / "g" / "contrasts.csv").exists()  # the earlier report's file is gone too
+    md = (out / "reports" / "g" / "table.md").read_text()
+    assert "## Further contrasts" not in md
+    assert ("Declared contrasts left out (a row has no run log yet): vanilla PPO against w/o value_pretraining."
+            in md)
+    write_manifest(out, "h", ROWS, cells)  # a second grid: --contrast needs --grid
+    assert "--contrast names rows of one grid; add --grid (one of g, h)" in _one_line_error(
+        capsys, [str(out), "--no-figures", "--contrast", "vapo:vapo-no-value_pretraining"])
+
+
+def test_a_contrast_with_the_same_difference_in_every_pair_has_no_p_value():
+    """Zero spread (identical nonzero per-seed differences): no t statistic, shown n/a ‡ as in the table."""
+    from vapo_lit.report import contrasts as contrast
+
+    seeds = pd.DataFrame({"row": ["a"] * 3 + ["b"] * 3, "seed": [0, 1, 2] * 2,
+                          "final": [50.0, 60.0, 70.0, 40.0, 50.0, 60.0], "auc": [1.0, 2.0, 4.0, 1.0, 1.0, 1.0],
+                          "peak": [50.0, 60.0, 70.0, 50.0, 60.0, 70.0]})
+    frame = contrast.contrast_frame(seeds, [("a", "b")])
+    r = frame.iloc[0]
+    assert r["delta_final"] == 10.0 and math.isnan(r["delta_final_p"]) and r["delta_final_ci_lo"] == 10.0
+    assert r["delta_peak"] == 0.0 and r["delta_peak_p"] == 1.0  # identical rows: no difference, p 1
+    line = contrast.markdown_table(frame).splitlines()[-1]
+    assert line.startswith("| a | b | 3 | +10.0 [+10.0, +10.0] | n/a ‡ | n/a ‡ | +1.3 [")
 
 
 # ============================================================================ bad and truncated logs

@@ -7,7 +7,8 @@ to leave a half-written file first). Nothing happens unless the environment vari
 
 is set: then the n-th time this process reaches <point> it performs <action>: ``kill`` (default;
 SIGKILL itself, like the OOM killer: no handler, no cleanup), ``killgroup`` (SIGKILL its whole process
-group at once, a launcher and its ranks: a lost machine) or ``enospc`` (raise OSError(ENOSPC), what a
+group at once, a launcher and its ranks: a lost machine; only where this process leads its group, as a
+command started in a session of its own does, else like ``kill``) or ``enospc`` (raise OSError(ENOSPC), what a
 full disk gives). Points: ``csv_append`` (half a metrics.csv row on disk),
 ``checkpoint`` (a half-written .last.ckpt.tmp), ``cache_write`` (a built cache entry not yet moved
 into place), ``enqueue`` (after each trial a grid adds to its study), ``last_saved`` (on rank 0, after
@@ -38,7 +39,7 @@ def due(point: str) -> str | None:
 def fire(action: str, point: str) -> None:
     if action == "enospc":
         raise OSError(errno.ENOSPC, f"No space left on device (injected at {point})")
-    if action == "killgroup":
+    if action == "killgroup" and os.getpgid(0) == os.getpid():  # never the caller's shell or test runner
         os.killpg(os.getpgid(0), signal.SIGKILL)
     os.kill(os.getpid(), signal.SIGKILL)
 

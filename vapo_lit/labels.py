@@ -59,7 +59,7 @@ def check_contrasts(pairs: list, rows: list, where: str) -> list[tuple[str, str]
                              f"rows: {', '.join(rows)}")
         if pair[0] == pair[1]:
             raise ValueError(f"{where}: contrast {list(pair)} compares a row with itself")
-        if tuple(pair) in out:
-            raise ValueError(f"{where}: contrast {list(pair)} is given twice")
+        if tuple(pair) in out or tuple(pair[::-1]) in out:
+            raise ValueError(f"{where}: contrast {list(pair)} is given twice (a reversed pair is the same test)")
         out.append(tuple(pair))
     return out

@@ -65,8 +65,11 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     wb = make_wandb_logger(cfg, run_dir, {"config": to_dict(cfg)}, wandb_id)
     if wb is not None:
         loggers.append(wb)
-    callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunCheckpoints(run_dir, cfg.checkpoint_every),
-                 RunExports(run_dir), RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
+    # policy-best/ is exported before last.ckpt is written: a run killed between the two resumes from the
+    # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
+    # would keep a policy-best/ older than its best eval)
+    callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunExports(run_dir),
+                 RunCheckpoints(run_dir, cfg.checkpoint_every), RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
                  ProgressLine(), *extra_callbacks]
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,

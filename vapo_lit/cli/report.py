@@ -113,6 +113,10 @@ def main(argv=None) -> int:
     if args.to is not None and not args.grid and len(grids) > 1:
         print(f"vapo-report: error: --to takes one grid; add --grid (one of {', '.join(grids)})", file=sys.stderr)
         return 2
+    if args.contrast and not args.grid and len(grids) > 1:
+        print(f"vapo-report: error: --contrast names rows of one grid; add --grid (one of {', '.join(grids)})",
+              file=sys.stderr)
+        return 2
     import time
 
     since = time.time()

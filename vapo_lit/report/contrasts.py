@@ -1,7 +1,8 @@
 """Further paired comparisons beside the table's deltas against its reference: the pairs a grid
 declares (`contrasts:` in its YAML, copied into the manifest) and those `vapo-report --contrast
 ROW:AGAINST` adds. A Table 1 grid compares every row with the full recipe; a question such as "is
-VAPO with the true state values ahead of critic-free GRPO?" compares two other rows.
+VAPO with the true state values ahead of critic-free GRPO?" compares two other rows. A declared
+pair whose rows have no logs yet is left out and named (`left_out_note`).
 
 contrasts.csv, one line per pair, for each metric m in METRICS:
   delta_m, delta_m_ci_lo, delta_m_ci_hi  mean of the per-seed differences row - against (paired
@@ -21,8 +22,10 @@ from vapo_lit.report.table import by_seed, pretty
 METRICS = ("final", "auc", "peak")
 NAN = float("nan")
 TEXT = ("Paired like the table's deltas (the per-seed difference row − against over the seeds both have, "
-        "95% t-interval), between two rows other than the reference. Holm's adjustment runs over these "
-        "contrasts, per metric, a family of its own.")
+        "95% t-interval), between two rows the grid declares (`contrasts:`) or `vapo-report --contrast` names. "
+        "Holm's adjustment runs over these contrasts, per metric, a family of its own: the declared ones and "
+        "any added on the command line together. n/a ‡: the differences are the same nonzero number in every "
+        "pair, so the t statistic and its p-value are undefined.")
 
 
 def columns() -> list[str]:
@@ -53,23 +56,21 @@ def contrast_frame(seeds: pd.DataFrame, pairs: list) -> pd.DataFrame | None:
     return frame
 
 
-def _delta(rec: dict, m: str) -> str:
-    pairs = rec[f"delta_{m}_pairs"]
-    if render._nan(pairs) or pairs == 0:
-        return render.DASH
-    if pairs == 1:
-        return f"{render.num(rec[f'delta_{m}'], 1, True)} (1 pair, no CI)"
-    return (f"{render.num(rec[f'delta_{m}'], 1, True)} [{render.num(rec[f'delta_{m}_ci_lo'], 1, True)}, "
-            f"{render.num(rec[f'delta_{m}_ci_hi'], 1, True)}]")
+def left_out_note(declared: list, kept: list) -> str:
+    """The declared pairs left out of the section (a row without logs yet); empty when none."""
+    gone = [f"{pretty(a)} against {pretty(b)}" for a, b in map(tuple, declared) if (a, b) not in kept]
+    return f"Declared contrasts left out (a row has no run log yet): {'; '.join(gone)}." if gone else ""
 
 
 def markdown_table(frame: pd.DataFrame) -> str:
     head = ["row", "against", "pairs", "Δ final [95% CI]", "p", "Holm p", "Δ AUC [95% CI]", "p", "Holm p",
-            "Δ peak [95% CI]"]
+            "Δ peak [95% CI]", "p", "Holm p"]
+    ctx = render.Context(0, 0, NAN, None, NAN, NAN, 0)  # no reference row: render.delta formats every line
     body = []
     for r in frame.to_dict("records"):
-        pairs = r["delta_final_pairs"]
-        body.append([pretty(r["row"]), pretty(r["against"]), render.num(pairs, 0), _delta(r, "final"),
-                     render.pval(r["delta_final_p"]), render.pval(r["delta_final_p_holm"]), _delta(r, "auc"),
-                     render.pval(r["delta_auc_p"]), render.pval(r["delta_auc_p_holm"]), _delta(r, "peak")])
+        line = [pretty(r["row"]), pretty(r["against"]), render.num(r["delta_final_pairs"], 0)]
+        for m in METRICS:
+            p = render.UNDEFINED_P if render.zero_spread(r, m) else render.pval(r[f"delta_{m}_p"])
+            line += [render.delta(r, m, ctx), p, render.holm_p(r, m)]
+        body.append(line)
     return render.markdown(head, body)

@@ -213,6 +213,8 @@ class GridReport:
     """The critic's quality per row (report/critic.py); None when no row has a critic."""
     contrasts: pd.DataFrame | None = None
     """Further paired comparisons (report/contrasts.py); None when none is asked for."""
+    contrasts_left_out: str = ""
+    """The note naming declared contrasts without logs yet (empty: none)."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
@@ -252,7 +254,8 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
             raise ValueError(f"--reference {given!r}: no such row; rows: {', '.join(order)}")
         reference = None  # the grid's declared row or the full recipe has no logs (yet): no deltas
     pairs = [tuple(c) for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
-    pairs += [c for c in check_contrasts(list(contrasts), order, "--contrast") if c not in pairs]
+    extra = [c for c in check_contrasts(list(contrasts), order, "--contrast") if c not in pairs]  # repeats merge
+    pairs = check_contrasts(pairs + extra, order, "--contrast")  # a reversed declared pair is the same test
     position = {r: i for i, r in enumerate(order)}
     seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
     thr = _threshold(seeds, reference, threshold)
@@ -269,7 +272,7 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
                       build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
                       ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
                       mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
-                      contrast.contrast_frame(seeds, pairs))
+                      contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs))
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -311,6 +314,7 @@ def render_markdown(rep: GridReport) -> str:
                      render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
     if rep.contrasts is not None:
         sections += ["## Further contrasts", contrast.TEXT, contrast.markdown_table(rep.contrasts)]
+    sections += [rep.contrasts_left_out] if rep.contrasts_left_out else []
     sources = sorted(set(seeds["cost_source"]))
     cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
     sections += ["## Compute-matched comparison",
