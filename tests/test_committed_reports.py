@@ -23,7 +23,7 @@ from vapo_lit.cli.report import main as report
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted(m for m in (ROOT / "reports").glob("*/grids/*.json"))
 TEXT_FILES = ("table.md", "table.tex", "table.csv", "seeds.csv", "calibration.csv", "credit.csv", "mechanisms.csv", "critic.csv",
-              "by_length.csv")
+              "by_length.csv", "contrasts.csv")
 
 
 def test_there_is_a_committed_report():
@@ -54,3 +54,44 @@ def test_committed_report_regenerates_byte_for_byte(tmp_path, manifest):
     for name in TEXT_FILES:
         if (folder / name).exists():
             assert (copy / name).read_bytes() == (folder / name).read_bytes(), name
+
+
+def _interval(rec, m: str) -> str:
+    """A paired delta as the results pages write it (Unicode minus)."""
+    text = f"{rec[f'delta_{m}']:+.1f} [{rec[f'delta_{m}_ci_lo']:+.1f}, {rec[f'delta_{m}_ci_hi']:+.1f}]"
+    return text.replace("-", "\u2212")
+
+
+def test_the_long_table_pages_numbers_come_from_its_committed_logs():
+    """The long Table 1 page and the results index quote the committed report: the oracle row against
+    GRPO, full VAPO against GRPO and the oracle row, every single drop, the paper-direction count, and
+    the share of the ceiling each seed's pretrained critic reached (the critic-fit study's logs, whose
+    cache entries the grid's rows load)."""
+    import pandas as pd
+
+    folder = ROOT / "reports" / "table1-long"
+    page = " ".join((ROOT / "docs" / "results" / "table1-long" / "index.md").read_text().split())  # lines wrap
+    index = " ".join((ROOT / "docs" / "results" / "index.md").read_text().split())
+    contrast = pd.read_csv(folder / "contrasts.csv").iloc[0]
+    assert (contrast["row"], contrast["against"]) == ("vapo-oracle", "grpo+token_level_loss+clip_higher+group_sampling")
+    for m in ("final", "auc"):
+        assert _interval(contrast, m) in page, m
+    assert f"AUC {_interval(contrast, 'auc')}" in index and f"{contrast['delta_final']:+.1f} final" in index
+    table = pd.read_csv(folder / "table.csv").set_index("row")
+    grpo = table.loc["grpo+token_level_loss+clip_higher+group_sampling"]
+    assert f"final {_interval(grpo, 'final')}" in page and f"trails GRPO by {grpo['delta_final']:.1f}" in index
+    assert f"final {_interval(table.loc['vapo-oracle'], 'final')}" in page
+    drops = table[table.index.str.startswith("vapo-no-")]
+    for row, rec in drops.iterrows():
+        assert f"| {rec['final_mean']:.1f} | {_interval(rec, 'final')} |" in page, row
+    down = int((drops["delta_final"] < 0).sum())
+    assert f"All {down} move in the paper's direction" in page and f"all {down} single drops" in index
+    shares = []
+    for seed in range(3):
+        run = next((ROOT / "reports" / "critic-fit" / "runs").glob(f"critic-lr3e-4-epochs4-s{seed}-*"))
+        df = pd.read_csv(run / "metrics.csv")
+        vp = df[df["train/value_pretraining"] == 1]
+        shares.append(vp["value/explained_variance"].iloc[-10:].median()
+                      / vp["value/oracle_ceiling"].iloc[-10:].median())
+    assert "explains 0.67, 0.74 and 0.70" in page and [f"{x:.2f}" for x in shares] == ["0.67", "0.74", "0.70"]
+    assert f"0.{round(100 * min(shares))}-0.{round(100 * max(shares))} of the ceiling" in index
