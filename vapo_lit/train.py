@@ -69,7 +69,8 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
     # would keep a policy-best/ older than its best eval)
     callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunExports(run_dir),
-                 RunCheckpoints(run_dir, cfg.checkpoint_every), RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
+                 RunCheckpoints(run_dir, cfg.checkpoint_every),
+                 RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
                  ProgressLine(), *extra_callbacks]
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,

@@ -87,8 +87,9 @@ def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
             continue
         per_run = [run_quality(log.metrics, last_n, "value_pretraining" in log.components) for log in runs]
         shares = [r["vp_end_of_ceiling"] for r in per_run if r["vp_end_of_ceiling"] == r["vp_end_of_ceiling"]]
-        records.append({"row": row, "runs": len(runs), **{c: _mean(r[c] for r in per_run) for c in COLUMNS if c != "vp_end_of_ceiling_min"},
-                        "vp_end_of_ceiling_min": min(shares) if shares else NAN})
+        means = {c: _mean(r[c] for r in per_run) for c in COLUMNS if c != "vp_end_of_ceiling_min"}
+        low = min(shares) if shares else NAN
+        records.append({"row": row, "runs": len(runs), **means, "vp_end_of_ceiling_min": low})
     return pd.DataFrame(records, columns=["row", "runs", *COLUMNS])
 
 

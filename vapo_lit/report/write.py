@@ -253,9 +253,9 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
         if given not in (None, REFERENCE):
             raise ValueError(f"--reference {given!r}: no such row; rows: {', '.join(order)}")
         reference = None  # the grid's declared row or the full recipe has no logs (yet): no deltas
-    pairs = [tuple(c) for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
-    extra = [c for c in check_contrasts(list(contrasts), order, "--contrast") if c not in pairs]  # repeats merge
-    pairs = check_contrasts(pairs + extra, order, "--contrast")  # a reversed declared pair is the same test
+    declared = [tuple(c) for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
+    # one check of both: a --contrast repeating a declared pair merges, a reversed one is the same test (an error)
+    pairs = check_contrasts(declared + [tuple(c) for c in contrasts if tuple(c) not in declared], order, "--contrast")
     position = {r: i for i, r in enumerate(order)}
     seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
     thr = _threshold(seeds, reference, threshold)
@@ -281,8 +281,9 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
     frames += [("credit", rep.credit)] if rep.credit is not None else []
     frames += list(zip(("mechanisms", "by_length"), rep.mechanisms)) if rep.mechanisms is not None else []
     frames += [("critic", rep.critic)] if rep.critic is not None else []
-    frames += [("contrasts", rep.contrasts)] if rep.contrasts is not None else []
-    if rep.contrasts is None:
+    if rep.contrasts is not None:
+        frames.append(("contrasts", rep.contrasts))
+    else:
         (rep.folder / "contrasts.csv").unlink(missing_ok=True)  # a rerun's report has none now
     for name, frame in frames:
         frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
