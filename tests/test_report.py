@@ -469,6 +469,20 @@ def test_a_grids_declared_reference_row(tmp_path):
     assert t["delta_final"].isna().all()
 
 
+def test_every_grid_is_checked_before_any_report_is_written(tmp_path, capsys):
+    """Several grids without --grid: a --reference that one grid lacks is a one-line error, and no
+    grid's report is written, not even the grids listed before it."""
+    out = make_synthetic(tmp_path / "o", manifest=False)
+    cells = [(r, s, out / "runs" / f"{r}-s{s}") for r in ROWS for s in range(3)]
+    write_manifest(out, "a", ROWS, cells)                                   # has vanilla_ppo
+    write_manifest(out, "b", ROWS[:2], [c for c in cells if c[0] in ROWS[:2]])  # does not
+    err = _one_line_error(capsys, [str(out), "--reference", "vanilla_ppo", "--no-figures"])
+    assert "--reference 'vanilla_ppo': no such row" in err
+    assert not (out / "reports").exists()
+    assert report([str(out), "--reference", "vapo", "--no-figures"]) == 0   # valid in both: both written
+    assert sorted(p.name for p in (out / "reports").iterdir()) == ["a", "b"]
+
+
 def test_contrasts_from_the_manifest_and_the_flag(tmp_path, capsys):
     """Further contrasts (a grid's `contrasts:` in its manifest, and --contrast ROW:AGAINST) are paired
     by seed like the table's deltas, checked here against float64 numpy on seeds.csv; Holm runs over
@@ -574,6 +588,13 @@ def test_other_bad_inputs_refused(tmp_path, capsys):
     out2 = make_synthetic(tmp_path / "o2")
     (out2 / "grids" / "syn.json").write_text('{"cells": [\n')
     assert "syn.json line" in _one_line_error(capsys, [str(out2), "--grid", "syn"])
+    good = json.loads((out / "grids" / "syn.json").read_text())
+    for key, bad, says in (("contrasts", [["vapo"]], "'contrasts' must be a list of [row, against] label pairs"),
+                           ("contrasts", "vapo:vanilla_ppo", "'contrasts' must be a list"),
+                           ("reference", ["vapo"], "'reference' must be a row label")):
+        (out2 / "grids" / "syn.json").write_text(json.dumps({**good, key: bad}))
+        assert says in _one_line_error(capsys, [str(out2), "--grid", "syn"])
+        assert not (out2 / "reports").exists()
     (tmp_path / "empty").mkdir()
     assert "no run logs" in _one_line_error(capsys, [str(tmp_path / "empty")])
     out3 = make_synthetic(tmp_path / "o3")

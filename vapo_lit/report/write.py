@@ -224,13 +224,20 @@ def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | 
     against) pairs compared besides the grid's own.
     Raises LogError for a malformed log or when there is no run log at all."""
     out = Path(out)
-    folder = Path(to) if to is not None else out / "reports" / (grid_id or "runs")
-    rep = compute(out, grid_id, folder, last_n, reference=reference, threshold=threshold, max_seeds=max_seeds,
-                  contrasts=contrasts)
-    folder.mkdir(parents=True, exist_ok=True)  # only now: every input has been read and checked
+    rep = compute(out, grid_id, _folder(out, grid_id, to), last_n, reference=reference, threshold=threshold,
+                  max_seeds=max_seeds, contrasts=contrasts)
+    return _write_grid(rep, figures)
+
+
+def _folder(out: Path, grid_id: str | None, to) -> Path:
+    return Path(to) if to is not None else out / "reports" / (grid_id or "runs")
+
+
+def _write_grid(rep: GridReport, figures: bool) -> str:
+    rep.folder.mkdir(parents=True, exist_ok=True)  # only now: every input has been read and checked
     write_files(rep, figures=figures)
     text = render_markdown(rep)
-    _write(folder / "table.md", text + "\n")
+    _write(rep.folder / "table.md", text + "\n")
     return text
 
 
@@ -402,20 +409,19 @@ def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, 
     or OUT as a plain folder of runs. Raises LogError when nothing at all can be reported."""
     out = Path(out)
     ids = [grid_id] if grid_id else (grids_in(out) or [None])
-    texts, empty = [], []
-    for gid in ids:
+    reps, empty = [], []
+    for gid in ids:  # every grid computed (its logs read, its arguments checked) before any file is written
         try:
-            text = report_grid(out, gid, last_n, to=to, reference=reference, threshold=threshold, max_seeds=max_seeds,
-                               figures=figures, contrasts=contrasts)
+            reps.append(compute(out, gid, _folder(out, gid, to), last_n, reference=reference, threshold=threshold,
+                                max_seeds=max_seeds, contrasts=contrasts))
         except LogError as e:
             if len(ids) > 1 and "no run logs to report" in str(e):
                 empty.append(str(gid))
                 continue
             raise
-        where = Path(to) if to is not None else out / "reports" / (gid or "runs")
-        texts.append(text + f"\n\n(written to {where}/)")
-    if not texts:
+    if not reps:
         raise LogError(f"{out}: no run logs to report in any grid ({', '.join(empty)})")
+    texts = [_write_grid(rep, figures) + f"\n\n(written to {rep.folder}/)" for rep in reps]
     if empty:
         texts.append(f"(no run logs yet for grid(s): {', '.join(empty)})")
     return "\n\n".join(texts)
