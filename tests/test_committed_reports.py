@@ -81,9 +81,16 @@ def test_the_long_table_pages_numbers_come_from_its_committed_logs():
     grpo = table.loc["grpo+token_level_loss+clip_higher+group_sampling"]
     assert f"final {_interval(grpo, 'final')}" in page and f"trails GRPO by {grpo['delta_final']:.1f}" in index
     assert f"final {_interval(table.loc['vapo-oracle'], 'final')}" in page
+    holm = f"Holm p {grpo['delta_final_p_holm']:.3f} (p {grpo['delta_final_p']:.3f})"
+    assert holm in page and f"AUC {_interval(grpo, 'auc')}, Holm p {grpo['delta_auc_p_holm']:.3f}" in page
+    vanilla = table.loc["vanilla_ppo"]  # every row has its logs: the whole grid is in the report
+    assert table["n"].eq(3).all() and len(table) == 11
+    assert f"final {_interval(vanilla, 'final')}" in page and f"Holm p {vanilla['delta_final_p_holm']:.3f}" in page
     drops = table[table.index.str.startswith("vapo-no-")]
     for row, rec in drops.iterrows():
-        assert f"| {rec['final_mean']:.1f} | {_interval(rec, 'final')} |" in page, row
+        line = f"| {rec['final_mean']:.1f} | {_interval(rec, 'final')} | {rec['delta_final_p_holm']:.3f} |"
+        assert line in page, row
+    assert f"Holm p (over the {len(table) - 1} rows compared with it)" in page
     down = int((drops["delta_final"] < 0).sum())
     assert f"All {down} move in the paper's direction" in page and f"all {down} single drops" in index
     shares = []
