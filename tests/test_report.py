@@ -677,3 +677,19 @@ def test_the_caveats_name_what_a_delta_is_against_the_reference():
     other = caveats(table, "grpo+token_level_loss+clip_higher+group_sampling")
     assert "paired difference of a row from critic-free GRPO" in other and "removing" not in other.split("\n")[2]
     assert "no reference row, so no Δ" in caveats(table, None)
+
+
+def test_each_row_keeps_one_colour_and_eleven_rows_never_share_one():
+    """A row's colour is fixed by its place in the row order (the same in every figure, also when
+    a row has nothing to draw in one); the first ten are matplotlib's defaults, and up to twenty
+    rows (a Table 1 grid has eleven) all differ."""
+    import matplotlib
+
+    from vapo_lit.report.figures import COLOURS, colour
+
+    order = [f"row{i}" for i in range(20)]
+    assert len({colour(order, r) for r in order}) == 20
+    defaults = [matplotlib.colors.to_hex(c) for c in matplotlib.rcParamsDefault["axes.prop_cycle"].by_key()["color"]]
+    assert list(COLOURS[:10]) == defaults
+    assert colour(order, "row3") == colour(["x", "y", "z", "row3"], "row3") == COLOURS[3]
+    assert colour(order + ["row20"], "row20") == COLOURS[0]  # past twenty the colours repeat

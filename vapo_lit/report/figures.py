@@ -40,6 +40,16 @@ NAMES = ("score", "strict_score", *TRAIN, "value_calibration", *COST)
 MECHANISM_FIGURES = ("clip_fractions", "loss_share")
 LONG = ("500-999", "ge1000")
 """The length buckets loss_share.png adds up: responses of 500 tokens and more."""
+COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
+           "#17becf", "#000000", "#b15928", "#6a3d9a", "#01665e", "#fb9a99", "#fdbf6f", "#a6cee3", "#cab2d6",
+           "#b2df8a", "#8c6d31")
+"""A row's colour, by its place in the report's row order, the same in every figure (also where a row
+has nothing to draw): matplotlib's ten default colours, then ten more, so a Table 1 grid's eleven rows
+(full VAPO, seven drops, vanilla PPO, GRPO, an oracle row) never share one."""
+
+
+def colour(order, row) -> str:
+    return COLOURS[list(order).index(row) % len(COLOURS)]
 
 
 def _train_series(log, col: str, robust: bool) -> pd.Series:
@@ -65,9 +75,10 @@ def _lines(ax, logs, order, get, robust=False, marker=None) -> bool:
             continue
         frame = pd.concat(runs, axis=1).sort_index()
         centre = frame.median(axis=1) if robust else frame.mean(axis=1)
-        (line,) = ax.plot(centre.index, centre.values, marker=marker, ms=3, label=f"{pretty(row)} (n={len(runs)})")
+        ax.plot(centre.index, centre.values, marker=marker, ms=3, color=colour(order, row),
+                label=f"{pretty(row)} (n={len(runs)})")
         if len(runs) > 1:
-            ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=line.get_color(), alpha=0.2)
+            ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour(order, row), alpha=0.2)
         drawn = True
     return drawn
 
@@ -181,7 +192,7 @@ def _calibration_panel(ax, order, calibration: dict, phase: str) -> bool:
         if all(y != y for y in ys):
             continue
         style = "-" if calibration["vp"].get(row) else "--"
-        ax.plot(range(len(buckets)), ys, style, marker="o", ms=3,
+        ax.plot(range(len(buckets)), ys, style, marker="o", ms=3, color=colour(order, row),
                 label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)")
         drawn = True
     ax.axhline(0.0, color="grey", lw=0.8)
@@ -206,8 +217,7 @@ def _plot_cost(logs, order, folder: Path, k: int, budgets: dict, name: str) -> P
 def _cost_lines(ax, logs, order, what: str, scale: float) -> bool:
     """One thin step line per run, coloured by its row, labelled once per row."""
     drawn = False
-    colours = _pyplot().rcParams["axes.prop_cycle"].by_key()["color"]
-    for i, row in enumerate(order):
+    for row in order:
         first = True
         for log in (x for x in logs if x.row == row):
             df = log.metrics
@@ -215,7 +225,7 @@ def _cost_lines(ax, logs, order, what: str, scale: float) -> bool:
                 continue
             mask = df[log.score_key].notna()
             xs = cost_curves(log)[what][mask] / scale
-            ax.step(xs, 100 * df.loc[mask, log.score_key], where="post", lw=1, color=colours[i % len(colours)],
+            ax.step(xs, 100 * df.loc[mask, log.score_key], where="post", lw=1, color=colour(order, row),
                     label=pretty(row) if first else None)
             first, drawn = False, True
     return drawn
