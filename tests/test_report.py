@@ -591,9 +591,11 @@ def test_other_bad_inputs_refused(tmp_path, capsys):
     good = json.loads((out / "grids" / "syn.json").read_text())
     for key, bad, says in (("contrasts", [["vapo"]], "'contrasts' must be a list of [row, against] label pairs"),
                            ("contrasts", "vapo:vanilla_ppo", "'contrasts' must be a list"),
-                           ("reference", ["vapo"], "'reference' must be a row label")):
+                           ("contrasts", {}, "'contrasts' must be a list"),
+                           ("reference", ["vapo"], "'reference' must be a row label"),
+                           ("reference", "", "'reference' must be a row label")):
         (out2 / "grids" / "syn.json").write_text(json.dumps({**good, key: bad}))
-        assert says in _one_line_error(capsys, [str(out2), "--grid", "syn"])
+        assert f"syn.json line 1: {says}" in _one_line_error(capsys, [str(out2), "--grid", "syn"])
         assert not (out2 / "reports").exists()
     (tmp_path / "empty").mkdir()
     assert "no run logs" in _one_line_error(capsys, [str(tmp_path / "empty")])
@@ -693,3 +695,33 @@ def test_each_row_keeps_one_colour_and_eleven_rows_never_share_one():
     assert list(COLOURS[:10]) == defaults
     assert colour(order, "row3") == colour(["x", "y", "z", "row3"], "row3") == COLOURS[3]
     assert colour(order + ["row20"], "row20") == COLOURS[0]  # past twenty the colours repeat
+
+
+def test_figures_draw_each_of_eleven_rows_in_its_own_colour():
+    """The figures' lines (mean curves with their bands, calibration lines) take the row's colour:
+    eleven rows, eleven colours, and a row keeps its colour when an earlier row has nothing to draw."""
+    from types import SimpleNamespace
+
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from vapo_lit.report.figures import _calibration_panel, _lines, colour
+
+    order = [f"row{i}" for i in range(11)]
+    logs = [SimpleNamespace(row=r, i=i) for i, r in enumerate(order) for _ in range(2)]
+    fig, ax = plt.subplots()
+    assert _lines(ax, logs, order, lambda log: pd.Series([1.0 * log.i, 2.0 * log.i], index=[0, 1]))
+    assert [matplotlib.colors.to_hex(line.get_color()) for line in ax.lines] == [colour(order, r) for r in order]
+    assert len({matplotlib.colors.to_hex(line.get_color()) for line in ax.lines}) == 11
+    ax.cla()  # the first row has nothing to draw: the others keep their colours
+    _lines(ax, logs, order, lambda log: pd.Series([1.0, 2.0]) if log.row != "row0" else pd.Series(dtype=float))
+    assert [matplotlib.colors.to_hex(line.get_color()) for line in ax.lines] == [colour(order, r) for r in order[1:]]
+    ax.cla()
+    calibration = {"buckets": ["first", "1-7"], "vp": {r: True for r in order},
+                   "bias": {r: {("late", "first"): 0.1, ("late", "1-7"): 0.2} for r in order[1:]}}
+    assert _calibration_panel(ax, order, calibration, "late")
+    assert [matplotlib.colors.to_hex(line.get_color()) for line in ax.lines][:10] == [
+        colour(order, r) for r in order[1:]]
+    plt.close(fig)

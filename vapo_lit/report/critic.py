@@ -157,7 +157,7 @@ def plot(logs, order: list, path) -> None:
     ceiling = [c for c in (_curve(log, "value/oracle_ceiling") for log in logs) if len(c)]
     if ceiling:
         c = pd.concat(ceiling, axis=1).sort_index().median(axis=1).rolling(5, min_periods=1, center=True).median()
-        axes[0].plot(c.index, c.values, "k--", lw=1)
+        axes[0].plot(c.index, c.values, "--", color="0.45", lw=1)  # grey: black is a row colour
     if not drawn[1]:
         axes[1].text(0.5, 0.5, "not logged: these runs have no true values", ha="center", va="center",
                      transform=axes[1].transAxes, fontsize=8)

@@ -206,13 +206,14 @@ def find_runs(out: Path, grid_id: str | None = None) -> Found:
             rows = list(data.get("rows") or dict.fromkeys(c[0] for c in cells))
         except (KeyError, TypeError, ValueError) as e:
             raise LogError(f"{manifest} line 1: a cell lacks row, seed or run_dir ({e})") from None
-        contrasts = data.get("contrasts") or []
+        contrasts = data.get("contrasts", [])
         reference = data.get("reference")
         if not (isinstance(contrasts, list) and all(isinstance(c, list) and len(c) == 2 and all(
-                isinstance(x, str) for x in c) for c in contrasts)):
-            raise LogError(f"{manifest}: 'contrasts' must be a list of [row, against] label pairs, got {contrasts!r}")
-        if reference is not None and not isinstance(reference, str):
-            raise LogError(f"{manifest}: 'reference' must be a row label, got {reference!r}")
+                isinstance(x, str) and x for x in c) for c in contrasts)):
+            raise LogError(f"{manifest} line 1: 'contrasts' must be a list of [row, against] label pairs, "
+                           f"got {contrasts!r}")
+        if reference is not None and not (isinstance(reference, str) and reference):
+            raise LogError(f"{manifest} line 1: 'reference' must be a row label, got {reference!r}")
         found = Found([], rows, reference=reference, contrasts=[tuple(c) for c in contrasts])
         for row, seed, d in cells:
             if (d / "metrics.csv").is_file():
