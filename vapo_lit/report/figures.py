@@ -75,10 +75,10 @@ def _lines(ax, logs, order, get, robust=False, marker=None) -> bool:
             continue
         frame = pd.concat(runs, axis=1).sort_index()
         centre = frame.median(axis=1) if robust else frame.mean(axis=1)
-        ax.plot(centre.index, centre.values, marker=marker, ms=3, color=colour(order, row),
-                label=f"{pretty(row)} (n={len(runs)})")
+        c = colour(order, row)
+        ax.plot(centre.index, centre.values, marker=marker, ms=3, color=c, label=f"{pretty(row)} (n={len(runs)})")
         if len(runs) > 1:
-            ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=colour(order, row), alpha=0.2)
+            ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=c, alpha=0.2)
         drawn = True
     return drawn
 

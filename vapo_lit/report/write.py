@@ -260,7 +260,7 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
         if given not in (None, REFERENCE):
             raise ValueError(f"--reference {given!r}: no such row; rows: {', '.join(order)}")
         reference = None  # the grid's declared row or the full recipe has no logs (yet): no deltas
-    declared = [tuple(c) for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
+    declared = [c for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
     # one check of both: a --contrast repeating a declared pair merges, a reversed one is the same test (an error)
     pairs = check_contrasts(declared + [tuple(c) for c in contrasts if tuple(c) not in declared], order, "--contrast")
     position = {r: i for i, r in enumerate(order)}
