@@ -126,6 +126,10 @@ class PPOConfig:
                                                   "with critic_epochs, how many critic steps an iteration takes", lo=1)
     ppo_epochs: int = _f(1, "passes of the actor over each rollout batch", lo=1)
     critic_epochs: int = _f(1, "passes of the critic over each rollout batch", lo=1)
+    critic_replay: int = _f(1, "batches the critic trains on in each PPO iteration: this one and the critic_replay - 1 "
+                               "before it, with their targets from when they were sampled, each mini-batch taking "
+                               "critic_mini_batch_size responses of every batch (as many steps, over more responses; "
+                               "1: this batch only; value pretraining always trains on its own batch)", lo=1)
     whiten_advantages: bool = _f(True, "normalise actor advantages over the batch's valid tokens (critic targets never)")
     value_clip: float | None = _f(None, "PPO value clipping range around rollout-time values (None: off)", lo=0.0, lo_open=True)
     grad_clip: float = _f(1.0, "max gradient norm, each model (0: off)", lo=0.0)
@@ -147,7 +151,8 @@ class PPOConfig:
                                      "the trainer's recomputed behaviour log-prob (verl, OpenRLHF: 2; None: off)", lo=1.0)
 
 
-NEUTRAL = {"builtin_shape": "auto", "vapo.value_pretrain_critic_lr": None, "vapo.value_pretrain_critic_epochs": None}
+NEUTRAL = {"builtin_shape": "auto", "vapo.value_pretrain_critic_lr": None, "vapo.value_pretrain_critic_epochs": None,
+           "ppo.critic_replay": 1}
 """Settings added after runs were first cached, at the value that computes what a config did before
 the setting existed. Cache keys (a grid cell's identity, the pretrained critic's key) leave them out
 at that value, so a grid or a cached critic from before the setting keeps its key. A setting added

@@ -4,7 +4,8 @@
     2. score        verifier 0/1 on the last response token; verifier failures counted apart
     3. values       critic V(s_t) for every response token (and after the last, for truncated rows)
     4. advantages   decoupled GAE: actor advantages (lambda_policy), critic targets (lambda_critic)
-    5. critic       value-loss updates over mini-batches (the only update during value pretraining)
+    5. critic       value-loss updates over mini-batches (the only update during value pretraining;
+                    in PPO also over the ppo.critic_replay - 1 batches before this one)
     6. actor        clipped policy loss (+ mu * positive NLL) over mini-batches; weights to the engine
     7. statistics   typed, stage by stage (`IterationStats`, vapo_lit/update_stats.py); counters
     8. evaluate     eval/avg@k every `eval_every` PPO updates and after the last
@@ -41,6 +42,7 @@ from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
 from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_oracle_values, fill_values,
                                  loss_share_by_length, rollout_stats, score, score_stats, value_stats)
+from vapo_lit.replay import CriticReplay
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, SamplerStats, mean
 from vapo_lit.rng import sample_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
@@ -113,6 +115,7 @@ class VapoModule(L.LightningModule):
         self.data_parallel = DataParallel()  # the DDP/FSDP wrappers, once a strategy sets them
         self.switches = Switches()  # vanilla PPO until component callbacks switch things on
         self.pretrain = pretrain.PretrainPhase()
+        self.critic_replay = CriticReplay(cfg.ppo.critic_replay)  # the batches step 5 trains on besides this one
         self.extensions: list = []  # components that hook the iteration (components/base.py), added in setup
         self.iteration = 0  # rollouts done (position in the prompt stream and RNG)
         self.ppo_updates = 0  # iterations with an actor update (Lightning's global_step counts both optimizers)
@@ -200,8 +203,9 @@ class VapoModule(L.LightningModule):
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
         extra = {} if pretraining else {k: v for ext in self.extensions for k, v in ext.on_experience(self, exp).items()}
         clock.append(("advantages", time.perf_counter()))
-        # 5. critic update   6. actor update (never while the critic is pretrained: the policy stays fixed)
-        critic = None if self.critic_free else self.update_critic(exp)
+        # 5. critic update (in PPO also on the replayed batches)   6. actor update (never while the critic is
+        #    pretrained: the policy stays fixed)
+        critic = None if self.critic_free else self.update_critic(*self.critic_batch(exp, pretraining))
         clock.append(("critic_update", time.perf_counter()))
         actor = None if pretraining else self.update_actor(exp)
         if actor is not None:
@@ -328,15 +332,23 @@ class VapoModule(L.LightningModule):
             return exp  # the step's own batch whole (all mixed, or one round allowed): as sampled
         return pool.select(dynamic.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True)
 
-    def update_critic(self, exp: Experience) -> CriticStats:
+    def critic_batch(self, exp: Experience, pretraining: bool) -> tuple[Experience, int]:
+        """What step 5 trains on: the iteration's batch, in PPO with the ppo.critic_replay - 1 batches
+        before it, and how many batches that is."""
+        if pretraining:
+            return exp, 1
+        return self.critic_replay.batch(exp, pad_id_of(self.tokenizer)), self.critic_replay.batches
+
+    def update_critic(self, exp: Experience, batches: int = 1) -> CriticStats:
         """critic_epochs passes (value pretraining's own while it runs: critic_schedule) of value-loss
         steps over mini-batches; each mini-batch's loss is normalised by its own valid-token count,
-        summed over its micro-batches (and ranks)."""
+        summed over its micro-batches (and ranks). `exp` holding `batches` replayed batches, each
+        mini-batch takes critic_mini_batch_size responses per batch: as many steps, over more responses."""
         world, p = rank_and_world()[1], self.cfg.ppo
+        size = (p.critic_mini_batch_size or p.mini_batch_size) * batches
         losses, norms = [], []
         for epoch in range(self.critic_schedule()[1]):
-            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu(),
-                                                 size=p.critic_mini_batch_size):
+            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu(), size=size):
                 den, total = exp.mask[idx].sum(), 0.0
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
@@ -646,6 +658,7 @@ class VapoModule(L.LightningModule):
         checkpoint["vapo"] = {
             "iteration": self.iteration, "ppo_updates": self.ppo_updates, "actor_steps": self.actor_steps,
             "critic_steps": self.critic_steps, "best_eval": self.best_eval, "pretrain": self.pretrain.state_dict(),
+            "critic_replay": self.critic_replay.state_dict(),
             "switches": to_dict(self.switches), "config": to_dict(self.cfg), "carry": dict(self._carry),
             "elapsed_seconds": self.elapsed_seconds, "generated_tokens": self.generated_tokens,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
@@ -657,6 +670,7 @@ class VapoModule(L.LightningModule):
         self.actor_steps, self.critic_steps = s["actor_steps"], s["critic_steps"]
         self.best_eval = s["best_eval"]
         self.pretrain.load_state_dict(s["pretrain"])
+        self.critic_replay.load_state_dict(s.get("critic_replay", {}))
         self._carry = dict(s.get("carry", {}))  # e.g. value_pretrain/* waiting for the next row
         self.elapsed_seconds, self.generated_tokens = s.get("elapsed_seconds", 0.0), s.get("generated_tokens", 0.0)
         self._resumed = True

@@ -31,6 +31,7 @@ CANNOT_AFFECT_PRETRAINING = (
     # the PPO phase after pretraining: actor updates, advantages, evaluation, run length
     "steps", "eval_every", "eval_k", "eval_top_p", "eval_temperature", "eval_problems",
     "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages", "ppo.tis_cap",
+    "ppo.critic_replay",
     # memory given to a sampler, not what it samples
     "vllm_kv_cache_gib",
     # components and their values: replaced in the key by what pretraining uses of them
