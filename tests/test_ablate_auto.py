@@ -41,9 +41,10 @@ def _fake_run(ran: list):
     return run
 
 
-def _plans(tmp_path):
+def _plans(tmp_path, endpoint: str | None = "final"):
     base = merge(RunConfig(), {**PRESETS["smoke"], "eval_k": 4, "out_dir": str(tmp_path), "wandb": "disabled"})
     grid = grid_from_drop(["clip_higher"])
+    grid.endpoint = endpoint
     return lambda n: runner.plan(grid, base, range(n), tmp_path / "out")
 
 
@@ -65,11 +66,14 @@ def test_stops_when_unreachable_within_the_cap(tmp_path, monkeypatch):
     assert len(ran) == 1 and f"{ROW}: unreachable" in logs[-1]
 
 
-def test_logged_scores_match_the_report(tmp_path, monkeypatch):
+@pytest.mark.parametrize("endpoint,share", [("final", 1.0), (None, 0.75)])
+def test_logged_scores_match_the_report(tmp_path, monkeypatch, endpoint, share):
+    """The 'final' score is the grid's endpoint: the last eval, or by default the mean of the last 3
+    (here the two trained evals, whose deltas are D/2 and D: 0.75 D on average)."""
     monkeypatch.setattr(runner, "run", _fake_run([]))
-    p = _plans(tmp_path)(3)
+    p = _plans(tmp_path, endpoint)(3)
     runner.run(p)
-    assert auto.paired_diffs(p, [ROW], "final")[ROW] == pytest.approx([d / 100 for d in D[:3]], abs=1e-12)
+    assert auto.paired_diffs(p, [ROW], "final")[ROW] == pytest.approx([share * d / 100 for d in D[:3]], abs=1e-12)
     from vapo_lit.report import write_report
 
     runner.write_manifest(p)

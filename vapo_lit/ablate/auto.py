@@ -20,6 +20,7 @@ from pathlib import Path
 
 from vapo_lit.config import COMPONENTS
 from vapo_lit.labels import run_label
+from vapo_lit.protocol import Endpoint, parse_endpoint
 from vapo_lit.statistics import curve_auc, decide_seeds
 
 METRICS = ("final", "peak", "auc")
@@ -43,8 +44,9 @@ def rows_of_interest(plan, rows: list[str] | None, reference: str = REFERENCE) -
     return rows
 
 
-def logged_score(run_dir: Path, k: int, metric: str) -> float:
-    """final / peak / auc (fractions) of one finished run from its metrics.csv; NaN when absent."""
+def logged_score(run_dir: Path, k: int, metric: str, endpoint: Endpoint = Endpoint(1)) -> float:
+    """final (the grid's endpoint) / peak / auc (fractions) of one finished run from its metrics.csv;
+    NaN when absent."""
     path = Path(run_dir) / "metrics.csv"
     if not (Path(run_dir) / "summary.json").is_file() or not path.is_file():
         return math.nan
@@ -62,14 +64,15 @@ def logged_score(run_dir: Path, k: int, metric: str) -> float:
     trained = [s for u, s in zip(ups, scores) if u > 0]
     if not trained:
         return math.nan
-    return {"final": trained[-1], "peak": max(trained), "auc": curve_auc(ups, scores)}[metric]
+    return {"final": endpoint.score(trained), "peak": max(trained), "auc": curve_auc(ups, scores)}[metric]
 
 
 def paired_diffs(plan, rows: list[str], metric: str, reference: str = REFERENCE) -> dict:
     """{row: [row - reference per seed both finished]} from what the cells logged."""
     values = {}
     for c in plan.cells:
-        values.setdefault(c.row, {})[c.seed] = logged_score(c.run_dir, c.cfg.eval_k, metric)
+        values.setdefault(c.row, {})[c.seed] = logged_score(c.run_dir, c.cfg.eval_k, metric,
+                                                            parse_endpoint(plan.endpoint))
     ref = values.get(reference, {})
     return {r: [values[r][s] - ref[s] for s in sorted(values.get(r, {}))
                 if s in ref and values[r][s] == values[r][s] and ref[s] == ref[s]] for r in rows}

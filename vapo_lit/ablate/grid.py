@@ -14,6 +14,9 @@ A grid comes from `--drop a[,b]` (full recipe + that drop) or from `ablations/NA
     generate: [full, single_drops, pair_drops, vanilla]   # optional: rows generated for you
     model_seed: follow          # optional: each seed builds its own base policy and reward model
                                 # (model_seed = seed); default shared: every seed uses one model_seed
+    endpoint: mean-last-3       # optional: the primary endpoint, fixed before the grid runs
+                                # (vapo_lit/protocol.py; default mean-last-3, or final)
+    tuning_seeds: [0, 1, 2]     # optional: seeds the grid's settings were chosen on (default none)
 
 A cell = (row config, seed). Its identity is a hash of the fully resolved config minus the
 bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, caches) and the
@@ -33,6 +36,7 @@ from vapo_lit.cache import config_key
 from vapo_lit.config import (COMPONENTS, RunConfig, check_components, merge, ordered, to_dict, validate,
                              without_neutral)
 from vapo_lit.labels import check_contrasts, run_label
+from vapo_lit.protocol import parse_endpoint, parse_seeds
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
                "cache_dir", "checkpoint_every")
@@ -79,6 +83,10 @@ class Grid:
     """The row the report's deltas are taken against (None: the full recipe's row, 'vapo')."""
     contrasts: list = field(default_factory=list)
     """Further (row, against) pairs the report compares (report/contrasts.py)."""
+    endpoint: str | None = None
+    """The primary endpoint as the grid file names it (None: not named; protocol.DEFAULT_ENDPOINT)."""
+    tuning_seeds: list | None = None
+    """Seeds the grid's settings were chosen on (None: not named; none)."""
 
 
 def _row_from_spec(spec: dict, where: str) -> Row:
@@ -164,10 +172,11 @@ def load_grid(name_or_path: str) -> Grid:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping with 'rows' and/or 'generate'")
-    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed", "reference", "contrasts"}
+    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed", "reference", "contrasts", "endpoint",
+                       "tuning_seeds"}
     if bad:
         raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
-                         "reference, contrasts")
+                         "reference, contrasts, endpoint, tuning_seeds")
     model_seed = spec.get("model_seed", "shared")
     if model_seed not in MODEL_SEEDS:
         raise ValueError(f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "
@@ -187,7 +196,12 @@ def load_grid(name_or_path: str) -> Grid:
     if not isinstance(pairs, list):
         raise ValueError(f"{path}: contrasts: expected a list of [row, against] pairs; got {pairs!r}")
     contrasts = check_contrasts(pairs, labels, f"{path} contrasts")
-    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed, reference, contrasts)
+    endpoint = spec.get("endpoint")
+    if endpoint is not None:
+        endpoint = parse_endpoint(endpoint, f"{path} endpoint").name
+    tuning = parse_seeds(spec["tuning_seeds"], f"{path} tuning_seeds") if "tuning_seeds" in spec else None
+    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed, reference, contrasts,
+                endpoint, tuning)
 
 
 def cell_identity(cfg: RunConfig) -> str:

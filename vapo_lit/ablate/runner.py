@@ -16,9 +16,10 @@ import json
 import multiprocessing
 import os
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
+from vapo_lit import protocol
 from vapo_lit.ablate import progress
 from vapo_lit.ablate.grid import Grid, cells_of
 from vapo_lit.ablate.store import STUDY, CellStore, check_url, is_sqlite, mask_url
@@ -40,6 +41,10 @@ class Plan:
     retries: int = 2
     gpu_slices: list | None = None
     """--devices-per-cell on GPUs: the CUDA_VISIBLE_DEVICES value of each local worker."""
+    endpoint: str = protocol.DEFAULT_ENDPOINT
+    """The grid's primary endpoint (vapo_lit/protocol.py), as its manifest records it."""
+    tuning_seeds: list = field(default_factory=list)
+    """Seeds the grid's settings were chosen on: its cells with these seeds are tuning cells."""
 
 
 def default_storage(out: Path) -> str:
@@ -68,7 +73,37 @@ def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *,
     url = storage or default_storage(out)
     if storage is not None:
         check_url(storage)
-    return Plan(grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices)
+    endpoint, tuning = fixed_protocol(grid, out)
+    return Plan(grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices, endpoint, tuning)
+
+
+def manifest_path(out: Path, grid: Grid) -> Path:
+    return Path(out) / "grids" / f"{grid.grid_id}.json"
+
+
+def fixed_protocol(grid: Grid, out: Path) -> tuple[str, list]:
+    """The grid's endpoint and tuning seeds: as its manifest recorded them when it first ran (a grid
+    recorded before the protocol existed was reported on the last eval), else as the grid names them
+    (default: protocol.DEFAULT_ENDPOINT, no tuning seeds). Naming others than the recorded ones is
+    refused: the protocol is fixed before a grid runs."""
+    path = manifest_path(out, grid)
+    if not path.is_file():
+        return grid.endpoint or protocol.DEFAULT_ENDPOINT, list(grid.tuning_seeds or [])
+    try:
+        recorded = json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh")
+    endpoint = protocol.parse_endpoint(recorded.get("endpoint", protocol.RECORDED_BEFORE), f"{path} endpoint").name
+    tuning = recorded.get("tuning_seeds")
+    if grid.endpoint is not None and grid.endpoint != endpoint:
+        raise ValueError(f"endpoint {grid.endpoint}: grid {grid.grid_id!r} was started with endpoint {endpoint} "
+                         f"(recorded in {path}); a primary endpoint is fixed before the grid runs: drop --endpoint, or "
+                         "start a new grid (another --out)")
+    if tuning is not None and grid.tuning_seeds is not None and sorted(grid.tuning_seeds) != sorted(tuning):
+        raise ValueError(f"tuning seeds {grid.tuning_seeds}: grid {grid.grid_id!r} was started with tuning seeds "
+                         f"{tuning} (recorded in {path}); they are fixed before the grid runs: drop --tuning-seeds, or "
+                         "start a new grid (another --out)")
+    return endpoint, sorted(tuning if tuning is not None else (grid.tuning_seeds or []))
 
 
 def _devices_per_cell(base: RunConfig, k: int, workers: int):
@@ -94,7 +129,7 @@ def _devices_per_cell(base: RunConfig, k: int, workers: int):
 
 
 def write_manifest(p: Plan) -> Path:
-    path = p.out / "grids" / f"{p.grid.grid_id}.json"
+    path = manifest_path(p.out, p.grid)
     path.parent.mkdir(parents=True, exist_ok=True)
     rows = sorted({c.row: c for c in p.cells}.values(),
                   key=lambda c: row_order(c.cfg.components, c.cfg.advantage_estimator, c.row))
@@ -103,7 +138,9 @@ def write_manifest(p: Plan) -> Path:
         "wandb_group": p.grid.grid_id, "rows": [c.row for c in rows],
         **({"reference": p.grid.reference} if p.grid.reference else {}),
         **({"contrasts": [list(c) for c in p.grid.contrasts]} if p.grid.contrasts else {}),
-        "cells": [{"row": c.row, "seed": c.seed, "cell_id": c.cell_id, "run_dir": os.path.relpath(c.run_dir, p.out)}
+        "endpoint": p.endpoint, "tuning_seeds": p.tuning_seeds,
+        "cells": [{"row": c.row, "seed": c.seed, "cell_id": c.cell_id, "run_dir": os.path.relpath(c.run_dir, p.out),
+                   "role": protocol.role(c.seed, p.tuning_seeds)}
                   for c in p.cells],
     }
     tmp = path.with_suffix(".json.tmp")

@@ -40,7 +40,14 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--rows", help="--seeds auto: the rows of interest, comma-separated labels (default: every row "
                                    "but the full recipe)")
     ap.add_argument("--auto-metric", choices=("final", "peak", "auc"), default="final",
-                    help="--seeds auto: the score whose paired delta must be resolved (default final)")
+                    help="--seeds auto: the score whose paired delta must be resolved (default final: the grid's "
+                         "endpoint, see --endpoint)")
+    ap.add_argument("--endpoint", help="the primary endpoint, fixed before the grid runs and recorded in its manifest: "
+                                       "final (the last eval) or mean-last-K (the mean of the last K evals); default: "
+                                       "the grid file's, else mean-last-3")
+    ap.add_argument("--tuning-seeds", metavar="SEEDS",
+                    help="seeds the grid's settings were chosen on, e.g. 0-2 or 0,1,2 (recorded in the manifest; the "
+                         "report warns where a row's deltas rest on them); default: the grid file's, else none")
     ap.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     ap.add_argument("--devices-per-cell", type=int, metavar="K",
                     help="run every cell on K devices (data parallel, --strategy ddp or fsdp); on GPUs local worker i "
@@ -78,6 +85,7 @@ def make_plans(args):
     """Validate the command line; returns n_seeds -> Plan (ValueError on anything wrong; nothing is written)."""
     from vapo_lit.ablate.grid import grid_from_drop, load_grid
     from vapo_lit.ablate.runner import plan
+    from vapo_lit.protocol import parse_endpoint, parse_seeds
 
     if args.only is not None:
         raise ValueError("--only is not a vapo-ablate flag; use --drop or --grid")
@@ -92,6 +100,10 @@ def make_plans(args):
         raise ValueError("--drop needs at least one component")
     grid = grid_from_drop(drop) if drop else load_grid(args.grid)
     grid.model_seed = model_seed_mode(args, grid)
+    if args.endpoint is not None:
+        grid.endpoint = parse_endpoint(args.endpoint, "--endpoint").name
+    if args.tuning_seeds is not None:
+        grid.tuning_seeds = parse_seeds(args.tuning_seeds, "--tuning-seeds")
     args.drop = ""
     base = config_from_args(args)
 

@@ -2,8 +2,10 @@
 
 Conventions:
 - Eval rows are those with `eval/avg@k` set; the one at step 0 is the base policy's (PPO update
-  0), the later ones come after `train/ppo_update` updates. final = the last trained eval, peak =
-  the best trained eval, strict = `eval/strict_avg@k` at the same rows.
+  0), the later ones come after `train/ppo_update` updates. final = the grid's primary endpoint
+  (vapo_lit/protocol.py: the last trained eval, or the mean of the last K), peak = the best trained
+  eval, strict = `eval/strict_avg@k` at the last trained eval; last_eval = the last trained eval
+  where the endpoint is another.
 - PPO rows (`train/value_pretraining == 0`) give the training diagnostics; critic-only
   value-pretraining rows are left out of them (but count as cost).
 - Sample efficiency: `updates_to_threshold` = the PPO update of the first eval (base included)
@@ -23,6 +25,7 @@ import os
 import pandas as pd
 
 from vapo_lit import statistics as stats
+from vapo_lit.protocol import Endpoint
 from vapo_lit.report.logs import RunLog, attempt_counts, label_of  # noqa: F401 (label_of: public here too)
 
 TRACKED = {"entropy": "policy/entropy", "response_length": "rollout/response_length",
@@ -91,7 +94,7 @@ def _last(series: pd.Series) -> float:
     return float(s.iloc[-1]) if len(s) else NAN
 
 
-def per_run(log: RunLog, last_n: int, folder) -> dict:
+def per_run(log: RunLog, last_n: int, folder, endpoint: Endpoint = Endpoint(1)) -> dict:
     """The numbers of one run that do not depend on the other runs (see the module docstring).
     `folder`: the report folder; the run folder is written relative to it."""
     df = log.metrics
@@ -105,7 +108,8 @@ def per_run(log: RunLog, last_n: int, folder) -> dict:
         "row": log.row, "seed": log.seed, "run": os.path.relpath(log.run_dir, folder).replace(os.sep, "/"),
         "ppo_updates": log.ppo_updates, "steps": log.steps, "truncated": log.truncated,
         "base": next((s for u, s in zip(ups, scores) if u == 0), NAN),
-        "final": trained[-1] if trained else NAN,
+        "final": endpoint.score(trained),
+        **({"last_eval": trained[-1] if trained else NAN} if endpoint.last > 1 else {}),
         "peak": max(trained) if trained else NAN,
         "strict_final": strict_trained[-1] if strict_trained else NAN,
         "strict_peak": max(strict_trained) if strict_trained else NAN,

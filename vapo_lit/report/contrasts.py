@@ -62,8 +62,9 @@ def left_out_note(declared: list, kept: list) -> str:
     return f"Declared contrasts left out (a row has no run log yet): {'; '.join(gone)}." if gone else ""
 
 
-def markdown_table(frame: pd.DataFrame) -> str:
-    head = ["row", "against", "pairs", "Δ final [95% CI]", "p", "Holm p", "Δ AUC [95% CI]", "p", "Holm p",
+def markdown_table(frame: pd.DataFrame, endpoint: str = "final") -> str:
+    """`endpoint`: the primary endpoint's short name (the "final" columns hold it)."""
+    head = ["row", "against", "pairs", f"Δ {endpoint} [95% CI]", "p", "Holm p", "Δ AUC [95% CI]", "p", "Holm p",
             "Δ peak [95% CI]", "p", "Holm p"]
     ctx = render.Context(0, 0, NAN, None, NAN, NAN, 0)  # no reference row: render.delta formats every line
     body = []

@@ -18,6 +18,7 @@ import pandas as pd
 import yaml
 
 from vapo_lit.labels import run_label
+from vapo_lit.protocol import RECORDED_BEFORE, parse_endpoint, parse_seeds
 
 ATTEMPT_OUTCOMES = ("done", "failed", "interrupted", "lost")
 
@@ -43,6 +44,8 @@ class RunLog:
     """The config's policy: builtin, random (tests) or a model folder."""
     model_seed: int = 0
     """The config's seed of the built base policy and reward model (or of the critic's fresh value head)."""
+    eval_problems: int | None = None
+    """The config's eval_problems (None: every eval problem of the task)."""
 
     @property
     def score_key(self) -> str:
@@ -178,7 +181,7 @@ def load_run(run_dir: Path, row: str | None = None) -> RunLog:
     return RunLog(run_dir, row or label_of(cfg), int(cfg.get("seed", 0)), int(cfg.get("eval_k", 8)),
                   int(cfg.get("steps", 0)), components, estimator, df, card, cut,
                   read_attempts(run_dir / "attempts.jsonl"), str(cfg.get("model", "builtin")),
-                  int(cfg.get("model_seed", 0)))
+                  int(cfg.get("model_seed", 0)), cfg.get("eval_problems"))
 
 
 @dataclass
@@ -192,6 +195,11 @@ class Found:
     missing: dict = field(default_factory=dict)   # row -> [(seed, attempts dict)]
     reference: str | None = None
     contrasts: list = field(default_factory=list)
+    endpoint: str = RECORDED_BEFORE
+    """The manifest's primary endpoint (vapo_lit/protocol.py; a manifest without one, or no manifest:
+    the last eval)."""
+    tuning_seeds: list | None = None
+    """The manifest's tuning seeds (None: it records none, made before the protocol existed)."""
 
 
 def find_runs(out: Path, grid_id: str | None = None) -> Found:
@@ -214,7 +222,13 @@ def find_runs(out: Path, grid_id: str | None = None) -> Found:
                            f"got {contrasts!r}")
         if reference is not None and not (isinstance(reference, str) and reference):
             raise LogError(f"{manifest} line 1: 'reference' must be a row label, got {reference!r}")
-        found = Found([], rows, reference=reference, contrasts=[tuple(c) for c in contrasts])
+        try:
+            endpoint = parse_endpoint(data.get("endpoint", RECORDED_BEFORE), "'endpoint'").name
+            tuning = parse_seeds(data["tuning_seeds"], "'tuning_seeds'") if "tuning_seeds" in data else None
+        except ValueError as e:
+            raise LogError(f"{manifest} line 1: {e}") from None
+        found = Found([], rows, reference=reference, contrasts=[tuple(c) for c in contrasts], endpoint=endpoint,
+                      tuning_seeds=tuning)
         for row, seed, d in cells:
             if (d / "metrics.csv").is_file():
                 found.runs.append((row, d))

@@ -12,6 +12,7 @@ from typing import Callable
 import pandas as pd
 
 from vapo_lit import statistics as stats
+from vapo_lit.protocol import Endpoint
 from vapo_lit.report.table import PAPER_DROPS, pretty, resolved
 
 DASH = "–"
@@ -27,6 +28,8 @@ class Context:
     token_budget: float
     time_budget: float
     max_seeds: int
+    endpoint: Endpoint = Endpoint(1)
+    """The primary endpoint: what the tables' "final" columns hold (protocol.py)."""
 
 
 def _nan(x) -> bool:
@@ -147,9 +150,9 @@ MAIN: list[Column] = [
     ("row", lambda r, c: marked(r)),
     ("n", lambda r, c: str(r["n"])),
     ("base avg@{k}", lambda r, c: num(r["base_mean"])),
-    ("final avg@{k}", lambda r, c: spread(r, "final")),
+    ("{final} avg@{k}", lambda r, c: spread(r, "final")),
     ("peak avg@{k}", lambda r, c: spread(r, "peak")),
-    ("Δ final (paired, 95% CI)", lambda r, c: delta(r, "final", c)),
+    ("Δ {final} (paired, 95% CI)", lambda r, c: delta(r, "final", c)),
     ("Holm p", lambda r, c: holm_p(r, "final")),
     ("updates to {threshold}", lambda r, c: reach(r)),
     ("AUC avg@{k}", lambda r, c: spread(r, "auc")),
@@ -158,14 +161,14 @@ MAIN: list[Column] = [
 PAIRED: list[Column] = [  # rows other than the reference
     ("row", lambda r, c: marked(r)),
     ("pairs", lambda r, c: num(r["delta_final_pairs"], 0)),
-    ("Δ final [95% CI]", lambda r, c: delta(r, "final", c)),
+    ("Δ {final} [95% CI]", lambda r, c: delta(r, "final", c)),
     ("Holm p", lambda r, c: holm_p(r, "final")),
     ("Δ peak [95% CI]", lambda r, c: delta(r, "peak", c)),
     ("Holm p", lambda r, c: holm_p(r, "peak")),
     ("Δ AUC [95% CI]", lambda r, c: delta(r, "auc", c)),
     ("Holm p", lambda r, c: holm_p(r, "auc")),
     ("Δ updates to {threshold} [95% CI]", lambda r, c: delta(r, "updates_to_threshold", c)),
-    ("unpaired Δ final [Welch 95% CI]", lambda r, c: welch(r, "final", c)),
+    ("unpaired Δ {final} [Welch 95% CI]", lambda r, c: welch(r, "final", c)),
 ]
 COMPUTE: list[Column] = [
     ("row", lambda r, c: marked(r)),
@@ -185,7 +188,7 @@ DIAGNOSTICS: list[Column] = [  # a TRACKED metric (report/collect.py) NAME gives
     ("wall time", lambda r, c: duration(r["cumulative_seconds_mean"])),
     ("tokens/s", lambda r, c: num(r["tokens_per_second_mean"], 0)),
     ("peak memory (MB)", lambda r, c: num(r["peak_memory_mb_max"], 0)),
-    ("final range", final_range),
+    ("{final} range", final_range),
     ("attempts / crashes", lambda r, c: f"{r['attempts']} / {r['crashes']}"),
 ]
 TABLES: dict[str, list[Column]] = {"main": MAIN, "paired": PAIRED, "compute": COMPUTE, "diagnostics": DIAGNOSTICS}
@@ -195,7 +198,7 @@ WITHOUT_REFERENCE = ("paired",)
 
 def headers(columns: list[Column], ctx: Context) -> list[str]:
     names = {"k": ctx.k, "n": ctx.last_n, "threshold": threshold(ctx), "tokens": tokens(ctx.token_budget),
-             "time": duration(ctx.time_budget)}
+             "time": duration(ctx.time_budget), "final": ctx.endpoint.label}
     return [head.format(**names) for head, _ in columns]
 
 
@@ -236,7 +239,8 @@ def latex_all(table: pd.DataFrame, ctx: Context) -> str:
 
 
 # ----------------------------------------------------------------------------- notes under the tables
-def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "Δ final") -> str:
+def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str | None = None) -> str:
+    what = what or f"Δ {ctx.endpoint.label}"
     recs = [r for r in table.to_dict("records") if r["row"] != ctx.reference and not _nan(r[f"delta_{m}_p_holm"])]
     if not recs:
         return f"Multiple comparisons ({what}): no row has two paired seeds with {pretty(ctx.reference)}, so no p-value."
@@ -250,7 +254,7 @@ def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "
 
 def paper_note(table: pd.DataFrame, ctx: Context) -> str:
     """The single drops against VAPO's Table 1 (`PAPER_DROPS`), when the reference is the full recipe:
-    how many move in the paper's direction (Δ final < 0), which survive Holm on either side, and
+    how many move in the paper's direction (Δ endpoint < 0), which survive Holm on either side, and
     the rank correlation of the deltas with the paper's. Empty without such rows."""
     if ctx.reference != "vapo":
         return ""
@@ -265,7 +269,8 @@ def paper_note(table: pd.DataFrame, ctx: Context) -> str:
     rho = stats.spearman([r["delta_final"] for r, _ in drops], [paper for _, paper in drops])
     corr = (f"Rank correlation (Spearman) of the {len(drops)} deltas with the paper's: {num(rho, 2, True)}."
             if not _nan(rho) else "Too few single drops for a rank correlation with the paper's.")
-    return (f"Against the paper's Table 1 (Δ final; there every single drop lowers the score): {len(down)} of the "
+    return (f"Against the paper's Table 1 (Δ {ctx.endpoint.label}; there every single drop lowers the score): "
+            f"{len(down)} of the "
             f"{len(drops)} single drops move in the paper's direction (Δ < 0){': ' + ', '.join(down) if down else ''}; "
             f"surviving Holm: {', '.join(held) or 'none'}. {corr}")
 
@@ -288,7 +293,8 @@ def zero_spread_note(table: pd.DataFrame, ctx: Context, metrics: dict) -> str:
             "eval), not evidence of an effect: " + "; ".join(parts) + ".")
 
 
-def seeds_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str = "Δ final") -> str:
+def seeds_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str | None = None) -> str:
+    what = what or f"Δ {ctx.endpoint.label}"
     parts = []
     for r in table.to_dict("records"):
         if r["row"] == ctx.reference:

@@ -25,6 +25,7 @@ import pandas as pd
 
 from vapo_lit.config import COMPONENTS
 from vapo_lit.labels import check_contrasts, row_order, run_label
+from vapo_lit.protocol import parse_endpoint
 from vapo_lit.report import render
 from vapo_lit.report.collect import CALIBRATION_UPDATES, bias_buckets, calibration, efficiency, per_run
 from vapo_lit.report import contrasts as contrast
@@ -215,6 +216,10 @@ class GridReport:
     """Further paired comparisons (report/contrasts.py); None when none is asked for."""
     contrasts_left_out: str = ""
     """The note naming declared contrasts without logs yet (empty: none)."""
+    recorded: bool = True
+    """Whether the manifest records the endpoint (fixed before the grid ran)."""
+    tuning_seeds: list | None = None
+    """The manifest's tuning seeds (None: not recorded)."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
@@ -264,7 +269,8 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     # one check of both: a --contrast repeating a declared pair merges, a reversed one is the same test (an error)
     pairs = check_contrasts(declared + [tuple(c) for c in contrasts if tuple(c) not in declared], order, "--contrast")
     position = {r: i for i, r in enumerate(order)}
-    seeds = pd.DataFrame([per_run(log, last_n, folder) for log in logs])
+    endpoint = parse_endpoint(found.endpoint)
+    seeds = pd.DataFrame([per_run(log, last_n, folder, endpoint) for log in logs])
     thr = _threshold(seeds, reference, threshold)
     budgets = {"tokens": _budget(seeds, "cumulative_tokens"), "seconds": _budget(seeds, "cumulative_seconds")}
     eff = pd.DataFrame([efficiency(log, thr, budgets["tokens"], budgets["seconds"]) for log in logs])
@@ -272,14 +278,16 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     seeds["_o"] = seeds["row"].map(position)
     seeds = seeds.sort_values(["_o", "seed", "run"], kind="stable").drop(columns="_o").reset_index(drop=True)
     ks = sorted({log.k for log in logs})
-    ctx = render.Context(ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds)
+    ctx = render.Context(ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds, endpoint)
     manifest = out / "grids" / f"{grid_id}.json"
-    desc = read_json(manifest).get("description", "") if grid_id and manifest.is_file() else ""
+    recorded = read_json(manifest) if grid_id and manifest.is_file() else {}
+    desc = recorded.get("description", "")
     return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
                       build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
                       ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
                       mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
-                      contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs))
+                      contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs),
+                      "endpoint" in recorded, found.tuning_seeds)
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -308,20 +316,21 @@ def render_markdown(rep: GridReport) -> str:
     reference = ctx.reference
     ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
     sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
-                render.markdown(*render.rows("main", table, ctx))]
-    notes = [render.zero_spread_note(table, ctx, {"final": "Δ final"}) if reference else "",
+                protocol_note(rep), render.markdown(*render.rows("main", table, ctx))]
+    final = f"Δ {ctx.endpoint.label}"
+    notes = [render.zero_spread_note(table, ctx, {"final": final}) if reference else "",
              render.holm_note(table, ctx) if reference else "", render.paper_note(table, ctx),
              render.seeds_note(table, ctx) if reference else "",
              render.pairing_note(table, ctx, rep.missing), render.no_log_note(rep.no_log_rows, rep.missing),
              render.truncation_note(seeds), seed_scope_note(rep.logs)]
     sections += [n for n in notes if n]
     if reference and len(rep.order) > 1:
-        flat = render.zero_spread_note(table, ctx, {"final": "Δ final", "peak": "Δ peak", "auc": "Δ AUC"})
+        flat = render.zero_spread_note(table, ctx, {"final": final, "peak": "Δ peak", "auc": "Δ AUC"})
         sections += [f"## Paired deltas against {ref_name}", PAIRED_TEXT.format(ref=ref_name),
                      render.markdown(*render.rows("paired", table, ctx)), *([flat] if flat else []),
                      render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
     if rep.contrasts is not None:
-        sections += ["## Further contrasts", contrast.TEXT, contrast.markdown_table(rep.contrasts)]
+        sections += ["## Further contrasts", contrast.TEXT, contrast.markdown_table(rep.contrasts, ctx.endpoint.label)]
     sections += [rep.contrasts_left_out] if rep.contrasts_left_out else []
     sources = sorted(set(seeds["cost_source"]))
     cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
@@ -354,6 +363,47 @@ def render_markdown(rep: GridReport) -> str:
                  f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
                  f"folder)."]
     return "\n\n".join(sections)
+
+
+def protocol_note(rep: GridReport) -> str:
+    """The grid's endpoint, the measurement error of one run's endpoint against the deltas reported,
+    and which rows rest on tuning seeds (vapo_lit/protocol.py)."""
+    ctx, seeds, table = rep.ctx, rep.seeds, rep.table
+    end = ctx.endpoint
+    fixed = ("fixed in the grid's manifest before it ran" if rep.recorded else
+             "the manifest records no endpoint chosen before the grid ran")
+    parts = [f"Endpoint: **{end.description}** after training started (`{end.name}`; {fixed}); the columns "
+             f"'{end.label}' and every Δ {end.label} hold it."]
+    sizes = sorted({log.eval_problems * log.k for log in rep.logs if log.eval_problems})
+    ref = seeds[seeds["row"] == ctx.reference]["final"].dropna() if ctx.reference else seeds["final"].dropna()
+    if len(sizes) == 1 and all(log.eval_problems for log in rep.logs) and len(ref):
+        n, p = sizes[0], float(ref.mean()) / 100.0
+        se = 100.0 * math.sqrt(max(p * (1.0 - p), 0.0) / (n * end.last))
+        text = (f"One eval scores {n} responses; at the {'reference' if ctx.reference else 'mean'} score "
+                f"({render.num(100.0 * p)}) the binomial standard error of one run's endpoint is "
+                f"±{render.num(se)} points")
+        deltas = table[table["row"] != ctx.reference]["delta_final"].dropna().abs() if ctx.reference else []
+        if len(deltas) and se > 0:
+            median = float(deltas.median())
+            text += f", against a median |Δ {end.label}| of {render.num(median)} points ({median / se:.1f} x)"
+        parts.append(text + ".")
+    else:
+        parts.append("The eval's size is not in every run's config (eval_problems unset), so no standard error is "
+                     "given.")
+    tuning = rep.tuning_seeds
+    if tuning is None:
+        parts.append("Tuning seeds: not recorded, so whether a row's settings were chosen on its own seeds is unknown.")
+    elif not tuning:
+        parts.append("Tuning seeds: none declared; every cell is a confirmation cell.")
+    else:
+        on = {row: sorted(int(s) for s in g["seed"] if int(s) in tuning) for row, g in seeds.groupby("row", sort=False)}
+        flagged = [f"{pretty(row)} ({', '.join(map(str, on[row]))})" for row in rep.order if on.get(row)]
+        listed = ", ".join(map(str, tuning))
+        parts.append(f"Tuning seeds: {listed} (settings were chosen on them)." + (
+            f" ⚠ Rows whose numbers include tuning seeds, which flatter the settings chosen on them: "
+            f"{'; '.join(flagged)}. Read their deltas as exploratory; confirmatory claims need confirmation seeds only."
+            if flagged else " No row includes them: every delta rests on confirmation seeds."))
+    return " ".join(parts)
 
 
 def _credit_markdown(credit: pd.DataFrame) -> str:
