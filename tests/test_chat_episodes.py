@@ -4,6 +4,9 @@ messages. Two template families (ChatML/Qwen style with a tool-response wrapper,
 header tokens and an ipython role), each on a byte-level BPE tokenizer built here (no hub)."""
 from __future__ import annotations
 
+import json
+import warnings
+
 import pytest
 import torch
 from test_multiturn import Scripted
@@ -29,6 +32,12 @@ LLAMA3 = (
     "{{ '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' + (m.content | trim) + '<|eot_id|>' }}"
     "{%- endfor %}"
     "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+PLAIN = (  # ChatML with no tools block: tools= changes nothing
+    "{%- for m in messages %}"
+    "{%- if m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
+    "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
 STRICT = (  # a template with no tool role: it refuses one
     "{%- for m in messages %}{%- if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role') }}{%- endif %}"
     "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
@@ -36,8 +45,10 @@ STRICT = (  # a template with no tool role: it refuses one
 FAMILIES = {"chatml": (CHATML, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
             "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
                        "<|eot_id|>", "<|begin_of_text|>"),
-            "strict": (STRICT, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None)}
+            "strict": (STRICT, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
+            "plain": (PLAIN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None)}
 ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}}
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 
 
@@ -63,13 +74,11 @@ class ChatCalc(Environment):
     name, version, max_new_tokens, max_turns = "chatcalc", "1", 120, 4
     chat, tool_format, stop_sequences = True, "json", ()
 
-    def __init__(self, tokenizer):
+    def __init__(self, tokenizer, tools_prompt="auto"):
         self.tools = {"add": Tool("add", lambda problem, args: str(args["a"] + args["b"]), "a + b", ADD)}
-        self._tok = tokenizer
+        self._tok, self.tools_prompt = tokenizer, tools_prompt
         messages = [{"role": "user", "content": "What is 1 + 2?"}]
-        prompt = tokenizer.apply_chat_template(messages, tools=self.tool_schemas(), tokenize=False,
-                                               add_generation_prompt=True)
-        self.problem = Problem(prompt, "3", {"messages": messages})
+        self.problem = Problem(self.render_chat(messages), "3", {"messages": messages})
 
     @property
     def tokenizer(self):
@@ -93,7 +102,8 @@ class IdScripted(Scripted):
         self.scripts, self.pos, self.V = scripts, [0] * len(scripts), vocab_size
 
 
-@pytest.mark.parametrize("family", ["chatml", "llama3"])
+@pytest.mark.filterwarnings("ignore:task 'chatcalc'. the tokenizer's chat template has no tools block")
+@pytest.mark.parametrize("family", ["chatml", "llama3", "plain"])
 def test_episode_ids_are_the_chat_templates_rendering_of_its_messages(family):
     tok = chat_tokenizer(family)
     env = ChatCalc(tok)
@@ -106,7 +116,7 @@ def test_episode_ids_are_the_chat_templates_rendering_of_its_messages(family):
     episode = ro.prompt_ids[0][ro.prompt_mask[0].bool()].tolist() + ro.response_ids[0, :n].tolist()
     messages = [*env.problem.meta["messages"], {"role": "assistant", "content": CALL},
                 {"role": "tool", "content": "3"}, {"role": "assistant", "content": "The answer is 3."}]
-    rendered = tok.apply_chat_template(messages, tools=env.tool_schemas(), tokenize=False)
+    rendered = env.render_chat(messages, add_generation_prompt=False)  # (plain: the tools in a system message)
     expected = tok(rendered, add_special_tokens=False)["input_ids"]
     assert episode == expected[: len(episode)] and tok.decode(expected[len(episode):]).strip() == ""
     assert int(ro.turns[0]) == 2 and bool(ro.terminated[0])
@@ -132,3 +142,54 @@ def test_a_chat_environment_needs_a_chat_template():
     env.tools = {}
     with pytest.raises(ValueError, match="renders observations with the tokenizer's chat template, but the tokenizer"):
         ChatRenderer(tok, env)
+
+
+# ----------------------------------------------------------------------------- tools for any chat template
+def test_a_template_without_a_tools_block_gets_the_tools_in_a_system_message():
+    """tools_prompt auto: a template that renders tools= keeps its own tools block; one that renders
+    the same text with tools= as without gets them as JSON schemas in a system message (the Hermes /
+    Qwen format), with one warning; template and system force either."""
+    plain = chat_tokenizer("plain")
+    assert plain.apply_chat_template([{"role": "user", "content": "q"}], tools=[ADD], tokenize=False) == \
+        plain.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False)
+    with pytest.warns(UserWarning, match=r"^task 'chatcalc': the tokenizer's chat template has no tools block, so "
+                                         r"the tools are described in a system message"):
+        prompt = ChatCalc(plain).problem.prompt
+    schema = json.dumps(ADD_TOOL)
+    assert prompt.startswith("<|im_start|>system\n# Tools\n") and f"<tools>\n{schema}\n</tools>" in prompt
+    assert '<tool_call>\n{"name": <function-name>, "arguments": <args-json-object>}\n</tool_call>' in prompt
+    assert prompt.endswith("<|im_start|>user\nWhat is 1 + 2?<|im_end|>\n<|im_start|>assistant\n")
+    assert "<tools>" not in ChatCalc(plain, tools_prompt="template").problem.prompt
+    chatml = chat_tokenizer("chatml")
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")  # a template with a tools block: no warning
+        own = ChatCalc(chatml).problem.prompt
+    assert own == chatml.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], tools=[ADD_TOOL],
+                                             tokenize=False, add_generation_prompt=True)
+    assert ChatCalc(chatml, tools_prompt="system").problem.prompt.startswith("<|im_start|>system\n# Tools\n")
+    with pytest.raises(ValueError, match="tools_prompt='json' is not valid; choose one of: auto, template, system"):
+        ChatCalc(chatml, tools_prompt="json")
+
+
+def test_a_template_that_refuses_a_system_message_gets_the_tools_in_the_first_user_message():
+    prompt = ChatCalc(chat_tokenizer("strict"), tools_prompt="system").problem.prompt
+    assert prompt.startswith("<|im_start|>user\n# Tools\n") and prompt.count("<|im_start|>") == 2
+    assert "<tools>" in prompt and "What is 1 + 2?<|im_end|>" in prompt
+
+
+@pytest.mark.parametrize("family", ["chatml", "llama3"])
+def test_the_final_turn_is_the_models_own_last_turn(family):
+    """A tool's answer is never part of what `final_turn` returns: after an observation only the text
+    the model wrote after it; a last turn that holds a call (truncated, turn limit) is no final turn."""
+    tok = chat_tokenizer(family)
+    env = ChatCalc(tok)
+    eot = tok.convert_tokens_to_ids(FAMILIES[family][2])
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    script = enc(CALL) + [eot] + enc("True") + [eot]
+    ro = generate_episodes(IdScripted([script], len(tok)), tok, env, [env.problem.prompt], temperature=0.0,
+                           max_new_tokens=env.max_new_tokens, seeds=0)
+    transcript = ro.texts[0]
+    assert "3" in transcript and transcript.rstrip().endswith("True")  # the tool's answer is in the transcript
+    assert env.final_turn(transcript) == "True"
+    assert env.final_turn("The answer is 3.") == "The answer is 3."  # no observation: the whole response
+    assert env.final_turn(transcript.rsplit("True", 1)[0] + CALL) == ""  # ended on a call

@@ -64,3 +64,97 @@ def test_math_tools_needs_a_chat_template(tmp_path):
     data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
     with pytest.raises(ValueError, match="math_tools needs a tokenizer with a chat template"):
         get_task("math_tools", train_path=str(data), tokenizer=tok)
+
+
+# ----------------------------------------------------------------------------- the built-in problems
+def test_math_and_math_tools_run_on_built_in_problems_without_options(tmp_path):
+    """No data file: 512 train and 64 eval arithmetic word problems generated in code, integer
+    answers, the same on every build, no eval question among the train ones; verified as usual."""
+    from vapo_lit.tasks.wordproblems import EVAL_SIZE, TRAIN_SIZE
+
+    tok = chat_tokenizer("chatml")
+    task = get_task("math", tokenizer=tok)
+    assert (task.n_train, task.n_eval) == (TRAIN_SIZE, EVAL_SIZE) == (512, 64)
+    train, evals = task.train_records(), task.eval_records()
+    assert all(r.answer.isdigit() and int(r.answer) > 0 for r in train + evals)
+    assert not {r.question for r in train} & {r.question for r in evals}
+    assert len({r.question for r in train}) == len(train)
+    assert sum(int(r.answer) >= 100 for r in train) > len(train) // 2  # numbers a calculator helps with
+    assert [r.question for r in get_task("math", tokenizer=tok).eval_records()] == [r.question for r in evals]
+    assert "/builtin-" in task.version
+    p = task.eval_problems()[0]
+    assert task.verify(p, f"... so \\boxed{{{p.answer}}}").reward == 1.0
+    assert task.verify(p, f"\\boxed{{{int(p.answer) + 1}}}").reward == 0.0
+    task.close()
+    tools = get_task("math_tools", tokenizer=tok)
+    assert tools.n_train == TRAIN_SIZE and '"name": "calculator"' in tools.train_problems(1, 0)[0].prompt
+    tools.close()
+    with pytest.raises(ValueError, match="eval_path needs train_path"):
+        get_task("math", tokenizer=tok, eval_path=str(tmp_path / "eval.jsonl"))
+
+
+def test_math_tools_with_a_template_without_tools_block_shows_the_calculator(tmp_path):
+    tok = chat_tokenizer("plain")
+    with pytest.warns(UserWarning, match="has no tools block, so the tools are described in a system message"):
+        task = get_task("math_tools", tokenizer=tok)
+    prompt = task.train_problems(1, 0)[0].prompt
+    assert prompt.startswith("<|im_start|>system\n# Tools\n") and '"name": "calculator"' in prompt
+    assert "<tools>" in prompt and "<tool_call>" in prompt
+    task.close()
+    with pytest.raises(ValueError, match="tools_prompt='xml' is not valid; choose one of: auto, template, system"):
+        get_task("math_tools", tokenizer=tok, tools_prompt="xml")
+
+
+def test_a_boxed_answer_outside_the_final_turn_does_not_score(task):
+    """math_tools verifies the model's own final turn: a \\boxed{} written in a turn that called the
+    calculator, followed by a final turn without one, scores 0 (the whole transcript would score 1)."""
+    p = task.train_problems(1, seed=0)[0]
+    k = int(p.answer) // 12
+    tok = task.tokenizer
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call = '\\boxed{%d} <tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * %d"}}\n</tool_call>' % (
+        12 * k, k)
+    for final, reward in (("no idea", 0.0), ("So \\boxed{%d}." % (12 * k), 1.0)):
+        ro = generate_episodes(IdScripted([enc(call) + [eot] + enc(final) + [eot]], len(tok)), tok, task, [p.prompt],
+                               temperature=0.0, max_new_tokens=200, seeds=0)
+        assert int(ro.turns[0]) == 2 and "\\boxed{%d}" % (12 * k) in ro.texts[0]
+        assert task.verify(p, ro.texts[0]).reward == reward
+    task.close()
+
+
+def test_math_tools_trains_bare_on_a_local_chat_model(tmp_path):
+    """--task math_tools --model PATH with no task options: a run on the built-in problems, its
+    samples.jsonl holding the prompts (calculator declared), the responses and rewards."""
+    from test_user_task import the_docs_chat_walkthrough
+
+    from vapo_lit.config import RunConfig, merge
+    from vapo_lit.presets import PRESETS
+    from vapo_lit.train import train
+
+    _, model_dir = the_docs_chat_walkthrough(tmp_path)
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
+        "task": "math_tools", "task_options": {}, "model": str(model_dir), "steps": 1, "eval_problems": 2,
+        "ppo": {"max_new_tokens": 24}, "wandb": "disabled", "out_dir": str(tmp_path / "runs"), "name": "r",
+        "cache_dir": str(tmp_path / "cache"), "threads": 1, "vapo": {"value_pretrain_steps": 1}})
+    train(cfg)
+    rows = [json.loads(line) for line in (tmp_path / "runs" / "r" / "samples.jsonl").read_text().splitlines()]
+    assert {r["phase"] for r in rows} == {"train", "eval"}
+    assert all('"name": "calculator"' in r["prompt"] and "reward" in r and "tool_calls" in r for r in rows)
+
+
+def test_the_runs_tools_prompt_reaches_a_task_that_takes_one(tmp_path):
+    from vapo_lit.build import task_options_of
+    from vapo_lit.config import RunConfig, merge
+
+    cfg = merge(RunConfig(), {"task": "math_tools", "tools_prompt": "system"})
+    assert task_options_of(cfg)["tools_prompt"] == "system"
+    assert task_options_of(merge(cfg, {"task_options": {"tools_prompt": "template"}}))["tools_prompt"] == "template"
+    assert "tools_prompt" not in task_options_of(merge(cfg, {"task": "chain"}))  # a task that takes none
+    task = get_task("math_tools", tokenizer=chat_tokenizer("chatml"), **task_options_of(cfg))
+    assert task.train_problems(1, 0)[0].prompt.startswith("<|im_start|>system\n# Tools\n")
+    task.close()
+    with pytest.raises(ValueError, match="tools_prompt='json' is not valid; choose one of: auto, template, system"):
+        from vapo_lit.config import validate
+
+        validate(merge(RunConfig(), {"tools_prompt": "json"}))

@@ -134,3 +134,30 @@ def test_the_chat_walkthrough_runs_as_written(tmp_path):
     card = json.loads((tmp_path / "runs" / "r" / "run_card.json").read_text())
     assert card["multi_turn"]["tools"] == ["calculator"]
     assert (tmp_path / "runs" / "r" / "metrics.csv").is_file()
+
+
+def test_the_walkthroughs_verifier_reads_only_the_models_final_turn(tmp_path, registry):
+    """The walkthrough's Calc scores the last number of the model's own final turn: an episode whose
+    calculator answered the right number and whose final turn holds none scores 0 (the last number of
+    the whole transcript is the tool's, the right one); the model writing it scores 1."""
+    import re
+
+    from test_chat_episodes import IdScripted
+
+    from vapo_lit.engines.episodes import generate_episodes
+    from vapo_lit.tasks import task_factory
+
+    env_file, model_dir = the_docs_chat_walkthrough(tmp_path)
+    env = task_factory(f"{env_file}:Calc")(tokenizer=str(model_dir))
+    p = env.eval_problems()[0]
+    a, b = re.search(r"What is (\d+) times (\d+)", p.prompt).groups()
+    tok = env.tokenizer
+    eot = tok.convert_tokens_to_ids("<|im_end|>")
+    enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s * %s"}}\n</tool_call>' % (a, b)
+    for final, reward in (("True", 0.0), (f"It is {p.answer}.", 1.0)):
+        ro = generate_episodes(IdScripted([enc(call) + [eot] + enc(final) + [eot]], len(tok)), tok, env, [p.prompt],
+                               temperature=0.0, max_new_tokens=env.max_new_tokens, seeds=0)
+        text = ro.texts[0]
+        assert int(ro.turns[0]) == 2 and re.findall(r"-?\d+", text)[-1] == p.answer  # the tool's answer, or the model's
+        assert env.verify(p, text).reward == reward, text

@@ -24,7 +24,8 @@ from vapo_lit.cli.report import main as report
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.presets import PRESETS
 from vapo_lit.train import train
-from vapo_lit.wandb_runs import AXES, PPO_AXIS, PRETRAIN_AXIS, stable_id
+from vapo_lit.samples import COLUMNS, table_row
+from vapo_lit.wandb_runs import AXES, PPO_AXIS, PRETRAIN_AXIS, SAMPLES_KEY, stable_id
 from report_synth import write_manifest, write_run
 from wandb_offline import read_run, wait_complete
 
@@ -120,9 +121,17 @@ def test_training_run_axes(tmp_path, offline):
     train(cfg)
     (run_file,) = offline_runs(tmp_path / "runs" / "r" / "wandb")
     run = read_run(run_file)
-    history, axes = run["history"], run["metrics"]
+    history = [h for h in run["history"] if not any(k.startswith(f"{SAMPLES_KEY}/") for k in h)]
+    samples, axes = [h for h in run["history"] if h not in history], run["metrics"]
     with open(tmp_path / "runs" / "r" / "metrics.csv", newline="") as f:
         csv_rows = list(csv.DictReader(f))
+    # the samples table: one row of its own per iteration (the base eval's first), the lines of samples.jsonl
+    lines = [json.loads(line) for line in open(tmp_path / "runs" / "r" / "samples.jsonl")]
+    assert len(samples) == len(csv_rows) and axes[SAMPLES_KEY] == PPO_AXIS
+    tables = [json.loads((run_file.parent / "files" / h[f"{SAMPLES_KEY}/path"]).read_text()) for h in samples]
+    assert [row for t in tables for row in t["data"]] == [table_row(line) for line in lines]
+    assert all(t["columns"] == list(COLUMNS) for t in tables)
+    assert [h[PPO_AXIS] for h in samples] == [t["data"][0][1] for t in tables]
     assert len(history) == len(csv_rows) == 1 + 2 + 3  # base eval, 2 value-pretraining, 3 PPO iterations
     pre = [h for h in history if PRETRAIN_AXIS in h]
     ppo = [h for h in history if PPO_AXIS in h]

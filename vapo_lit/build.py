@@ -74,13 +74,16 @@ def critic_shape(cfg: RunConfig, task, variant: dict) -> dict:
 
 
 def task_options_of(cfg: RunConfig) -> dict:
-    """The options the task is built with (a task that takes a tokenizer gets the local model's)."""
+    """The options the task is built with (a task that takes a tokenizer gets the local model's; one
+    that takes a tools_prompt gets the run's unless its options name one)."""
     from vapo_lit.tasks import option_names
 
     options = dict(cfg.task_options)
     valid = option_names(cfg.task)
     if cfg.model not in ("builtin", "random") and "tokenizer" not in options and valid is not None and "tokenizer" in valid:
         options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
+    if "tools_prompt" not in options and valid is not None and "tools_prompt" in valid:
+        options["tools_prompt"] = cfg.tools_prompt
     return options
 
 

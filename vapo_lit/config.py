@@ -152,7 +152,7 @@ class PPOConfig:
 
 
 NEUTRAL = {"builtin_shape": "auto", "vapo.value_pretrain_critic_lr": None, "vapo.value_pretrain_critic_epochs": None,
-           "ppo.critic_replay": 1}
+           "ppo.critic_replay": 1, "tools_prompt": "auto"}
 """Settings added after runs were first cached, at the value that computes what a config did before
 the setting existed. Cache keys (a grid cell's identity, the pretrained critic's key) leave them out
 at that value, so a grid or a cached critic from before the setting keeps its key. A setting added
@@ -219,6 +219,16 @@ class RunConfig:
     eval_temperature: float = _f(1.0, "eval temperature (paper: 1.0)", lo=0.0, lo_open=True)
     eval_problems: int | None = _f(None, "use only the first N eval problems (None: all)", lo=1)
     checkpoint_every: int = _f(10, "save last.ckpt every this many PPO iterations", lo=1)
+    samples_per_iteration: int = _f(4, "episodes of each iteration and of each evaluation written to the run folder's "
+                                       "samples.jsonl (prompt, response, reward, verdict; observations and tool calls "
+                                       "of a multi-turn episode) and W&B's samples table (0: none)", lo=0)
+    print_sample_every: int = _f(0, "print the prompt, response and reward of one episode every this many iterations "
+                                    "(0: never)", lo=0)
+    tools_prompt: str = _f("auto", "chat tasks with tools (math_tools, and a task of yours that takes a tools_prompt "
+                                   "option): template (the chat template's tools block, tools=), system (the tools as "
+                                   "JSON schemas in a system message, Hermes/Qwen style) or auto (template when the "
+                                   "template renders tools, else system, with a warning)",
+                           choices=("auto", "template", "system"))
     out_dir: str = _f("runs", "where run folders go")
     name: str | None = _f(None, "run folder name (default: derived from components and seed)")
     wandb: str = _f("auto", "W&B mode: auto (online if logged in, else offline), online, offline, disabled",

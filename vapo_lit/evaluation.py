@@ -35,6 +35,9 @@ class Sample:
     length: int
     """Response tokens, EOS included."""
     truncated: bool
+    segments: tuple | None = None
+    """A multi-turn episode's runs of action and observation tokens, (is_action, start, end, text)
+    each (`vapo_lit.rollout.response_segments`); None single-turn."""
 
 
 @torch.no_grad()
@@ -80,13 +83,15 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     from vapo_lit.distributed import gather_objects
     from vapo_lit.engines import SamplingParams
     from vapo_lit.rng import sample_seed
+    from vapo_lit.rollout import response_segments
 
     problems = list(problems)
     if not problems:
         raise ValueError("no problems to evaluate")
     if k < 1:
         raise ValueError(f"k={k} is not valid: k must be >= 1")
-    engine = as_engine(model, tokenizer if tokenizer is not None else task.tokenizer, task=task)
+    tokenizer = tokenizer if tokenizer is not None else task.tokenizer
+    engine = as_engine(model, tokenizer, task=task)
     if sampling is None:
         sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
                                   top_p=top_p)
@@ -102,10 +107,13 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
         action = getattr(ro, "action_mask", None)
         lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
         truncated = ro.truncated.tolist()  # one device sync per chunk
-        for p, text, n, cut in zip(chunk, ro.texts, lengths, truncated):
+        turns = [None] * len(chunk) if action is None else [
+            tuple(response_segments(tokenizer, ids, act, n)) for ids, act, n in
+            zip(ro.response_ids.tolist(), action.tolist(), ro.lengths.tolist())]
+        for p, text, n, cut, segments in zip(chunk, ro.texts, lengths, truncated, turns):
             v = task.verify(p, text)
             samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
-                                  int(n), bool(cut)))
+                                  int(n), bool(cut), segments))
     return [s for part in gather_objects(samples) for s in part] if world > 1 else samples
 
 

@@ -15,8 +15,8 @@ from vapo_lit import faults
 from vapo_lit.config import COMPONENTS, RunConfig
 from vapo_lit.labels import label_of
 from vapo_lit.secrets import scrub_argv
-from vapo_lit.wandb_runs import (SUMMARY_ENV, AxisDefiner, no_network_offline, wandb_mode,  # noqa: F401
-                                 wandb_row, wandb_settings)
+from vapo_lit.wandb_runs import (PPO_AXIS, SAMPLES_KEY, SUMMARY_ENV, AxisDefiner, no_network_offline,  # noqa: F401
+                                 wandb_mode, wandb_row, wandb_settings)
 
 
 # ----------------------------------------------------------------------------- metrics.csv
@@ -164,6 +164,21 @@ class AxesWandbLogger(WandbLogger):
         if axes is None or axes.run is not run:
             axes = self._axes = AxisDefiner(run)
         axes.log(wandb_row(metrics))
+
+    def log_samples(self, columns: list[str], rows: list[list], ppo_update: int) -> None:
+        """Episodes the model wrote (vapo_lit/samples.py) as the table `samples`, in a row of their
+        own stepped on ppo/update."""
+        from lightning.pytorch.utilities import rank_zero_only
+
+        if rank_zero_only.rank != 0:
+            return
+        import wandb
+
+        run = self.experiment
+        axes = getattr(self, "_axes", None)
+        if axes is None or axes.run is not run:
+            axes = self._axes = AxisDefiner(run)
+        axes.log({SAMPLES_KEY: wandb.Table(columns=columns, data=rows), PPO_AXIS: ppo_update})
 
 
 def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | None):

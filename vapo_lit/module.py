@@ -103,6 +103,8 @@ class EvalResult:
     score: float
     is_best: bool
     metrics: dict
+    samples: tuple = ()
+    """The evaluation's verified samples (`evaluation.Sample`, k per problem in problem order)."""
 
 
 class VapoModule(L.LightningModule):
@@ -228,6 +230,7 @@ class VapoModule(L.LightningModule):
         self.log_iteration(stats, exp, pretraining, clock)
         if self.ppo_updates >= self.cfg.steps:
             self.trainer.should_stop = True
+        return {"experience": exp}  # for the callbacks that read the iteration (vapo_lit/samples.py)
 
     def values(self, exp: Experience) -> tuple[Experience, SamplerStats | None]:
         """Step 3: the critic's values of this rank's responses, then the whole batch gathered on every
@@ -591,7 +594,7 @@ class VapoModule(L.LightningModule):
         if is_best:
             self.best_eval = value
             metrics["eval/is_best"] = 1.0
-        self.last_eval = EvalResult(self.iteration, self.ppo_updates, value, is_best, metrics)
+        self.last_eval = EvalResult(self.iteration, self.ppo_updates, value, is_best, metrics, tuple(samples))
         return self.last_eval
 
     # ------------------------------------------------------------------ Lightning plumbing

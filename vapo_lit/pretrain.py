@@ -27,7 +27,7 @@ CACHE_VERSION = 3
 CANNOT_AFFECT_PRETRAINING = (
     # where and how a run is recorded
     "out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads", "cache_dir",
-    "checkpoint_every",
+    "checkpoint_every", "samples_per_iteration", "print_sample_every",
     # the PPO phase after pretraining: actor updates, advantages, evaluation, run length
     "steps", "eval_every", "eval_k", "eval_top_p", "eval_temperature", "eval_problems",
     "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages", "ppo.tis_cap",

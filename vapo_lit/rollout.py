@@ -89,6 +89,20 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
     )
 
 
+def response_segments(tokenizer, ids, action, length: int) -> list[tuple[bool, int, int, str]]:
+    """One response's runs of action and observation tokens (a multi-turn episode's turns and the
+    environment's answers), in order: (is_action, start, end, text) with [start, end) response
+    columns and the text decoded as `Rollout.texts` is (special tokens left out). `ids`, `action`:
+    the response's row of `response_ids` and of the action mask; `length`: its tokens."""
+    ids, action = [int(t) for t in ids[:length]], [bool(a) for a in action[:length]]
+    out, start = [], 0
+    for col in range(1, length + 1):
+        if col == length or action[col] != action[start]:
+            out.append((action[start], start, col, tokenizer.decode(ids[start:col], skip_special_tokens=True)))
+            start = col
+    return out
+
+
 def pad_id_of(tokenizer) -> int:
     if tokenizer.pad_token_id is not None:
         return int(tokenizer.pad_token_id)

@@ -1,10 +1,11 @@
 """`train(cfg)`: build task, models, module, component callbacks and loggers; fit; return a summary.
 
 This is the one entry that `vapo-train`, the ablation runner and the tests call. A run folder
-holds `metrics.csv` (every logged metric, one row per iteration), `run_card.json` (docs/algorithm.md's
-"a run must record" list), `config.yaml`, `checkpoints/last.ckpt` and `best.ckpt`, and the W&B
-run under `wandb/`. The pieces live next door: `build.py` (task and models), `logs.py` (CSV and
-W&B loggers), `checkpoints.py`, `run_card.py`.
+holds `metrics.csv` (every logged metric, one row per iteration), `samples.jsonl` (a few episodes
+per iteration and per evaluation), `run_card.json` (docs/algorithm.md's "a run must record" list),
+`config.yaml`, `checkpoints/last.ckpt` and `best.ckpt`, and the W&B run under `wandb/`. The pieces
+live next door: `build.py` (task and models), `logs.py` (CSV and W&B loggers), `samples.py`,
+`checkpoints.py`, `run_card.py`.
 """
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.preflight import preflight
 from vapo_lit.progress import ProgressLine
 from vapo_lit.run_card import RunCardWriter, write_json
+from vapo_lit.samples import SampleLog
 
 
 def run_dir_of(cfg: RunConfig) -> Path:
@@ -68,7 +70,9 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     # policy-best/ is exported before last.ckpt is written: a run killed between the two resumes from the
     # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
     # would keep a policy-best/ older than its best eval)
-    callbacks = [*build_callbacks(cfg.components, cfg.vapo), RunExports(run_dir),
+    callbacks = [*build_callbacks(cfg.components, cfg.vapo),
+                 SampleLog(run_dir, cfg.samples_per_iteration, cfg.print_sample_every, keep_until=keep_until),
+                 RunExports(run_dir),
                  RunCheckpoints(run_dir, cfg.checkpoint_every),
                  RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
                  ProgressLine(), *extra_callbacks]

@@ -8,7 +8,9 @@ Axes of a training run (`AXES`, `wandb_row`): every PPO metric is stepped on `pp
 value pretraining and one without line up on every chart. A value-pretraining iteration's
 metrics go under `value_pretrain/` (`value_pretrain/value/loss`, ...) stepped on their own axis,
 `value_pretrain/iteration`. `tokens/generated` and `time/wall_seconds` are logged in every row
-for charts against compute. The CSV log keeps its own names; only what W&B sees is renamed.
+for charts against compute. The CSV log keeps its own names; only what W&B sees is renamed. The
+episodes the model wrote (vapo_lit/samples.py) are the table `samples`, in rows of their own
+stepped on `ppo/update`.
 
 A summary run (`summary_run`): one run per grid (job_type `report`) or per study (job_type
 `study`) with an id derived from project, group and kind, so a rerun updates that run instead of
@@ -33,6 +35,8 @@ AXES = {PPO_AXIS: "train/ppo_update", "tokens/generated": "perf/cumulative_token
         "time/wall_seconds": "perf/cumulative_seconds"}
 """W&B axis -> the logged column it copies."""
 PRETRAIN_PREFIX = "value_pretrain/"
+SAMPLES_KEY = "samples"
+"""The W&B table of the episodes a run wrote (samples.jsonl's rows)."""
 
 
 def wandb_mode(choice: str) -> str:

@@ -84,7 +84,9 @@ class ChatRenderer:
     assistant message, the observation message of role `role`, the generation prompt), so an
     episode's tokens are the template's rendering of its messages. The suffix is read off a
     rendering with a placeholder as the assistant's content, so a template that rewrites content
-    (trims it, drops earlier reasoning) does not change what the model already wrote."""
+    (trims it, drops earlier reasoning) does not change what the model already wrote. Conversations
+    are rendered as the environment renders its prompts (`render_chat`: the tools through the
+    template's tools block or in a system message), else with the template's ``tools=``."""
 
     _TURN = "\u2063vapo-lit-turn\u2063"
 
@@ -93,9 +95,12 @@ class ChatRenderer:
             raise ValueError(f"task {env.name!r} renders observations with the tokenizer's chat template, but the "
                              f"tokenizer has none (set tokenizer.chat_template, or chat = False)")
         self.tokenizer, self.tools = tokenizer, env.tool_schemas() or None
+        self._render_chat = getattr(env, "render_chat", None)
         self.role = self._supported(env.observation_role)
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
+        if self._render_chat is not None:
+            return self._render_chat(messages, tokenizer=self.tokenizer, add_generation_prompt=generation_prompt)
         return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
                                                   add_generation_prompt=generation_prompt)
 

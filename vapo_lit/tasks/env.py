@@ -25,11 +25,19 @@ give an observation saying so (``error ...``); nothing escapes into the rollout.
 
 The episode's reward is the verifier's on the whole transcript (actions and observations, as the
 engine decodes them): ``respond`` scores a final answer with :meth:`verify`, so the reward the
-environment ends with and the one the trainer's score stage computes are the same number.
+environment ends with and the one the trainer's score stage computes are the same number. A verifier
+that must not read a tool's answer reads :meth:`Environment.final_turn` of the transcript (chat
+environments): the model's own last turn.
+
+Chat environments show their tools to the model as its chat template does (``tools=``); a template
+with no tools block (it renders the same text with ``tools=`` as without) gets them in a system
+message instead, in the Hermes/Qwen2.5 format (:func:`tools_system_text`), chosen by
+``tools_prompt`` (``auto``, ``template`` or ``system``; :meth:`Environment.render_chat`).
 """
 from __future__ import annotations
 
 import json
+import warnings
 from dataclasses import dataclass
 from typing import Callable
 
@@ -39,6 +47,9 @@ CALL = "call"
 """The word that opens a tool call (tool_format "call")."""
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 """The tags around a JSON tool call (tool_format "json")."""
+TOOLS_PROMPTS = ("auto", "template", "system")
+"""How a chat environment shows its tools: auto (the template's tools block when it has one, else a
+system message), template (always ``tools=``) or system (always the system message)."""
 _JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
                "object": dict, "null": type(None)}
 
@@ -103,6 +114,8 @@ class Environment(Task):
     it holds one. Prompts are the template's rendering of ``prompt_messages(problem)``."""
     observation_role: str = "tool"
     """The role of an observation message (``user`` is used where the template has no tool role)."""
+    tools_prompt: str = "auto"
+    """How the tools reach the model (chat environments, `render_chat`): one of TOOLS_PROMPTS."""
 
     def prompt_messages(self, problem: Problem) -> list[dict]:
         """The chat messages a prompt renders (chat environments): ``problem.meta["messages"]``."""
@@ -112,9 +125,71 @@ class Environment(Task):
         """Whether `turn` holds a tool call in this environment's format."""
         return parse_json_call(turn) is not None if self.tool_format == "json" else CALL in turn.split()
 
+    def parse_call(self, turn: str) -> tuple[str, list | dict] | None:
+        """(tool name, arguments) of the call in `turn` in this environment's format; None when it holds none."""
+        return parse_json_call(turn) if self.tool_format == "json" else self._words_call(turn)
+
     def tool_schemas(self) -> list[dict]:
         """The tools as a chat template's ``tools=`` takes them."""
         return [tool.schema() for tool in self.tools.values()]
+
+    # ---------------------------------------------------------------- chat rendering
+    def render_chat(self, messages: list[dict], *, tokenizer=None, add_generation_prompt: bool = True) -> str:
+        """`messages` as the chat template renders them with this environment's tools: through the
+        template's ``tools=`` or, where the template has no tools block (``tools_prompt`` auto) or
+        ``tools_prompt`` is system, described in a system message (`tools_system_text`; appended to
+        the conversation's own system message if it has one, else put before the first message, else,
+        where the template refuses a system message, at the start of the first user message).
+        `tokenizer`: the environment's own by default."""
+        tok = self.tokenizer if tokenizer is None else tokenizer
+        tools = self.tool_schemas()
+        placement = self._tools_placement(tok, tools) if tools else "template"
+        if placement == "template":
+            return tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
+                                           add_generation_prompt=add_generation_prompt)
+        return tok.apply_chat_template(with_tools_text(messages, tools_system_text(tools), placement), tokenize=False,
+                                       add_generation_prompt=add_generation_prompt)
+
+    def _tools_placement(self, tok, tools: list[dict]) -> str:
+        """template, system or user (where the tools text goes), decided once per tokenizer."""
+        cached = self.__dict__.get("_tools_placement_of")
+        if cached is not None and cached[0] is tok:
+            return cached[1]
+        mode = self.tools_prompt
+        if mode not in TOOLS_PROMPTS:
+            raise ValueError(f"tools_prompt={mode!r} is not valid; choose one of: {', '.join(TOOLS_PROMPTS)}")
+        if mode == "auto":
+            mode = "template" if template_renders_tools(tok, tools) else "system"
+            if mode == "system":
+                warnings.warn(f"task {self.name!r}: the tokenizer's chat template has no tools block, so the tools are "
+                              "described in a system message (tools_prompt=system; docs/guides/multi-turn.md)",
+                              stacklevel=3)
+        if mode == "system":
+            mode = system_placement(tok, tools_system_text(tools))
+        self.__dict__["_tools_placement_of"] = (tok, mode)
+        return mode
+
+    def final_turn(self, response: str) -> str:
+        """The model's own last turn of a chat environment's transcript `response` (as the engine
+        decodes it, special tokens left out): the text after the last point where the chat template
+        hands the turn back to the model (its generation prompt, e.g. ``assistant`` after
+        ``<|im_start|>``); the whole response when no observation came. Empty when that turn holds a
+        tool call (the episode ended without a final answer: truncated, or at the turn limit). A
+        verifier that reads this never reads a tool's answer: every observation ends before the
+        generation prompt that follows it (a template whose generation prompt is special tokens only
+        shows no such point: an episode with a tool call then has no final turn, said once in a warning)."""
+        marker = self.__dict__.get("_reply_marker")
+        if marker is None:
+            marker = self.__dict__["_reply_marker"] = reply_marker(self.tokenizer)
+            if not marker:
+                warnings.warn(f"task {self.name!r}: the chat template's generation prompt is special tokens only, so a "
+                              "decoded transcript does not show where the model's last turn starts; an episode with a "
+                              "tool call has no final turn to verify (scores 0)", stacklevel=2)
+        if not marker:
+            return "" if self.has_call(response) else response
+        at = response.rfind(marker)
+        turn = response if at < 0 else response[at + len(marker):]
+        return "" if self.has_call(turn) else turn
 
     def problem_from_prompt(self, prompt: str) -> Problem:
         """The problem a prompt poses (raises ValueError for a prompt this task never writes)."""
@@ -139,7 +214,7 @@ class Environment(Task):
     def call_tool(self, problem: Problem, turn: str) -> str:
         """The observation for a turn that ended at a stop sequence: the tool's answer or an error text."""
         json_call = self.tool_format == "json"
-        call = parse_json_call(turn) if json_call else self._words_call(turn)
+        call = self.parse_call(turn)
         if call is None:
             return self.error_text("malformed")
         name, args = call
@@ -175,6 +250,73 @@ class Environment(Task):
         """The observation for a failed call: kind is malformed, unknown, args or failed."""
         return {"malformed": "error malformed call", "unknown": "error unknown tool", "args": "error bad args",
                 "failed": "error tool failed"}[kind]
+
+
+def template_renders_tools(tokenizer, tools: list[dict]) -> bool:
+    """Whether the tokenizer's chat template shows `tools` (renders a conversation differently with
+    ``tools=`` than without); False for a template that refuses ``tools=``."""
+    probe = [{"role": "user", "content": "\u2063probe\u2063"}]
+    try:
+        with_tools = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False, add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - a template that raises on tools= has no tools block
+        return False
+    return with_tools != tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+
+
+def tools_system_text(tools: list[dict]) -> str:
+    """The tools as a system message describes them to a model whose template has no tools block:
+    the Hermes / Qwen2.5 format (one JSON schema a line inside ``<tools></tools>``, then how to call
+    one: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``)."""
+    schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
+    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+            "You are provided with function signatures within <tools></tools> XML tags:\n"
+            f"<tools>\n{schemas}\n</tools>\n\n"
+            "For each function call, return a json object with function name and arguments within "
+            f"{TOOL_CALL_OPEN}{TOOL_CALL_CLOSE} XML tags:\n{TOOL_CALL_OPEN}\n"
+            '{"name": <function-name>, "arguments": <args-json-object>}\n' + TOOL_CALL_CLOSE)
+
+
+def with_tools_text(messages: list[dict], text: str, placement: str) -> list[dict]:
+    """`messages` with the tools `text` in a system message (placement system: appended to the first
+    message's content when that is a system message, else a system message in front) or at the start
+    of the first user message (placement user)."""
+    out = [dict(m) for m in messages]
+    if placement == "system":
+        if out and out[0].get("role") == "system":
+            out[0]["content"] = f"{out[0].get('content') or ''}\n\n{text}"
+            return out
+        return [{"role": "system", "content": text}, *out]
+    for m in out:
+        if m.get("role") == "user":
+            m["content"] = f"{text}\n\n{m.get('content') or ''}"
+            return out
+    return [{"role": "user", "content": text}, *out]
+
+
+def system_placement(tokenizer, text: str) -> str:
+    """system when the template renders a system message (with its text), else user."""
+    probe = [{"role": "user", "content": "q"}]
+    try:
+        rendered = tokenizer.apply_chat_template(with_tools_text(probe, text, "system"), tokenize=False,
+                                                 add_generation_prompt=True)
+    except Exception:  # noqa: BLE001 - templates refuse a role they do not know by raising
+        return "user"
+    return "system" if text in rendered else "user"
+
+
+def reply_marker(tokenizer) -> str:
+    """The chat template's generation prompt as a decoded transcript shows it (special tokens left
+    out, surrounding whitespace kept): what follows every observation of a chat episode."""
+    probe = [{"role": "user", "content": "q"}]
+    try:
+        full = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
+        bare = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
+    except Exception:  # noqa: BLE001 - no chat template: no generation prompt to find
+        return ""
+    prompt = full[len(bare):] if full.startswith(bare) else full
+    ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
+    text = tokenizer.decode(ids, skip_special_tokens=True)
+    return text if text.strip() else ""
 
 
 def parse_json_call(turn: str) -> tuple[str, dict] | None:

@@ -1,5 +1,10 @@
 """`math`: question/answer problems read from local JSONL or parquet files, final answers verified.
 
+Built-in problems
+    Without ``train_path`` the task runs on a built-in set (`vapo_lit.tasks.wordproblems`): 512
+    train and 64 eval arithmetic word problems with integer answers, generated in code from a seed
+    (no download). ``eval_path`` and ``eval_fraction`` do not apply to it.
+
 Data files
     ``.jsonl`` / ``.ndjson`` (one JSON object per line; blank lines are skipped) or ``.parquet`` /
     ``.pq`` (read with pandas, which needs ``pyarrow`` or ``fastparquet``). Each record has a
@@ -45,7 +50,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, Sequence
 
-from vapo_lit.tasks import register
+from vapo_lit.tasks import register, wordproblems
 from vapo_lit.tasks.answers import DEFAULT_TIMEOUT_S, CheckerPool, check_batch, reference_answer
 from vapo_lit.tasks.base import Problem, Task, Verdict
 
@@ -171,11 +176,17 @@ def load_records(path: str | os.PathLike, question_field: str = "question",
     return records
 
 
+def builtin_records(split: str) -> list[Record]:
+    """The built-in problems of `split` (vapo_lit.tasks.wordproblems) as records."""
+    return [Record(question=r["question"], solution=r["answer"], answer=r["answer"], source=f"builtin:{split}:{i}")
+            for i, r in enumerate(wordproblems.problems(split), 1)]
+
+
 def load_tokenizer(tokenizer):
     """A tokenizer object as is, or `AutoTokenizer` from a local directory (no download)."""
     if tokenizer is None:
-        raise ValueError("the math task needs a tokenizer: a transformers tokenizer object or the "
-                         "path of a local directory holding one")
+        raise ValueError("the math task needs a tokenizer: run it on a local model (--model PATH hands its "
+                         "tokenizer over), or give task option tokenizer (a local directory holding one)")
     if isinstance(tokenizer, (str, os.PathLike)):
         path = Path(tokenizer)
         if not path.is_dir():
@@ -203,13 +214,47 @@ def _math_verify_version() -> str:
         return "unknown"
 
 
+def split_records(train_path, eval_path, question_field: str, answer_field: str, eval_fraction: float,
+                  seed: int) -> tuple[list, list, bool]:
+    """(train, eval, built-in?): the built-in problems without a train file; the files' records with an
+    eval file (its questions left out of train); else the train file split by question."""
+    if train_path is None:
+        if eval_path is not None:
+            raise ValueError("eval_path needs train_path (without train_path the built-in problems are used, "
+                             "with their own eval set)")
+        train, evals = builtin_records("train"), builtin_records("eval")
+    elif eval_path is not None:
+        train = load_records(train_path, question_field, answer_field)
+        evals = load_records(eval_path, question_field, answer_field)
+        eval_questions = {r.question for r in evals}
+        train = [r for r in train if r.question not in eval_questions]
+        if not train:
+            raise ValueError(f"data file {train_path}: every question also appears in the eval "
+                             f"file {eval_path}; nothing left to train on")
+    else:
+        train = load_records(train_path, question_field, answer_field)
+        distinct = list(dict.fromkeys(r.question for r in train))
+        if len(distinct) < 2:
+            raise ValueError(f"data file {train_path}: {len(distinct)} distinct question(s); "
+                             f"need at least 2 to split train/eval (or pass eval_path)")
+        rng = random.Random(f"vapo-lit/math/split/{seed}")
+        rng.shuffle(distinct)
+        n_eval = min(len(distinct) - 1, max(1, round(eval_fraction * len(distinct))))
+        eval_questions = set(distinct[:n_eval])
+        order = {q: i for i, q in enumerate(distinct)}
+        evals = sorted((r for r in train if r.question in eval_questions),
+                       key=lambda r: order[r.question])
+        train = [r for r in train if r.question not in eval_questions]
+    return train, evals, train_path is None
+
+
 @register("math")
 class MathTask(Task):
     """Problems from local data files, verified on the final answer (see module docstring)."""
 
     name = "math"
 
-    def __init__(self, train_path: str | os.PathLike, eval_path: str | os.PathLike | None = None,
+    def __init__(self, train_path: str | os.PathLike | None = None, eval_path: str | os.PathLike | None = None,
                  tokenizer=None, question_field: str = "question", answer_field: str = "answer",
                  eval_fraction: float = 0.1, seed: int = 0, bucket_by: str = "question",
                  n_buckets: int = 3, max_eval: int | None = None, max_new_tokens: int = 1024,
@@ -231,27 +276,9 @@ class MathTask(Task):
         self.verify_workers = int(verify_workers)
         self.seed = seed
 
-        train = load_records(train_path, question_field, answer_field)
-        if eval_path is not None:
-            evals = load_records(eval_path, question_field, answer_field)
-            eval_questions = {r.question for r in evals}
-            train = [r for r in train if r.question not in eval_questions]
-            if not train:
-                raise ValueError(f"data file {train_path}: every question also appears in the eval "
-                                 f"file {eval_path}; nothing left to train on")
-        else:
-            distinct = list(dict.fromkeys(r.question for r in train))
-            if len(distinct) < 2:
-                raise ValueError(f"data file {train_path}: {len(distinct)} distinct question(s); "
-                                 f"need at least 2 to split train/eval (or pass eval_path)")
-            rng = random.Random(f"vapo-lit/math/split/{seed}")
-            rng.shuffle(distinct)
-            n_eval = min(len(distinct) - 1, max(1, round(eval_fraction * len(distinct))))
-            eval_questions = set(distinct[:n_eval])
-            order = {q: i for i, q in enumerate(distinct)}
-            evals = sorted((r for r in train if r.question in eval_questions),
-                           key=lambda r: order[r.question])
-            train = [r for r in train if r.question not in eval_questions]
+        train, evals, builtin = split_records(train_path, eval_path, question_field, answer_field, eval_fraction, seed)
+        if builtin:
+            self.version += f"/builtin-{wordproblems.VERSION}"
         if max_eval is not None:
             evals = evals[: int(max_eval)]
         self._train, self._eval = train, evals
@@ -278,8 +305,7 @@ class MathTask(Task):
         if cached is not None:
             return cached
         if self._use_chat:
-            text = self._tokenizer.apply_chat_template(self.messages(question), tools=self.template_tools(),
-                                                       tokenize=False, add_generation_prompt=True)
+            text = self.render_messages(self.messages(question))
             if not isinstance(text, str):
                 raise TypeError(f"apply_chat_template returned {type(text).__name__}, not str")
         else:
@@ -291,9 +317,9 @@ class MathTask(Task):
         """The chat messages of a question's prompt: the question, then the instruction."""
         return [{"role": "user", "content": f"{question}\n{self.instruction}" if self.instruction else question}]
 
-    def template_tools(self) -> list[dict] | None:
-        """The chat template's ``tools=`` (none: the plain task declares no tool)."""
-        return None
+    def render_messages(self, messages: list[dict]) -> str:
+        """A prompt's chat messages as the tokenizer's chat template renders them."""
+        return self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
 
     # ---------------------------------------------------------------- buckets
     def _length(self, question: str, solution: str) -> int:

@@ -1,12 +1,16 @@
 """`math_tools`: the `math` task as a chat conversation with a calculator tool.
 
-The question goes to a chat model in its own chat template with one tool declared (``tools=``):
-``calculator``, which evaluates an arithmetic expression. The model may call it in the JSON format
+The question goes to a chat model in its own chat template with one tool declared: ``calculator``,
+which evaluates an arithmetic expression. The tool reaches the model through the template's tools
+block (``tools=``) or, for a template without one, in a system message (``tools_prompt``;
+`Environment.render_chat`). The model may call it in the JSON format
 (``<tool_call>{"name": "calculator", "arguments": {"expression": "12 * 7"}}</tool_call>``) any
 number of times up to ``max_turns``; each answer comes back as a tool message rendered by the same
 template (vapo_lit.engines.episodes.ChatRenderer); the turn without a call is the final answer,
-verified as in `math` (the last ``\\boxed{}``). Needs a tokenizer with a chat template (a local
-chat model's: ``--model PATH`` hands it over).
+verified as in `math` (the last ``\\boxed{}``) on the model's own final turn only
+(`Environment.final_turn`), so no tool answer can score. Needs a tokenizer with a chat template (a
+local chat model's: ``--model PATH`` hands it over). Without ``train_path`` it runs on `math`'s
+built-in word problems.
 
 The calculator never executes what the model writes: the expression is parsed with Python's `ast`
 and only numbers, parentheses and ``+ - * / // % **`` are evaluated, with bounds on the exponent,
@@ -19,7 +23,7 @@ import operator
 
 from vapo_lit.tasks import register
 from vapo_lit.tasks.base import Problem
-from vapo_lit.tasks.env import Environment, Tool, ToolError
+from vapo_lit.tasks.env import TOOLS_PROMPTS, Environment, Tool, ToolError
 from vapo_lit.tasks.math import MathTask
 
 MAX_EXPRESSION = 200
@@ -46,7 +50,7 @@ def calculate(expression: str) -> int | float:
 
 def _value(node):
     if isinstance(node, ast.Constant) and type(node.value) in (int, float):
-        return node.value
+        return _bounded(node.value)  # a literal too: 1e999 is inf, "-" + "9" * 199 a 199-digit number
     if isinstance(node, ast.UnaryOp) and type(node.op) in _UNARY:
         return _UNARY[type(node.op)](_value(node.operand))
     if isinstance(node, ast.BinOp) and type(node.op) in _BINARY:
@@ -57,10 +61,15 @@ def _value(node):
             out = _BINARY[type(node.op)](left, right)
         except (ZeroDivisionError, OverflowError, ValueError) as e:
             raise ToolError(str(e)) from None
-        if isinstance(out, complex) or abs(out) > MAX_MAGNITUDE:
-            raise ToolError("result out of range")
-        return out
+        return _bounded(out)
     raise ToolError("only numbers, parentheses and + - * / // % ** are allowed")
+
+
+def _bounded(value):
+    """`value` when it is a real number of magnitude at most MAX_MAGNITUDE (NaN is not); else ToolError."""
+    if isinstance(value, complex) or not abs(value) <= MAX_MAGNITUDE:
+        raise ToolError("result out of range")
+    return value
 
 
 def _calculator(problem: Problem, args: dict) -> str:
@@ -77,14 +86,16 @@ class MathToolsTask(MathTask, Environment):
     name = "math_tools"
     chat, tool_format, stop_sequences = True, "json", ()
 
-    def __init__(self, train_path, *, max_turns: int = 4, **options):
+    def __init__(self, train_path=None, *, max_turns: int = 4, tools_prompt: str = "auto", **options):
         if not (isinstance(max_turns, int) and max_turns >= 1):
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
-        self.max_turns = max_turns
+        if tools_prompt not in TOOLS_PROMPTS:
+            raise ValueError(f"tools_prompt={tools_prompt!r} is not valid; choose one of: {', '.join(TOOLS_PROMPTS)}")
+        self.max_turns, self.tools_prompt = max_turns, tools_prompt
         self.tools = {"calculator": Tool("calculator", _calculator, "Evaluate an arithmetic expression.",
                                          CALCULATOR)}
         super().__init__(train_path, **options)  # builds the first prompt: a tokenizer without a template fails there
-        self.version = f"{self.version}/tools-1"
+        self.version = f"{self.version}/tools-2"
         self._by_prompt: dict[str, Problem] | None = None
 
     def prompt(self, question: str) -> str:
@@ -92,8 +103,12 @@ class MathToolsTask(MathTask, Environment):
             raise ValueError("math_tools needs a tokenizer with a chat template (a chat model's: --model PATH)")
         return super().prompt(question)
 
-    def template_tools(self) -> list[dict]:
-        return self.tool_schemas()
+    def render_messages(self, messages: list[dict]) -> str:
+        return self.render_chat(messages)
+
+    def verify_batch(self, problems, responses):
+        """`math`'s verdicts on the model's own final turns (never a tool's answer)."""
+        return super().verify_batch(problems, [self.final_turn(r) if isinstance(r, str) else r for r in responses])
 
     def _problem(self, r) -> Problem:
         p = super()._problem(r)
