@@ -257,6 +257,42 @@ def test_no_stale_prefix_cache_after_load_weights(task):
 
 
 @NEEDS_VLLM
+def test_a_weight_sync_leaves_nothing_computed_with_the_old_weights_in_the_prefix_cache(task):
+    """Pinned (issue 47). Score a prompt that spans several KV-cache blocks (vLLM's prefix cache keeps
+    them), change the weights, sync, score it again: the second scoring is the new weights', equal to
+    a fresh HF forward. The scoring is a greedy response's log-probs through `generate`, not
+    `engine.score`: vLLM computes prompt log-probs without reading the prefix cache, so `score` cannot
+    see a stale cache. A control shows the cache is really in play: the same new weights pushed
+    without the engine's reset leave the old K/V in use, off by far more than the tolerance."""
+    from vapo_lit.engines.vllm import full_weights
+
+    tok = task.tokenizer
+    model = model_of(tok, seed=6)
+    engine = make(model, tok)
+    words, rng = [w for w in tok.get_vocab() if w not in tok.all_special_tokens], random.Random(1)
+    prompts = [" ".join(rng.choice(words) for _ in range(300)) for _ in range(3)]
+    s = SamplingParams(max_new_tokens=8, temperature=0.0)
+
+    def gap(ro) -> float:
+        """Largest |vLLM log-prob - fresh HF forward's| over the response's tokens."""
+        m = ro.response_mask.bool()
+        return float((ro.logprobs[m] - recomputed(model, ro, 1.0)[m].float()).abs().max())
+
+    first = engine.generate(prompts, s, 0)  # vLLM starts; the prompts' full blocks go to the prefix cache
+    block = engine.llm.llm_engine.vllm_config.cache_config.block_size
+    assert int(first.prompt_mask.sum(1).min()) >= 2 * block, "the prompts must fill KV blocks for the prefix cache"
+    assert gap(first) < TOL
+    _perturb(model, seed=7, scale=0.3)
+    weights = list(full_weights(model))  # control: the new weights pushed as `load_weights` does, minus its reset
+    engine.llm.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
+    assert gap(engine.generate(prompts, s, 0)) > 0.1, "no stale K/V without a reset: the check below would see nothing"
+    engine.load_weights(model)  # the sync under test
+    again = engine.generate(prompts, s, 0)
+    m = again.response_mask.bool()
+    torch.testing.assert_close(again.logprobs[m], recomputed(model, again, 1.0)[m].float(), rtol=RTOL, atol=TOL)
+
+
+@NEEDS_VLLM
 def test_the_engine_refuses_float64(task):
     tok = task.tokenizer
     with pytest.raises(ValueError, match="float32, bfloat16 or float16"):
