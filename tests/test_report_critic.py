@@ -58,7 +58,7 @@ def test_the_critic_frame_against_hand_computed_medians():
 
 def test_a_cached_value_pretraining_phase_is_read_from_its_logged_summary():
     frame = critic.critic_frame([run("vapo", 0, vp=0, cached=True)], ["vapo"], last_n=4).set_index("row")
-    assert frame.loc["vapo", "vp_iterations"] == 50 and frame.loc["vapo", "ev_vp_end"] == pytest.approx(0.33)
+    assert frame.loc["vapo", "vp_iterations"] == 50
     old = critic.critic_frame([run("vapo", 0, vp=0)], ["vapo"], last_n=4).set_index("row")  # logged before the summary
     assert math.isnan(old.loc["vapo", "vp_iterations"]) and math.isnan(old.loc["vapo", "ev_vp_end"])
     assert math.isnan(frame.loc["vapo", "vp_end_of_ceiling"])  # an entry without its end: no share
@@ -67,6 +67,22 @@ def test_a_cached_value_pretraining_phase_is_read_from_its_logged_summary():
     kept = critic.critic_frame([run("vapo", 0, vp=0, cached=True, end=end)], ["vapo"], last_n=4).set_index("row")
     assert kept.loc["vapo", "ev_vp_end"] == pytest.approx(0.41) and kept.loc["vapo", "ev_oracle_vp_end"] == 0.55
     assert kept.loc["vapo", "vp_end_of_ceiling"] == pytest.approx(0.41 / 0.62)
+
+
+def test_a_cached_entry_with_only_the_last_batch_has_no_vp_end():
+    """`value_pretrain/final_ev` is one batch's explained variance, not the median of the last LAST_VP
+    iterations that 'EV VP end' is: a run whose cache entry kept only it gets NaN (shown as –), and a
+    row's mean is over the seeds that have a median."""
+    only_last = run("vapo", 0, vp=0, cached=True)  # final_ev 0.33, no ev_end
+    assert not math.isnan(only_last.metrics["value_pretrain/final_ev"].iloc[0])
+    alone = critic.critic_frame([only_last], ["vapo"], last_n=4).set_index("row")
+    for col in ("ev_vp_end", "ev_oracle_vp_end", "vp_end_of_ceiling", "vp_end_of_ceiling_min"):
+        assert math.isnan(alone.loc["vapo", col]), col
+    assert "| – | 0.52 |" in critic.markdown_table(alone.reset_index())  # EV VP end shown as –, EV early beside it
+    ran = run("vapo", 1)  # this seed ran its phase: its median counts, alone
+    mixed = critic.critic_frame([only_last, ran], ["vapo"], last_n=4).set_index("row")
+    assert mixed.loc["vapo", "ev_vp_end"] == pytest.approx(median([0.01 * i for i in range(12)][-critic.LAST_VP:]))
+    assert "kept only the last batch's EV" in critic.CRITIC_TEXT and "shows –" in critic.CRITIC_TEXT
 
 
 def test_rows_without_a_critic_are_left_out_and_no_critic_means_no_section():

@@ -508,8 +508,9 @@ class OracleValueStats:
     explained_variance: float
     """1 - Var(V* - V) / Var(V*): how much of the true values' variation the critic predicts."""
     ceiling: float
-    """Explained variance of V* itself against the reference return: the most any critic can reach
-    in `value/explained_variance` (outcomes are random given the state)."""
+    """Explained variance of V* itself against the reference return: what a critic predicting V*
+    exactly scores in `value/explained_variance` (outcomes are random given the state; on one batch a
+    critic exceeds it only where its errors happen to track that batch's outcome noise)."""
     value_mean: float
     """Mean V* over valid tokens (the critic's `value/mean` should approach it)."""
     mse_by_position: dict[str, float]

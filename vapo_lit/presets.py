@@ -45,8 +45,9 @@ PRESETS: dict[str, dict] = {
         #   * 64 responses per step (4 prompts x 16; mini-batch 4) instead of 128: a response here is
         #     ~433 tokens on average, not ~117, and a run must fit ~20 minutes on one core;
         #   * the critic in value pretraining: lr 3e-4 (10 x the actor's) and 4 passes over each
-        #     batch. At the paper's ratio (6e-5, one pass) the critic explains 0.12-0.22 of what a
-        #     critic can explain here after the 50 value-pretraining iterations; at 3e-4 x 4 passes
+        #     batch. At the paper's ratio (6e-5, one pass) the critic explains 0.12-0.22 of the
+        #     ceiling (the true values' own explained variance against the returns) after the 50
+        #     value-pretraining iterations; at 3e-4 x 4 passes
         #     0.67-0.74 on 3 seeds (tools/critic_fit.yaml; docs/guides/critic.md, "Settings that
         #     shape the critic"). In PPO the paper's ratio (6e-5, one pass): on 2 seeds it scored
         #     as well as 3e-4 x 4 passes there (final 65.6 vs 63.7), its explained variance against
@@ -59,14 +60,16 @@ PRESETS: dict[str, dict] = {
         #     values (the oracle critic) 0.05 and 0.5 both beat GRPO (final 84.8 and 80.9 vs 71.5 on
         #     2 seeds); with the learned critic 0.05 is behind 0.5 with either critic (final 50.0 vs
         #     65.6, and 39.5 vs 63.7, where one run stalled near 20) (tools/critic_alpha.yaml);
-        #   * actor learning rate as `default` (same model size; chosen there);
+        #   * actor learning rate as `default` (chosen there; the same architecture, 2 layers of
+        #     width 64, whose larger vocabulary and 2,048 positions make 196,480 parameters against
+        #     the chain task's 139,520);
         #   * 100 PPO updates, eval every 10 on 32 problems (8 per length bucket) x 4 samples at top-p
         #     1.0 (the paper evaluates at 0.7, which cuts any error below 30% per step out of the
         #     samples: the compounding errors this task is built to show would be invisible).
         "task": "longchain",
         #   * micro-batches of one response (the update's math is the same for any micro-batch size):
-        #     at these mixed lengths a micro-batch of 4 pads to its longest response, which made the
-        #     updates slower (docs/results/table1-long/index.md, "Micro-batches of one response").
+        #     at these mixed lengths (23 to 2,003 tokens) a micro-batch of 4 pads every response to
+        #     its longest one.
         "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "critic_epochs": 1, "responses_per_step": 64,
                 "mini_batch_size": 4, "micro_batch_size": 1},
         "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,

@@ -4,26 +4,30 @@ and (where the task has true state values) how far it is from the best possible 
 Every critic-based run logs, per iteration (value pretraining included), `value/explained_variance`
 (against Monte-Carlo returns, measured on the batch before the critic's update on it); runs on a
 task with true values (longchain) also log `value/explained_variance_oracle` (the critic against
-the true values V*) and `value/oracle_ceiling` (V* against Monte-Carlo returns: the most any
-critic can reach there, since outcomes are random given the state). `critic.csv`, one line per row
-with a critic:
+the true values V*) and `value/oracle_ceiling` (V*'s own explained variance against the
+Monte-Carlo returns: a critic that predicts V* exactly scores it; outcomes are random given the
+state, so on a finite batch a critic exceeds it only where its departures from V* track that batch's
+outcome noise).
+`critic.csv`, one line per row with a critic:
 
 * `vp_iterations`: value-pretraining iterations (mean over seeds; 0 without value pretraining; a
   run that loaded its pretrained critic from the cache logs the cached phase's count and where it
   ended as `value_pretrain/steps` and `value_pretrain/ev_end`, `ev_oracle_end`, `ceiling_end`
   (medians over its last LAST_VP iterations), which stand in for its missing rows; a cache entry
   from before those were kept gives only `value_pretrain/final_ev`, the last batch's explained
-  variance);
+  variance, which is not such a median: that run's `ev_vp_end` and `ev_oracle_vp_end` stay NaN,
+  never the last batch's value);
 * `ev_vp_end`, `ev_early`, `ev_late`: explained variance against Monte-Carlo returns, median over
   the last LAST_VP value-pretraining iterations, the first CALIBRATION_UPDATES and the last N PPO
   iterations;
 * `ev_oracle_*`: the same against the true values; `ceiling`: the oracle's own explained variance
   against Monte-Carlo returns (median over the run); `vp_end_of_ceiling`: ev_vp_end / ceiling per
-  run, the share of the achievable reached when PPO starts; `vp_end_of_ceiling_min`: its smallest
-  value over the row's seeds (every seed reached at least this).
+  run, the share of the ceiling reached when PPO starts; `vp_end_of_ceiling_min`: its smallest
+  value over the row's seeds (every seed with a value reached at least this).
 
 Medians within a run (one batch without a correct response gives an explained variance far below
-0), then the mean over the row's seeds. Rows without a critic are left out.
+0), then the mean over the row's seeds that have a value (NaN when none has). Rows without a critic
+are left out.
 """
 from __future__ import annotations
 
@@ -67,10 +71,10 @@ def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
     out["ceiling"] = _median(_col(df, "value/oracle_ceiling"))
     ceiling_vp = _median(_col(vp, "value/oracle_ceiling").iloc[-LAST_VP:]) if len(vp) else NAN
     if not len(vp) and value_pretraining:  # loaded from the cache: the cached phase's end, where logged
+        # (never `final_ev`, the last batch alone: an entry that kept only that leaves these NaN)
         end = {k: _median(_col(df, f"value_pretrain/{k}").dropna().iloc[-1:])
-               for k in ("ev_end", "ev_oracle_end", "ceiling_end", "final_ev")}
-        out["ev_vp_end"] = end["ev_end"] if end["ev_end"] == end["ev_end"] else end["final_ev"]
-        out["ev_oracle_vp_end"], ceiling_vp = end["ev_oracle_end"], end["ceiling_end"]
+               for k in ("ev_end", "ev_oracle_end", "ceiling_end")}
+        out["ev_vp_end"], out["ev_oracle_vp_end"], ceiling_vp = end["ev_end"], end["ev_oracle_end"], end["ceiling_end"]
     out["vp_end_of_ceiling"] = out["ev_vp_end"] / ceiling_vp if ceiling_vp > 0 else NAN
     return out
 
@@ -95,12 +99,16 @@ def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
 
 CRITIC_TEXT = (
     "How well each row's critic predicts (mean over seeds of per-run medians). EV = explained variance against "
-    "Monte-Carlo returns, on each batch before the critic trains on it: at the end of value pretraining (last "
-    f"{LAST_VP} of its iterations), over the first {{early}} and the last {{n}} PPO iterations. Where the task has "
-    "true state values (the success probability from each state under the sampling policy, from its measured "
-    "per-step error rates): EV vs true = the critic against them, and ceiling = the true values' own EV against "
-    "Monte-Carlo returns, the most any critic can reach on this task; 'VP end / ceiling' = the share of it reached "
-    "when PPO starts (mean over seeds, and the smallest seed's). Figure: critic_quality.png.")
+    "Monte-Carlo returns, on each batch before the critic trains on it: at the end of value pretraining (median of "
+    f"the last {LAST_VP} of its iterations), over the first {{early}} and the last {{n}} PPO iterations. A run that "
+    "loaded its pretrained critic from a cache entry that kept only the last batch's EV has no VP-end values: a "
+    "row whose runs all did shows –, otherwise its VP-end columns are the mean over the seeds that have them. "
+    "Where the task has true state values (the success probability from each state under the sampling policy, "
+    "from its measured per-step error rates): EV vs true = the critic against them, and ceiling = the true values' "
+    "own EV against Monte-Carlo returns (a critic that predicts the true values exactly scores it; outcomes are "
+    "random given the state, so on a finite batch a critic exceeds it only where its departures from the true "
+    "values track that batch's outcome noise); 'VP end / ceiling' = the share of it reached when PPO starts (mean "
+    "over seeds, and the smallest seed's). Figure: critic_quality.png.")
 
 
 def _share(mean: float, low: float) -> str:
