@@ -28,6 +28,14 @@ def _cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
+def _prose(text) -> str:
+    """Plain text from the code (a setting's doc, a flag's help) as Markdown: asterisks outside code
+    spans are escaped, so that an ASCII formula such as `i*K..(i+1)*K-1` stays as written instead of
+    turning into emphasis. The same text is printed by `--help`, so it is not written as LaTeX."""
+    parts = str(text).split("`")
+    return "`".join(part if i % 2 else part.replace("*", "\\*") for i, part in enumerate(parts))
+
+
 def _type(f: dataclasses.Field) -> str:
     kind = f.type if isinstance(f.type, str) else getattr(f.type, "__name__", str(f.type))
     return " or ".join(part.strip() for part in kind.split("|"))
@@ -67,7 +75,7 @@ def configuration_page() -> str:
         shown = (", ".join(f"`{x}`" for x in default) if isinstance(default, list) and default
                  and all(isinstance(x, str) for x in default) else f"`{_cell(repr(default))}`")
         row = (f"| `{path}` | {_cell(_type(f))} | {shown} | {_cell(valid)} "
-               f"| {_cell(meta.get('doc', ''))} |")
+               f"| {_prose(_cell(meta.get('doc', '')))} |")
         sections.setdefault(section, []).append(row)
     docs = {f.name: f.metadata.get("doc", "") for f in dataclasses.fields(RunConfig)}
     out = [HEADER, "# Configuration reference\n\n",
@@ -128,7 +136,7 @@ def cli_page() -> str:
            "0 done, 1 runtime failure, 2 bad input (nothing was started), 130 interrupted.\n"]
     for prog, module in COMMANDS:
         parser = importlib.import_module(module).build_parser()
-        out.append(f"\n## `{prog}`\n\n{parser.description}\n\n| flag | default | what it does |\n|---|---|---|\n")
+        out.append(f"\n## `{prog}`\n\n{_prose(parser.description)}\n\n| flag | default | what it does |\n|---|---|---|\n")
         settings = 0
         for action in parser._actions:
             if action.dest.startswith("set:"):
@@ -138,7 +146,7 @@ def cli_page() -> str:
                 continue
             default = "" if action.default in (None, "", False, argparse.SUPPRESS) else f"`{_cell(action.default)}`"
             text = (action.help or "") % {"default": action.default, "prog": prog}
-            out.append(f"| {_flag(action)} | {default} | {_cell(text)} |\n")
+            out.append(f"| {_flag(action)} | {default} | {_prose(_cell(text))} |\n")
         if settings:
             out.append(f"\nand the {settings} settings of the [configuration reference](configuration.md) as "
                        "`--name VALUE`.\n")

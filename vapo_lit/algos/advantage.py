@@ -55,8 +55,8 @@ def _raw_lambda(lengths: torch.Tensor, alpha: float, gamma: float) -> torch.Tens
 def length_adaptive_lambda(lengths, alpha: float = 0.05, gamma: float = 1.0) -> torch.Tensor:
     """lambda_policy = 1 - 1/(alpha * l) per sequence (VAPO Eq. 5), clamped to [0, 1].
 
-    Derived from keeping the effective GAE window 1/(1 - gamma*lambda) equal to alpha*l; with
-    gamma != 1 this project uses (1 - 1/(alpha*l)) / gamma (docs/algorithm.md). Returns a (B,) float32
+    Derived from keeping the effective GAE window `1/(1 - gamma*lambda)` equal to `alpha*l`; with
+    gamma != 1 this project uses `(1 - 1/(alpha*l)) / gamma` (docs/algorithm.md). Returns a (B,) float32
     tensor (float64 when `lengths` is float64). l=20, alpha=0.05 -> 0; l=100 -> 0.8.
     """
     _check_alpha_gamma(alpha, gamma)
@@ -134,7 +134,7 @@ def decoupled_gae(
 OBSERVATION_MODES = ("skip", "step", "zero")
 """How GAE crosses observation spans (docs/algorithm.md "Multi-turn trajectories"): skip (carry the next
 value and the running advantage through unchanged), step (every token a timestep), zero (values
-zeroed on observation tokens, which then take part in the recursion; biased when gamma*lambda < 1)."""
+zeroed on observation tokens, which then take part in the recursion; biased when `gamma*lambda < 1`)."""
 
 
 def decoupled_gae_observations(rewards, values, action_mask, obs_mask, lam_policy, lam_critic=1.0,

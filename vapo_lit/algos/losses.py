@@ -86,7 +86,7 @@ def weight_share(weights: torch.Tensor, advantages: torch.Tensor, group: torch.T
 
 
 def clipped_surrogate(logprobs, old_logprobs, advantages, eps_low: float = 0.2, eps_high: float = 0.2):
-    """Per-token j = min(ratio*A, clip(ratio, 1-eps_low, 1+eps_high)*A) and the ratio."""
+    """Per-token `j = min(ratio*A, clip(ratio, 1-eps_low, 1+eps_high)*A)` and the ratio."""
     _check_eps(eps_low, eps_high)
     ratio = torch.exp(logprobs - old_logprobs)
     clipped = ratio.clamp(1.0 - eps_low, 1.0 + eps_high)

@@ -281,9 +281,9 @@ class ChainTask(Task):
         return pad(rows), pad(kinds), lengths
 
     def oracle_values(self, problems: list[Problem], response_ids, lengths):
-        """(V*, error rates): the success probability from every response state under the policy
+        """(`V*`, error rates): the success probability from every response state under the policy
         that wrote these responses (vapo_lit.algos.oracle), its per-kind error rates measured on the
-        same responses; V* is (N, R) float64, 0 on padding and after a response left its target."""
+        same responses; `V*` is (N, R) float64, 0 on padding and after a response left its target."""
         from vapo_lit import algos
 
         if not self.has_oracle:
