@@ -18,7 +18,7 @@ from vapo_lit.ablate.grid import grid_from_drop
 from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.presets import PRESETS
-from vapo_lit.statistics import SeedDecision
+from vapo_lit.seed_stats import SeedDecision
 
 ROW = "vapo-no-clip_higher"
 D = [-4.0, 0.0, -2.0, -3.0, -1.0, -2.0, -2.0]   # per-seed row - reference (points); first 3: mean -2, sd 2

@@ -107,7 +107,7 @@ def test_no_lower_floor_imports_the_runner_the_cli_or_the_reports():
 def test_the_walk_sees_lazy_imports_and_package_imports(tmp_path):
     """The checks can fail: a lazy import inside a function closes a cycle through a package, and a
     lower module that imports ablate/ breaks a floor (logs.py importing ablate.urls did, before
-    vapo_lit/secrets.py)."""
+    vapo_lit/masking.py)."""
     pkg = tmp_path / "vapo_lit"
     for rel, text in {"__init__.py": "", "rollout.py": "def f():\n    from vapo_lit.engines.fast import g\n",
                       "engines/__init__.py": "from vapo_lit.rollout import f\n", "engines/fast.py": "",

@@ -23,7 +23,7 @@ from vapo_lit.cli.ablate import main as ablate
 from vapo_lit.cli.report import main as report
 from vapo_lit.config import COMPONENTS
 from vapo_lit.labels import row_order
-from vapo_lit import statistics as stats
+from vapo_lit import seed_stats as stats
 from vapo_lit.report.figures import NAMES as FIGURES
 
 T975 = {1: 12.706204736174694, 2: 4.302652729749462, 3: 3.1824463052837078, 4: 2.7764451051977934}
@@ -643,7 +643,7 @@ def test_report_reads_logs_only_and_its_statistics_load_without_pandas():
         names = [a.name for n in ast.walk(tree) if isinstance(n, ast.Import) for a in n.names]
         names += [n.module for n in ast.walk(tree) if isinstance(n, ast.ImportFrom) and n.module]
         assert not [m for m in names if m.startswith("vapo_lit.ablate")], path
-    code = "import sys, vapo_lit.statistics; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
+    code = "import sys, vapo_lit.seed_stats; print(sorted(m for m in ('pandas', 'matplotlib') if m in sys.modules))"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
     assert out.strip() == "[]"
 
@@ -651,7 +651,7 @@ def test_report_reads_logs_only_and_its_statistics_load_without_pandas():
 def test_the_paper_note_counts_directions_holm_survivors_and_the_rank_correlation():
     import pandas as pd
 
-    from vapo_lit import statistics as stats
+    from vapo_lit import seed_stats as stats
     from vapo_lit.report import render
     from vapo_lit.report.table import PAPER_DROPS
 

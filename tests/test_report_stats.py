@@ -1,4 +1,4 @@
-"""The report's statistics (vapo_lit.statistics) against references: scipy's values (computed
+"""The report's statistics (vapo_lit.seed_stats) against references: scipy's values (computed
 once with scipy 1.17.1 and written here, since scipy is not a dependency), float64 numpy
 recomputations on random inputs, and hand-computed / closed-form numbers.
 
@@ -11,7 +11,7 @@ import math
 import numpy as np
 import pytest
 
-from vapo_lit import statistics as stats
+from vapo_lit import seed_stats as stats
 
 # scipy.stats.t.ppf(0.975, df), df = 1..30 (scipy 1.17.1)
 T975 = [12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.7764451051977934, 2.5705818356363146,

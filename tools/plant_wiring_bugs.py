@@ -93,7 +93,7 @@ BUGS = [
     ("18 strict chain without the right final answer", "vapo_lit/tasks/chain.py",
      "strict = ok and values == self.values(x0, n)", "strict = values == self.values(x0, n)",
      ["tests/test_long_task.py::test_every_step_right_but_a_wrong_final_answer_earns_nothing"]),
-    ("19 identical nonzero paired differences get p = 0", "vapo_lit/statistics.py",
+    ("19 identical nonzero paired differences get p = 0", "vapo_lit/seed_stats.py",
      '"p": 1.0 if s["mean"] == 0.0 else NAN}', '"p": 1.0 if s["mean"] == 0.0 else 0.0}',
      ["tests/test_report_stats.py::test_identical_nonzero_differences_have_no_p_value",
       "tests/test_report.py::test_identical_nonzero_paired_differences_show_no_p_value_and_say_why"]),

@@ -14,7 +14,7 @@ from lightning.pytorch.loggers.csv_logs import ExperimentWriter
 from vapo_lit import faults
 from vapo_lit.config import COMPONENTS, RunConfig
 from vapo_lit.labels import label_of
-from vapo_lit.secrets import scrub_argv
+from vapo_lit.masking import scrub_argv
 from vapo_lit.wandb_runs import (PPO_AXIS, SAMPLES_KEY, SUMMARY_ENV, AxisDefiner, no_network_offline,  # noqa: F401
                                  wandb_mode, wandb_row, wandb_settings)
 

@@ -20,7 +20,7 @@ exactly as without them). With W&B on, the same rows are logged as the table ``s
 iteration, stepped on ``ppo/update``. `print_sample_every` N prints the first of every Nth
 iteration's episodes. On resume, lines past the checkpoint's iteration are dropped (a line a crash
 cut short too, with a warning) and the run appends from there, as metrics.csv does. Every text goes
-through `vapo_lit.secrets.mask_secrets`. Only rank 0 writes.
+through `vapo_lit.masking.mask_secrets`. Only rank 0 writes.
 """
 from __future__ import annotations
 
@@ -33,7 +33,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from vapo_lit.rollout import response_segments
-from vapo_lit.secrets import mask_secrets
+from vapo_lit.masking import mask_secrets
 
 FILE = "samples.jsonl"
 COLUMNS = ("iteration", "ppo_update", "phase", "index", "prompt", "response", "reward", "error", "strict",

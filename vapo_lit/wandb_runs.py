@@ -137,7 +137,7 @@ def summary_run(folder: Path, *, kind: str, project: str, group: str, name: str,
         return None
     import wandb
 
-    from vapo_lit.secrets import scrub_argv
+    from vapo_lit.masking import scrub_argv
 
     scrub_argv()  # W&B records sys.argv: no database password may be in it
     no_network_offline(mode)

@@ -4,7 +4,7 @@
 
 Round r runs the grid with n_r seeds per row through `runner.run` (so finished cells are reused and
 a killed round resumes like any grid), reads each finished cell's eval curve from its metrics.csv,
-and hands the per-seed differences to the full recipe to `vapo_lit.statistics.decide_seeds`
+and hands the per-seed differences to the full recipe to `vapo_lit.seed_stats.decide_seeds`
 (the one rule, shared with the report): a row is resolved when its paired 95% interval excludes
 zero, unreachable when the plug-in seeds-needed estimate exceeds --max-seeds; the next round has
 enough seeds for the most demanding unresolved row. It stops when every row of interest is
@@ -21,7 +21,7 @@ from pathlib import Path
 from vapo_lit.config import COMPONENTS
 from vapo_lit.labels import run_label
 from vapo_lit.protocol import Endpoint, parse_endpoint
-from vapo_lit.statistics import curve_auc, decide_seeds
+from vapo_lit.seed_stats import curve_auc, decide_seeds
 
 METRICS = ("final", "peak", "auc")
 REFERENCE = run_label(COMPONENTS)

@@ -39,7 +39,7 @@ from datetime import datetime, timezone
 from vapo_lit import faults
 from vapo_lit.ablate.lock import study_lock
 from vapo_lit.ablate.urls import check_url, engine_url, is_sqlite  # noqa: F401 - re-exported
-from vapo_lit.secrets import mask_text, mask_url  # noqa: F401 - re-exported
+from vapo_lit.masking import mask_text, mask_url  # noqa: F401 - re-exported
 
 STUDY = "vapo-ablate"
 

@@ -4,7 +4,7 @@ Passwords. A password written into ``--storage postgresql://user:PASS@host/db`` 
 anyone running `ps` on that machine. Keep it out of the command line: `VAPO_LIT_STORAGE_PASSWORD`
 (environment) or ``--storage-password-file PATH`` (first line of the file) is put into the URL
 inside the process; PostgreSQL's own ``PGPASSWORD`` and ``~/.pgpass`` work too (libpq reads them).
-Wherever a URL or an error text is printed or recorded it goes through `vapo_lit.secrets`
+Wherever a URL or an error text is printed or recorded it goes through `vapo_lit.masking`
 (`mask_text` / `mask_url`), and `scrub_argv` masks any URL password left in ``sys.argv`` before
 W&B records it.
 
@@ -20,7 +20,7 @@ import os
 import re
 from pathlib import Path
 
-from vapo_lit.secrets import mask_text, mask_url
+from vapo_lit.masking import mask_text, mask_url
 
 PASSWORD_ENV = "VAPO_LIT_STORAGE_PASSWORD"
 

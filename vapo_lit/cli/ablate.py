@@ -168,7 +168,7 @@ def reporter(args):
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
     from vapo_lit.ablate.urls import with_password
-    from vapo_lit.secrets import mask_text, scrub_argv
+    from vapo_lit.masking import mask_text, scrub_argv
 
     scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:
@@ -204,7 +204,7 @@ def main(argv=None) -> int:
 
 def failure(e: Exception, out: Path, url: str) -> str:
     """The one line for a fault that stopped the grid (the cells' own crashes are retried instead)."""
-    from vapo_lit.secrets import mask_text
+    from vapo_lit.masking import mask_text
     from vapo_lit.ablate.worker import WorkerStopped
 
     if isinstance(e, WorkerStopped):

@@ -91,7 +91,7 @@ def main(argv=None) -> int:
     from vapo_lit.ablate.urls import with_password
     from vapo_lit.config import merge
     from vapo_lit.preflight import check_writable, preflight
-    from vapo_lit.secrets import scrub_argv
+    from vapo_lit.masking import scrub_argv
 
     scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:

@@ -6,7 +6,7 @@
 
 `write.py` builds a report; `logs.py` reads run folders strictly; `collect.py` gives per-run
 numbers; `table.py` aggregates rows; `render.py` formats; `figures.py` plots; the pure statistics
-(stdlib only) are `vapo_lit/statistics.py`, shared with `vapo-ablate --seeds auto`.
+(stdlib only) are `vapo_lit/seed_stats.py`, shared with `vapo-ablate --seeds auto`.
 """
 from __future__ import annotations
 

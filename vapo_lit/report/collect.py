@@ -24,7 +24,7 @@ import os
 
 import pandas as pd
 
-from vapo_lit import statistics as stats
+from vapo_lit import seed_stats as stats
 from vapo_lit.protocol import Endpoint
 from vapo_lit.report.logs import RunLog, attempt_counts, label_of  # noqa: F401 (label_of: public here too)
 

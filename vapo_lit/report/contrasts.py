@@ -15,7 +15,7 @@ from __future__ import annotations
 
 import pandas as pd
 
-from vapo_lit import statistics as stats
+from vapo_lit import seed_stats as stats
 from vapo_lit.report import render
 from vapo_lit.report.table import by_seed, pretty
 

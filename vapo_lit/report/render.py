@@ -11,7 +11,7 @@ from typing import Callable
 
 import pandas as pd
 
-from vapo_lit import statistics as stats
+from vapo_lit import seed_stats as stats
 from vapo_lit.protocol import Endpoint
 from vapo_lit.report.table import PAPER_DROPS, pretty, resolved
 
@@ -55,7 +55,7 @@ UNDEFINED_P = "n/a ‡"
 def zero_spread(rec, m: str) -> bool:
     """Two or more paired seeds whose differences row - reference are all the same nonzero number:
     the interval is one point and the t statistic divides by a zero standard error, so
-    `statistics.one_sample_t` gives no p-value (NaN), and Holm leaves the row out of its family."""
+    `seed_stats.one_sample_t` gives no p-value (NaN), and Holm leaves the row out of its family."""
     pairs, lo, hi = rec[f"delta_{m}_pairs"], rec[f"delta_{m}_ci_lo"], rec[f"delta_{m}_ci_hi"]
     return not _nan(pairs) and pairs >= 2 and _nan(rec[f"delta_{m}_p"]) and not _nan(lo) and lo == hi
 

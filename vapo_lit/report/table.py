@@ -18,7 +18,7 @@ import math
 
 import pandas as pd
 
-from vapo_lit import statistics as stats
+from vapo_lit import seed_stats as stats
 from vapo_lit.report.collect import TRACKED
 from vapo_lit.report.logs import attempt_counts
 

@@ -19,7 +19,7 @@ from lightning.pytorch.callbacks import Callback
 from wandb_offline import wait_complete
 
 from vapo_lit.ablate.urls import PASSWORD_ENV, with_password
-from vapo_lit.secrets import mask_url
+from vapo_lit.masking import mask_url
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.presets import PRESETS
 from vapo_lit.train import train
