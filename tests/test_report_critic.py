@@ -18,7 +18,8 @@ from vapo_lit.report.logs import RunLog
 E = CALIBRATION_UPDATES
 
 
-def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cached=False, offset=0.0, end=None):
+def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cached=False, offset=0.0, end=None,
+        ppo_ceiling=0.6, late_ceiling=None):
     """vp value-pretraining rows whose EV at VP iteration i is 0.01 * i + offset, then PPO rows with
     EV 0.5 + 0.01 * i; the true-value columns likewise shifted; the ceiling 0.6 (0.7 during VP)."""
     n = vp + n_ppo
@@ -28,7 +29,8 @@ def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cache
             "value/explained_variance": [0.01 * i + offset for i in range(vp)] + [0.5 + 0.01 * i for i in range(n_ppo)]}
     if oracle:
         cols["value/explained_variance_oracle"] = [0.02 * i for i in range(vp)] + [0.8 + 0.001 * i for i in range(n_ppo)]
-        cols["value/oracle_ceiling"] = [0.7] * vp + [0.6] * n_ppo
+        late = ppo_ceiling if late_ceiling is None else late_ceiling  # the last 4 PPO iterations
+        cols["value/oracle_ceiling"] = [0.7] * vp + [ppo_ceiling] * (n_ppo - 4) + [late] * 4
     if cached:
         cols["value_pretrain/steps"] = [50.0] + [float("nan")] * (n - 1)
         cols["value_pretrain/final_ev"] = [0.33] + [float("nan")] * (n - 1)
@@ -54,6 +56,17 @@ def test_the_critic_frame_against_hand_computed_medians():
     assert frame.loc["vapo", "vp_end_of_ceiling_min"] == pytest.approx(min(vp_end) / 0.7)  # seed 0's
     assert frame.loc["vapo", "vp_iterations"] == 12 and frame.loc["vapo", "runs"] == 2
     assert frame.loc["vapo-oracle", "vp_iterations"] == 0 and math.isnan(frame.loc["vapo-oracle", "ev_vp_end"])
+
+
+def test_the_share_of_the_ceiling_held_at_the_end_of_ppo():
+    """EV over the last N PPO iterations divided by the ceiling's median over the same iterations, per
+    run; the row's mean and its smallest seed (the critic's fit must hold on every seed)."""
+    logs = [run("vapo", 0, late_ceiling=0.8), run("vapo", 1, late_ceiling=0.9)]  # 0.6 before the last 4
+    frame = critic.critic_frame(logs, ["vapo"], last_n=4).set_index("row")
+    late = median([0.5 + 0.01 * i for i in range(15)][-4:])
+    assert frame.loc["vapo", "late_of_ceiling"] == pytest.approx((late / 0.8 + late / 0.9) / 2)
+    assert frame.loc["vapo", "late_of_ceiling_min"] == pytest.approx(late / 0.9)
+    assert "late / ceiling (min)" in critic.markdown_table(frame.reset_index())
 
 
 def test_a_cached_value_pretraining_phase_is_read_from_its_logged_summary():

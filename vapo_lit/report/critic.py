@@ -23,7 +23,9 @@ outcome noise).
 * `ev_oracle_*`: the same against the true values; `ceiling`: the oracle's own explained variance
   against Monte-Carlo returns (median over the run); `vp_end_of_ceiling`: ev_vp_end / ceiling per
   run, the share of the ceiling reached when PPO starts; `vp_end_of_ceiling_min`: its smallest
-  value over the row's seeds (every seed with a value reached at least this).
+  value over the row's seeds (every seed with a value reached at least this); `late_of_ceiling`,
+  `late_of_ceiling_min`: ev_late over the ceiling's median in the same last N PPO iterations, the
+  share still held at the end, and its smallest value over the seeds.
 
 Medians within a run (one batch without a correct response gives an explained variance far below
 0), then the mean over the row's seeds that have a value (NaN when none has). Rows without a critic
@@ -39,7 +41,9 @@ LAST_VP = 10
 """Value-pretraining iterations whose median is 'the critic at the end of value pretraining'."""
 SIGNATURE = "value/explained_variance"
 COLUMNS = ("vp_iterations", "ev_vp_end", "ev_early", "ev_late", "ev_oracle_vp_end", "ev_oracle_early", "ev_oracle_late",
-           "ceiling", "vp_end_of_ceiling", "vp_end_of_ceiling_min")
+           "ceiling", "vp_end_of_ceiling", "vp_end_of_ceiling_min", "late_of_ceiling", "late_of_ceiling_min")
+SHARES = ("vp_end_of_ceiling", "late_of_ceiling")
+"""Per-run shares of the ceiling whose smallest value over a row's seeds is kept beside the mean."""
 NAN = float("nan")
 
 
@@ -76,6 +80,8 @@ def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
                for k in ("ev_end", "ev_oracle_end", "ceiling_end")}
         out["ev_vp_end"], out["ev_oracle_vp_end"], ceiling_vp = end["ev_end"], end["ev_oracle_end"], end["ceiling_end"]
     out["vp_end_of_ceiling"] = out["ev_vp_end"] / ceiling_vp if ceiling_vp > 0 else NAN
+    ceiling_late = _median(_col(ppo, "value/oracle_ceiling").dropna().iloc[-last_n:])
+    out["late_of_ceiling"] = out["ev_late"] / ceiling_late if ceiling_late > 0 else NAN
     return out
 
 
@@ -90,10 +96,12 @@ def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
         if not runs:
             continue
         per_run = [run_quality(log.metrics, last_n, "value_pretraining" in log.components) for log in runs]
-        shares = [r["vp_end_of_ceiling"] for r in per_run if r["vp_end_of_ceiling"] == r["vp_end_of_ceiling"]]
-        means = {c: _mean(r[c] for r in per_run) for c in COLUMNS if c != "vp_end_of_ceiling_min"}
-        low = min(shares) if shares else NAN
-        records.append({"row": row, "runs": len(runs), **means, "vp_end_of_ceiling_min": low})
+        means = {c: _mean(r[c] for r in per_run) for c in COLUMNS if not c.endswith("_min")}
+        lows = {}
+        for share in SHARES:
+            values = [r[share] for r in per_run if r[share] == r[share]]
+            lows[f"{share}_min"] = min(values) if values else NAN
+        records.append({"row": row, "runs": len(runs), **means, **lows})
     return pd.DataFrame(records, columns=["row", "runs", *COLUMNS])
 
 
@@ -107,8 +115,9 @@ CRITIC_TEXT = (
     "from its measured per-step error rates): EV vs true = the critic against them, and ceiling = the true values' "
     "own EV against Monte-Carlo returns (a critic that predicts the true values exactly scores it; outcomes are "
     "random given the state, so on a finite batch a critic exceeds it only where its departures from the true "
-    "values track that batch's outcome noise); 'VP end / ceiling' = the share of it reached when PPO starts (mean "
-    "over seeds, and the smallest seed's). Figure: critic_quality.png.")
+    "values track that batch's outcome noise); 'VP end / ceiling' = the share of it reached when PPO starts, "
+    "'late / ceiling' = EV late over the ceiling's median in the same iterations: the share still held at the end "
+    "(mean over seeds, and the smallest seed's). Figure: critic_quality.png.")
 
 
 def _share(mean: float, low: float) -> str:
@@ -122,9 +131,9 @@ def markdown_table(frame: pd.DataFrame) -> str:
     from vapo_lit.report.table import pretty
 
     head = ["row", "n", "VP iters", "EV VP end", "EV early", "EV late", "EV vs true VP end", "EV vs true early",
-            "EV vs true late", "ceiling", "VP end / ceiling (min)"]
+            "EV vs true late", "ceiling", "VP end / ceiling (min)", "late / ceiling (min)"]
     body = [[pretty(r["row"]), str(int(r["runs"])), num(r["vp_iterations"], 0), *(num(r[c], 2) for c in COLUMNS[1:8]),
-             _share(r["vp_end_of_ceiling"], r["vp_end_of_ceiling_min"])] for _, r in frame.iterrows()]
+             *(_share(r[share], r[f"{share}_min"]) for share in SHARES)] for _, r in frame.iterrows()]
     return markdown(head, body)
 
 
