@@ -12,7 +12,12 @@ The actor's and critic's gradients under each switch are in tests/test_updates.p
 """
 from __future__ import annotations
 
+import ast
+import dataclasses
+import importlib
 import math
+import sys
+from pathlib import Path
 
 import lightning as L
 import pytest
@@ -21,9 +26,11 @@ from wiring import (N, adaptive_lambda, coin, positions, probe_run, ref_advantag
                     with_weights, zero_value_head)
 
 from vapo_lit.build import build_module
-from vapo_lit.components import REGISTRY
-from vapo_lit.config import ALL_COMPONENTS, COMPONENTS, RunConfig, merge
+from vapo_lit.components import REGISTRY, Component, build_callbacks
+from vapo_lit.config import ALL_COMPONENTS, COMPONENTS, ComponentValues, RunConfig, Switches, merge
+from vapo_lit.experience import AdvantageSettings, LossSettings, fill_advantages, score
 from vapo_lit.presets import PRESETS
+from vapo_lit.pretrain import Plan
 
 RUNS = {
     "plain": ([], {"ppo": {"lam": 0.9, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 20}}),
@@ -327,7 +334,7 @@ def test_every_component_sets_its_switches_in_trainer_setup(runs):
     for key in ("value_pretrain_steps", "value_pretrain_min_ev", "lambda_critic", "alpha", "eps_high", "mu",
                 "samples_per_prompt", "kl_coef"):
         assert getattr(sw, key) == getattr(values, key), key
-    assert [type(c).__name__ for c in run.module.extensions] == ["KLPenalty"]  # the only one with iteration hooks
+    assert sorted(c.name for c in run.module.components) == sorted(ALL_COMPONENTS)  # every one joined, once
     assert [it.pretraining for it in run.probe.iterations] == [True, False]
     assert run.probe.iterations[0].exp.extras == {}  # no iteration hooks while the critic is pretrained
     exp = run.probe.iterations[1].exp
@@ -374,14 +381,128 @@ def test_one_rule_one_place_config_and_callback_ask_the_same_check(tmp_path, mon
     config.validate(merge(RunConfig(), {"components": [], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}}))  # off: no rule
 
 
-def test_a_component_joins_the_iteration_once(tmp_path):
-    """Only components with iteration hooks are added to module.extensions, once however often
-    Lightning runs their setup."""
+def test_a_component_joins_the_module_once(tmp_path):
+    """Every component joins module.components in its setup (its hooks are called from then on),
+    once however often Lightning runs the setup, and records itself in the switches."""
     cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path)})
     module = build_module(cfg)
-    kl, clip = REGISTRY["kl_penalty"](), REGISTRY["clip_higher"]()
+    assert module.components == [] and module.samples_per_prompt == 1
+    kl, clip = REGISTRY["kl_penalty"](), REGISTRY["clip_higher"](eps_high=0.3)
     for _ in range(2):
         kl.setup(None, module, "fit")
         clip.setup(None, module, "fit")
-    assert module.extensions == [kl] and kl.hooks_iteration and not clip.hooks_iteration
+    assert module.components == [kl, clip]
+    assert module.loss_settings == LossSettings(eps_low=cfg.ppo.eps, eps_high=0.3)
     assert module.switches.clip_higher and module.switches.kl_coef == kl.values["kl_coef"]
+
+
+# ----------------------------------------------------------------------------- each component holds its behaviour
+HOOK_VALUES = ComponentValues(alpha=0.7, lambda_critic=0.9, eps_high=0.33, mu=0.3, samples_per_prompt=4,
+                              value_pretrain_steps=7, value_pretrain_min_ev=0.2, value_pretrain_ev_window=3,
+                              value_pretrain_critic_lr=1e-3, value_pretrain_critic_epochs=2, kl_coef=0.2,
+                              dynamic_max_rounds=5)
+CHANGES = {  # component -> what its hooks change of vanilla PPO's settings, and the iteration hooks it has
+    "value_pretraining": {"before_ppo": Plan(7, 0.2, 3, 1e-3, 2)},
+    "decoupled_gae": {"advantage_settings": {"lam_critic": 0.9}},
+    "length_adaptive_gae": {"advantage_settings": {"alpha": 0.7}},
+    "token_level_loss": {"loss_settings": {"aggregation": "token"}},
+    "clip_higher": {"loss_settings": {"eps_high": 0.33}},
+    "positive_lm_loss": {"loss_settings": {"mu": 0.3}},
+    "group_sampling": {"samples_per_prompt": 4},
+    "kl_penalty": {"iteration": ["on_experience", "loss_term"]},
+    "dynamic_sampling": {"iteration": ["on_rollout"]},
+}
+
+
+def _changes(c) -> dict:
+    """What component `c`'s hooks change of vanilla PPO's settings (field -> value), and which
+    iteration hooks it overrides."""
+    def diff(new, old):
+        return {f.name: getattr(new, f.name) for f in dataclasses.fields(old) if getattr(new, f.name) != getattr(old, f.name)}
+
+    out = {"advantage_settings": diff(c.advantage_settings(AdvantageSettings()), AdvantageSettings()),
+           "loss_settings": diff(c.loss_settings(LossSettings()), LossSettings()),
+           "samples_per_prompt": c.samples_per_prompt(1), "before_ppo": c.before_ppo(None),
+           "iteration": [h for h in ("on_rollout", "on_experience", "loss_term")
+                         if getattr(type(c), h) is not getattr(Component, h)]}
+    vanilla = {"advantage_settings": {}, "loss_settings": {}, "samples_per_prompt": 1, "before_ppo": None, "iteration": []}
+    return {k: v for k, v in out.items() if v != vanilla[k]}
+
+
+@pytest.mark.parametrize("name", ALL_COMPONENTS)
+def test_each_component_changes_what_its_hooks_declare_and_nothing_else(name):
+    """Every registered component, through its own hooks only: a new one needs its line here."""
+    (c,) = build_callbacks([name], HOOK_VALUES)
+    assert _changes(c) == CHANGES[name]
+
+
+def test_the_components_hooks_fold_in_any_order(tmp_path):
+    """The module folds every component's hooks over vanilla PPO's settings; each touches its own
+    fields, so the order of the callbacks does not matter."""
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path)})
+    module = build_module(cfg)
+    settings = []
+    for names in (ALL_COMPONENTS, ALL_COMPONENTS[::-1]):
+        module.components = build_callbacks(names, HOOK_VALUES)
+        settings.append((module.samples_per_prompt, module.advantage_settings(False), module.advantage_settings(True),
+                         module.loss_settings, module.pretrain_plan, module.critic_schedule(True)))
+    assert settings[0] == settings[1]
+    k, adv, warm, loss, plan, critic = settings[0]
+    assert (k, adv.lam_critic, adv.alpha, warm.lam_critic, warm.alpha) == (4, 0.9, 0.7, 1.0, 0.7)
+    assert loss == LossSettings(eps_low=cfg.ppo.eps, eps_high=0.33, aggregation="token", mu=0.3)
+    assert plan == CHANGES["value_pretraining"]["before_ppo"] and critic == (1e-3, 2)
+
+
+MODULE = Path(__file__).resolve().parents[1] / "vapo_lit" / "module.py"
+
+
+def component_references(source: str) -> list[str]:
+    """Where `source` names a component: a string equal to a component's name, or an attribute or
+    name equal to one of the `Switches` booleans (each component's on/off switch), with its line."""
+    switches = {f.name for f in dataclasses.fields(Switches) if f.type in (bool, "bool")}
+    found = []
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in ALL_COMPONENTS:
+            found.append((node.lineno, node.col_offset, repr(node.value)))
+        elif isinstance(node, ast.Attribute) and node.attr in switches:
+            found.append((node.lineno, node.col_offset, f".{node.attr}"))
+        elif isinstance(node, ast.Name) and node.id in switches:
+            found.append((node.lineno, node.col_offset, node.id))
+    return [f"line {line}: {what}" for line, _, what in sorted(found)]
+
+
+def test_the_module_never_asks_which_component_is_on():
+    """module.py reads no component's switch and compares no component's name: what a component
+    changes it says through its hooks (components/base.py), in its own file."""
+    found = component_references(MODULE.read_text())
+    assert not found, f"module.py asks which component is on (give the component a hook instead): {found}"
+
+
+def test_the_module_check_sees_a_switch_or_a_name():
+    """The check above can fail: what module.py did before the hooks (read a switch, compare a name)."""
+    old = ('eps_high = sw.eps_high if sw.clip_higher else p.eps\n'
+           'if "value_pretraining" in self.cfg.components and getattr(sw, "group_sampling"):\n    pass\n')
+    assert component_references(old) == ["line 1: .clip_higher", "line 2: 'value_pretraining'",
+                                         "line 2: 'group_sampling'"]
+
+
+# ----------------------------------------------------------------------------- the docs' worked example
+def test_the_docs_worked_example_is_one_file_and_runs_as_written(tmp_path, monkeypatch):
+    """docs/guides/extending.md's component file and its test, written out and run: the test passes,
+    the component joins a module like any other, and the iteration's advantages use lambda_policy = 1."""
+    text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "extending.md").read_text()
+    for name in ("mc_policy.py", "test_mc_policy.py"):
+        start = text.index(f"```python\n# {name}\n") + len("```python\n")
+        (tmp_path / name).write_text(text[start:text.index("```", start)])
+    monkeypatch.syspath_prepend(str(tmp_path))
+    for name in ("mc_policy", "test_mc_policy"):
+        monkeypatch.delitem(sys.modules, name, raising=False)
+    importlib.import_module("test_mc_policy").test_mc_policy_gives_the_actor_monte_carlo_advantages()
+    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path), "components": []})
+    module = build_module(cfg)
+    importlib.import_module("mc_policy").MCPolicy().setup(None, module, "fit")
+    exp = module.rollout(module.task.train_problems(module.prompts_per_step, 0))
+    score(exp, module.task.verify_batch(exp.problems, exp.texts))
+    exp, _ = module.values(exp)
+    fill_advantages(exp, module.advantage_settings(pretraining=False))
+    assert exp.lam_policy.tolist() == [1.0] * exp.n and module.loss_settings == LossSettings(cfg.ppo.eps, cfg.ppo.eps)

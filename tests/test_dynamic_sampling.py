@@ -319,15 +319,16 @@ def test_multi_turn_episodes_pool_like_single_turn_ones(tmp_path):
     policy solves nothing, so every group is uniform, the cap (2 rounds) is hit and the batch is
     filled with round 0's groups: exactly the step's own episodes, observation masks included."""
     from vapo_lit.build import build_module
-    from vapo_lit.config import Switches
+    from vapo_lit.components import build_callbacks
     from vapo_lit.presets import PRESETS
 
     cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
         "task": "toolchain", "task_options": {"max_n": 3}, "model": "random", "wandb": "disabled",
-        "out_dir": str(tmp_path), "components": [*GRPO, "dynamic_sampling"], "advantage_estimator": "grpo"})
+        "out_dir": str(tmp_path), "components": [*GRPO, "dynamic_sampling"], "advantage_estimator": "grpo",
+        "vapo": {"samples_per_prompt": 4, "dynamic_max_rounds": 2}})
     module = build_module(cfg)
-    module.switches = Switches(token_level_loss=True, clip_higher=True, group_sampling=True, samples_per_prompt=4,
-                               dynamic_sampling=True, dynamic_max_rounds=2)
+    for cb in build_callbacks(cfg.components, cfg.vapo):  # what their setup does, without a Trainer
+        cb.attach(module)
     problems = module.task.train_problems(module.prompts_per_step, 0)
     own = module.sample(problems)
     with pytest.warns(UserWarning, match="filled with 4 groups"):

@@ -87,7 +87,7 @@ def _checks(rank: int) -> None:
     # kl_penalty's reference: sharded under FSDP, the unsharded reference's log-probs
     kl = KLPenalty()
     trainer = SimpleNamespace(strategy=SimpleNamespace(strategy_name="vapo_fsdp"), precision="32-true")
-    kl.setup(trainer, SimpleNamespace(actor=initial, switches=Switches(), extensions=[], cfg=RunConfig()), "fit")
+    kl.setup(trainer, SimpleNamespace(actor=initial, switches=Switches(), components=[], cfg=RunConfig()), "fit")
     assert kl.sharded and _local_numel(kl.reference) < 0.6 * sum(p.numel() for p in initial.parameters())
     exp = SimpleNamespace(input_ids=ro.input_ids, attention_mask=ro.attention_mask, prompt_width=P,
                           response_ids=ro.response_ids, n=len(PROMPTS), mask=mask, extras={})

@@ -1,5 +1,5 @@
 """VapoModule under a real Lightning Trainer with tiny random-init models on a shrunken chain task:
-vanilla == no callbacks, callbacks change only their switches, the actor is frozen during value
+vanilla == no callbacks, callbacks record only their switches, the actor is frozen during value
 pretraining, resume reproduces the metric history, non-finite losses stop the run loudly, and
 the W&B offline run can be read back from disk."""
 from __future__ import annotations
@@ -90,7 +90,7 @@ def test_all_switches_off_is_vanilla_ppo(tmp_path):
     trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, callbacks=[probe_a],
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
     trainer.fit(module)
-    assert module.switches == Switches()  # nothing switched on
+    assert module.switches == Switches() and module.components == []  # nothing switched on, no hooks
 
     probe_b = FirstUpdate()
     from vapo_lit.cli.args import config_from_args

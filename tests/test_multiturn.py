@@ -352,7 +352,8 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
     positive NLL, KL penalty) differentiated with respect to the per-token log-probs: exactly 0 on
     every observation token, nonzero on action tokens. Fails if any loss term reads an observation."""
     from vapo_lit.build import build_module
-    from vapo_lit.config import RunConfig, Switches, merge
+    from vapo_lit.components import build_callbacks
+    from vapo_lit.config import RunConfig, merge
     from vapo_lit.presets import PRESETS
 
     cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
@@ -360,7 +361,8 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
         "out_dir": str(tmp_path), "components": ["token_level_loss", "clip_higher", "positive_lm_loss",
                                                  "group_sampling", "kl_penalty"]})
     module = build_module(cfg)
-    module.switches = Switches(token_level_loss=True, clip_higher=True, positive_lm_loss=True, group_sampling=True)
+    for cb in build_callbacks([c for c in cfg.components if c != "kl_penalty"], cfg.vapo):  # their setup's part
+        cb.attach(module)
     torch.manual_seed(0)
     probs = module.task.train_problems(4, 0)
     exp = module.rollout(probs)
@@ -382,7 +384,7 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
     with torch.no_grad():  # a reference that differs from the actor: the k3 term has a gradient
         for q in ext.reference.parameters():
             q.add_(0.05 * torch.randn_like(q))
-    module.extensions = [ext]
+    module.components.append(ext)
     ext.on_experience(module, exp)
     captured = {}
     real = module.policy

@@ -23,17 +23,18 @@ from vapo_lit.presets import PRESETS
 # ----------------------------------------------------------------------------- the pretrained-critic key
 class Keyed:
     """The module's own `pretrain_key` and effective `samples_per_prompt`, on a config and the
-    switches its component callbacks set (as train() sets them): what decides which cached critic a
-    run loads, without building the models."""
+    components its callbacks attach (as their setup in train() does): what decides which cached
+    critic a run loads, without building the models."""
 
     pretrain_key = VapoModule.pretrain_key
+    pretrain_plan = VapoModule.pretrain_plan
     samples_per_prompt = VapoModule.samples_per_prompt
 
     def __init__(self, cfg: RunConfig):
         self.cfg = cfg
-        self.switches = Switches()
+        self.switches, self.components = Switches(), []
         for cb in build_callbacks(cfg.components, cfg.vapo):
-            cb.apply(self.switches)
+            cb.attach(self)
         self.max_new_tokens, self.task = 20, SimpleNamespace(version="v1")
 
 

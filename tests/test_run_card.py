@@ -38,9 +38,9 @@ def card_for(module, components=ALL, **delta) -> dict:
     """The card of `module` run with `components` and the config changed by `delta`, the switches
     set by the component callbacks as train() sets them."""
     module.cfg = cfg = merge(module.base_cfg, {"components": list(components), **delta})
-    module.switches = Switches()
+    module.switches, module.components = Switches(), []
     for cb in build_callbacks(cfg.components, cfg.vapo):
-        cb.apply(module.switches)
+        cb.attach(module)
     return run_card(cfg, module)
 
 

@@ -272,7 +272,8 @@ def fill_oracle_values(exp: Experience, oracle: Oracle) -> None:
 # ----------------------------------------------------------------------------- 4. advantages
 @dataclass(frozen=True)
 class AdvantageSettings:
-    """Which GAE the iteration uses (built from the switches; see VapoModule.advantage_settings)."""
+    """Which GAE the iteration uses: vanilla PPO's as the components change it
+    (`Component.advantage_settings`; see VapoModule.advantage_settings)."""
 
     estimator: str = "gae"
     """gae (critic-based) or grpo (critic-free, group-normalised outcome)."""
@@ -289,6 +290,21 @@ class AdvantageSettings:
     """How GAE crosses observation spans of multi-turn episodes: skip, step or zero (docs/algorithm.md)."""
     values: str = "critic"
     """The state values GAE reads: the critic's (critic) or the task's true ones (oracle)."""
+
+
+@dataclass(frozen=True)
+class LossSettings:
+    """How the actor update builds its loss: vanilla PPO's as the components change it
+    (`Component.loss_settings`; see VapoModule.loss_settings)."""
+
+    eps_low: float = 0.2
+    eps_high: float = 0.2
+    """The ratio is clipped to [1 - eps_low, 1 + eps_high]."""
+    aggregation: str = "sample"
+    """The policy loss over all valid tokens of the mini-batch ("token") or per response, then over
+    responses ("sample")."""
+    mu: float | None = None
+    """The weight of the positive-example NLL added to the loss; None: no such term."""
 
 
 @dataclass(frozen=True)

@@ -1,30 +1,36 @@
 """`VapoModule`: one PPO iteration per `training_step`, actor and critic under manual optimization.
 
     1. rollout      the engine samples prompts x samples_per_prompt responses; behaviour log-probs
+                    (in PPO a component may then resample: `on_rollout`)
     2. score        verifier 0/1 on the last response token; verifier failures counted apart
     3. values       critic V(s_t) for every response token (and after the last, for truncated rows)
     4. advantages   decoupled GAE: actor advantages (lambda_policy), critic targets (lambda_critic)
     5. critic       value-loss updates over mini-batches (the only update during value pretraining;
                     in PPO also over the ppo.critic_replay - 1 batches before this one)
-    6. actor        clipped policy loss (+ mu * positive NLL) over mini-batches; weights to the engine
+    6. actor        clipped policy loss (+ mu * positive NLL, + components' terms) over mini-batches;
+                    weights to the engine
     7. statistics   typed, stage by stage (`IterationStats`, vapo_lit/update_stats.py); counters
     8. evaluate     eval/avg@k every `eval_every` PPO updates and after the last
     9. log          the statistics as metrics -> CSV + W&B (the only place a metrics dict is built)
    10. stop         after `steps` PPO updates
 
-The iteration's data is one `Experience` (vapo_lit/experience.py) filled by pure stages. The seven
-VAPO components are not branches hidden in here: they are callbacks that set `self.switches` in
-`setup` (see `vapo_lit/components/`); with none, this is vanilla PPO. Value pretraining is a phase
-the module owns (`self.pretrain`, vapo_lit/pretrain.py); its callback decides when it ends.
+The iteration's data is one `Experience` (vapo_lit/experience.py) filled by pure stages. The
+components are not branches hidden in here: each is a callback that joins `self.components` in
+`setup` and says what it changes through hooks (vapo_lit/components/base.py) that the steps call:
+the samples per prompt, the advantage and loss settings (vanilla PPO's, folded through every
+component's hook), what happens before PPO, and the iteration's extra work. This module never asks
+which component is on; with none, it is vanilla PPO. The critic-only phase before PPO is the
+module's (`self.pretrain`, vapo_lit/pretrain.py), run when a component's `before_ppo` asks for it
+and ended by that component's rule.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import enum
 import math
 import random
 import time
-import warnings
 from dataclasses import dataclass
 
 import lightning as L
@@ -32,7 +38,6 @@ import torch
 from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
-from vapo_lit import dynamic_sampling as dynamic
 from vapo_lit.config import RunConfig, Switches, to_dict
 from vapo_lit.devices import (autocast_off, clear_autocast_cache_after_steps, longest_prompt, recompute_logprobs,
                               resolve_memory_defaults)
@@ -40,8 +45,8 @@ from vapo_lit.distributed import (ActorScorer, DataParallel, agree_any, all_redu
                                   is_fsdp_strategy, rank_and_world, shard_model)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
-from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_oracle_values, fill_values,
-                                 loss_share_by_length, rollout_stats, score, score_stats, value_stats)
+from vapo_lit.experience import (AdvantageSettings, Experience, LossSettings, fill_advantages, fill_oracle_values,
+                                 fill_values, loss_share_by_length, rollout_stats, score, score_stats, value_stats)
 from vapo_lit.replay import CriticReplay
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, SamplerStats, mean
 from vapo_lit.rng import sample_seed
@@ -115,10 +120,10 @@ class VapoModule(L.LightningModule):
         self.policy = ActorScorer(actor)  # the actor, behind the one call the update (and DDP/FSDP) goes through
         self.critic = critic
         self.data_parallel = DataParallel()  # the DDP/FSDP wrappers, once a strategy sets them
-        self.switches = Switches()  # vanilla PPO until component callbacks switch things on
+        self.switches = Switches()  # what the components record of themselves (run card, checkpoint); never read here
         self.pretrain = pretrain.PretrainPhase()
         self.critic_replay = CriticReplay(cfg.ppo.critic_replay)  # the batches step 5 trains on besides this one
-        self.extensions: list = []  # components that hook the iteration (components/base.py), added in setup
+        self.components: list = []  # the components on (components/base.py), joined in their setup: their hooks
         self.iteration = 0  # rollouts done (position in the prompt stream and RNG)
         self.ppo_updates = 0  # iterations with an actor update (Lightning's global_step counts both optimizers)
         self.actor_steps = 0
@@ -146,7 +151,11 @@ class VapoModule(L.LightningModule):
     # ------------------------------------------------------------------ derived settings
     @property
     def samples_per_prompt(self) -> int:
-        return self.switches.samples_per_prompt if self.switches.group_sampling else 1
+        """1 (vanilla PPO), as the components change it (`Component.samples_per_prompt`)."""
+        k = 1
+        for c in self.components:
+            k = c.samples_per_prompt(k)
+        return k
 
     @property
     def prompts_per_step(self) -> int:
@@ -170,25 +179,32 @@ class VapoModule(L.LightningModule):
         return SamplingParams(max_new_tokens=self.max_new_tokens, temperature=p.temperature, top_p=p.top_p)
 
     @property
-    def loss_aggregation(self) -> str:
-        """How the policy loss averages: over the batch's tokens ("token", token-level loss) or per
-        response, then over responses ("sample")."""
-        return "token" if self.switches.token_level_loss else "sample"
+    def loss_settings(self) -> LossSettings:
+        """Vanilla PPO's actor loss (ppo.eps on both sides, per response then over responses, no NLL
+        term), as the components change it (`Component.loss_settings`)."""
+        s = LossSettings(eps_low=self.cfg.ppo.eps, eps_high=self.cfg.ppo.eps)
+        for c in self.components:
+            s = c.loss_settings(s)
+        return s
 
     def advantage_settings(self, pretraining: bool) -> AdvantageSettings:
-        """The switches as GAE settings: lambda_policy fixed or length-adaptive; lambda_critic
-        decoupled, shared with the policy, or 1 (Monte-Carlo) while the critic is pretrained."""
-        sw, p = self.switches, self.cfg.ppo
-        if pretraining:
-            lam_critic = 1.0
-        elif sw.decoupled_gae:
-            lam_critic = sw.lambda_critic
-        else:
-            lam_critic = None  # one lambda for both
-        return AdvantageSettings(estimator=self.cfg.advantage_estimator, gamma=p.gamma, lam=p.lam,
-                                 alpha=sw.alpha if sw.length_adaptive_gae else None, lam_critic=lam_critic,
-                                 whiten=p.whiten_advantages, observations=self.cfg.observations,
-                                 values="critic" if pretraining else self.cfg.gae_values)
+        """Vanilla PPO's GAE (ppo.lam for the actor and the critic targets), as the components change
+        it (`Component.advantage_settings`); while the critic is pretrained its targets are
+        Monte-Carlo returns (lambda 1) on its own values, whatever the components say."""
+        p = self.cfg.ppo
+        s = AdvantageSettings(estimator=self.cfg.advantage_estimator, gamma=p.gamma, lam=p.lam,
+                              whiten=p.whiten_advantages, observations=self.cfg.observations, values=self.cfg.gae_values)
+        for c in self.components:
+            s = c.advantage_settings(s)
+        return dataclasses.replace(s, lam_critic=1.0, values="critic") if pretraining else s
+
+    @property
+    def pretrain_plan(self) -> pretrain.Plan | None:
+        """The critic-only phase before PPO that a component asks for (`Component.before_ppo`), or None."""
+        plan = None
+        for c in self.components:
+            plan = c.before_ppo(plan)
+        return plan
 
     # ------------------------------------------------------------------ the algorithm
     def training_step(self, problems, batch_idx):
@@ -203,7 +219,7 @@ class VapoModule(L.LightningModule):
         clock.append(("values", time.perf_counter()))
         # 4. advantages
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
-        extra = {} if pretraining else {k: v for ext in self.extensions for k, v in ext.on_experience(self, exp).items()}
+        extra = {} if pretraining else {k: v for c in self.components for k, v in c.on_experience(self, exp).items()}
         clock.append(("advantages", time.perf_counter()))
         # 5. critic update (in PPO also on the replayed batches)   6. actor update (never while the critic is
         #    pretrained: the policy stays fixed)
@@ -217,7 +233,7 @@ class VapoModule(L.LightningModule):
         stats = IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, critic=critic, actor=actor,
                                value=None if self.critic_free else value_stats(exp, reference="mc"), sampler=sampler)
         self.iteration += 1
-        if pretraining:  # what the phase's stopping rule reads (components/value_pretraining.py)
+        if pretraining:  # what the stopping rule of the component that asked for the phase reads
             self.pretrain.steps_done += 1
             oracle = stats.value.oracle
             self.pretrain.record(stats.value.explained_variance, *((oracle.explained_variance, oracle.ceiling)
@@ -271,11 +287,12 @@ class VapoModule(L.LightningModule):
 
     def rollout(self, problems) -> Experience:
         """prompts_per_step prompts x samples_per_prompt samples from the engine (this rank's share of
-        the prompt groups). With dynamic sampling (PPO iterations only), groups whose samples all
-        score the same are dropped and more prompt batches sampled (`dynamic_rollout`)."""
+        the prompt groups); in PPO iterations each component may then replace the batch
+        (`Component.on_rollout`: dynamic sampling samples more rounds and keeps mixed groups)."""
         exp = self.sample(problems)
-        if self.switches.dynamic_sampling and not self.pretrain.active:
-            exp = self.dynamic_rollout(exp)
+        if not self.pretrain.active:
+            for c in self.components:
+                exp = c.on_rollout(self, exp)
         return exp
 
     def sample(self, problems, round_: int = 0) -> Experience:
@@ -299,41 +316,18 @@ class VapoModule(L.LightningModule):
         return Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
 
     def extra_prompts(self, round_: int) -> list:
-        """The prompt batch of dynamic sampling's round `round_` >= 1: a pure function of (run seed,
-        iteration, round), so a resumed run samples what the uninterrupted one did."""
+        """The prompt batch of an extra rollout round `round_` >= 1 (a component that samples more,
+        `on_rollout`): a pure function of (run seed, iteration, round), so a resumed run samples what
+        the uninterrupted one did."""
         seed = sample_seed(self.cfg.seed, self.iteration, 4, round_) & (2**63 - 1)
         return self.task.train_problems(self.prompts_per_step, seed=seed)
 
-    def dynamic_rollout(self, exp: Experience) -> Experience:
-        """DAPO's dynamic sampling: score each round, pool the rounds (every rank sees the whole pool),
-        keep the first prompts_per_step mixed groups (vapo_lit/dynamic_sampling.py: the fill rule when
-        dynamic_max_rounds runs out) and return this rank's contiguous share of them. The tokens
-        sampled but not kept are added to the run's token count here (the kept ones at logging)."""
-        pad, k, target = pad_id_of(self.tokenizer), self.samples_per_prompt, self.prompts_per_step
-
-        def sample_round(r: int) -> Experience:
-            part = exp if r == 0 else self.sample(self.extra_prompts(r), r)
-            score(part, self.task.verify_batch(part.problems, part.texts))
-            return gather_experience(part, pad)  # (every rank decides on the whole round)
-
-        parts, sel = dynamic.run_rounds(sample_round, k, target, self.switches.dynamic_max_rounds)
-        round_ = len(parts)
-        pool = dynamic.concat_experiences(parts, pad)
-        rank, world = rank_and_world()
-        share = target // world
-        kept_tokens = float(pool.mask[dynamic.group_rows(sel.kept, k)].sum())
-        stats = dynamic.DynamicStats(rounds=round_, groups_sampled=pool.n // k, mixed_groups=sel.mixed,
-                                     kept_groups=len(sel.kept), filled_groups=sel.filled,
-                                     extra_tokens=float(pool.mask.sum()) - kept_tokens)
-        self.generated_tokens += stats.extra_tokens
-        self._carry.update(stats.log())
-        if sel.filled and rank == 0:
-            warnings.warn(f"iteration {self.iteration}: dynamic sampling's {round_} rounds (vapo.dynamic_max_rounds) gave "
-                          f"{sel.mixed} mixed groups of the {target} needed; the batch is filled with {sel.filled} "
-                          "groups that all scored the same (logged as rollout/dynamic_filled_groups)")
-        if round_ == 1 and sel.kept == list(range(target)) and world == 1:
-            return exp  # the step's own batch whole (all mixed, or one round allowed): as sampled
-        return pool.select(dynamic.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True)
+    def add_rollout_cost(self, tokens: float, metrics: dict) -> None:
+        """For a component that samples more than the batch it keeps (`on_rollout`): the response
+        tokens sampled but not kept count in perf/cumulative_tokens (the kept ones are counted when
+        the iteration is logged), and `metrics` are logged with this iteration's row."""
+        self.generated_tokens += tokens
+        self._carry.update(metrics)
 
     def critic_batch(self, exp: Experience, pretraining: bool) -> tuple[Experience, int]:
         """What step 5 trains on: the iteration's batch, in PPO with the ppo.critic_replay - 1 batches
@@ -371,15 +365,15 @@ class VapoModule(L.LightningModule):
         """ppo_epochs passes of clipped-policy steps over mini-batches. The token-level and the
         positive-NLL denominators count the whole mini-batch, so micro-batches (and ranks) add up
         exactly."""
-        world = rank_and_world()[1]
+        world, aggregation = rank_and_world()[1], self.loss_settings.aggregation
         sums, norms, shares = ActorStats.sums(), [], []
         for epoch in range(self.cfg.ppo.ppo_epochs):
             for idx, micros in self._minibatches(exp.n, salt=20 + epoch, lengths=exp.lengths.cpu()):
                 m = exp.mask[idx]
                 tokens = m.sum()
-                den = tokens if self.switches.token_level_loss else (m.sum(1) > 0).sum()
+                den = tokens if aggregation == "token" else (m.sum(1) > 0).sum()
                 pos_den = (m * exp.positive[idx, None]).sum()
-                shares.append(loss_share_by_length(exp, idx, self.loss_aggregation, den))
+                shares.append(loss_share_by_length(exp, idx, aggregation, den))
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
                     with self.data_parallel.grad_sync(Role.ACTOR, last=j == len(micros) - 1):
@@ -390,28 +384,26 @@ class VapoModule(L.LightningModule):
         return ActorStats.reduce(sums, norms, shares)
 
     def actor_loss(self, mb: Experience, *, den, pos_den, tokens) -> tuple[torch.Tensor, dict]:
-        """One micro-batch's actor loss: the clipped policy loss normalised by `den` (+ mu * the
-        positive NLL over `pos_den` tokens, + the components' terms over the mini-batch's
-        `tokens`), and its statistics as `MicroBatchSums.add` takes them."""
-        sw, p = self.switches, self.cfg.ppo
+        """One micro-batch's actor loss under `loss_settings`: the clipped policy loss normalised by
+        `den` (+ mu * the positive NLL over `pos_den` tokens, + the components' terms over the
+        mini-batch's `tokens`), and its statistics as `MicroBatchSums.add` takes them."""
+        s, p = self.loss_settings, self.cfg.ppo
         logp, ent = self._trained(Role.ACTOR)(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
                                            temperature=p.temperature, entropy=True, chunk=p.logits_chunk)
         tis = None  # truncated importance sampling: the sampler's draws reweighted towards the trainer's policy
         if p.tis_cap is not None and "sampler_logprobs" in mb.extras:
             tis = algos.truncated_is_weights(mb.behaviour_logprobs, mb.extras["sampler_logprobs"], p.tis_cap)
-        pg_loss, st = algos.policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.mask, eps_low=p.eps,
-                                        eps_high=sw.eps_high if sw.clip_higher else p.eps,
-                                        aggregation=self.loss_aggregation, denominator=den,
-                                        is_weights=tis)
+        pg_loss, st = algos.policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.mask, eps_low=s.eps_low,
+                                        eps_high=s.eps_high, aggregation=s.aggregation, denominator=den, is_weights=tis)
         loss, nll = pg_loss, torch.zeros((), device=logp.device, dtype=logp.dtype)
-        if sw.positive_lm_loss:
+        if s.mu is not None:
             nll = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)[0]
-            loss = loss + sw.mu * nll
+            loss = loss + s.mu * nll
         weighted = {"policy/entropy": algos.masked_mean(ent, mb.mask), "policy/clipfrac_low": st.clipfrac_low,
                     "policy/clipfrac_high": st.clipfrac_high, "policy/approx_kl": st.approx_kl,
                     "policy/ratio_mean": st.ratio_mean}
-        for ext in self.extensions:
-            term = ext.loss_term(self, mb, logp, tokens)
+        for c in self.components:
+            term = c.loss_term(self, mb, logp, tokens)
             if term is not None:
                 loss = loss + term[0]
                 weighted.update(term[1])
@@ -484,7 +476,7 @@ class VapoModule(L.LightningModule):
             adam_state(self._opt(i)[0])
         if self._resumed:  # the checkpoint holds the phase. (A strategy that restores after this hook, FSDP,
             return         # overwrites the phase, critic, optimizer and counters set below with the checkpoint's.)
-        if self.switches.value_pretraining and not (self.pretrain.active or self.pretrain.finished):
+        if self.pretrain_plan is not None and not (self.pretrain.active or self.pretrain.finished):
             cached = pretrain.restore(self.pretrain_key(), self.cfg.cache_dir, self.critic)
             if cached is None:
                 self.pretrain.active = True
@@ -496,7 +488,7 @@ class VapoModule(L.LightningModule):
             self._carry.update(cached.log())
 
     def end_value_pretraining(self) -> None:
-        """Called by the ValuePretraining callback when its stopping rule says so."""
+        """Called by the component that asked for the phase when its stopping rule says so."""
         ph = self.pretrain
         ph.active, ph.finished = False, True
         self._reset_critic_optimizer()
@@ -504,18 +496,19 @@ class VapoModule(L.LightningModule):
         pretrain.store(self.pretrain_key(), self.cfg.cache_dir, self.critic, ph)
 
     def pretrain_key(self) -> dict:
-        sw = self.switches
-        return pretrain.cache_key(self.cfg, steps=sw.value_pretrain_steps, min_ev=sw.value_pretrain_min_ev,
+        """The pretrained critic's cache key: the config and what the phase's plan asks for."""
+        plan = self.pretrain_plan
+        return pretrain.cache_key(self.cfg, steps=plan.value_pretrain_steps, min_ev=plan.value_pretrain_min_ev,
                                   samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
-                                  task_version=getattr(self.task, "version", "?"), ev_window=sw.value_pretrain_ev_window)
+                                  task_version=getattr(self.task, "version", "?"), ev_window=plan.value_pretrain_ev_window)
 
     def critic_schedule(self, pretraining: bool | None = None) -> tuple[float, int]:
-        """The critic's (learning rate, passes per batch): value pretraining's own settings while it
-        runs (each None: the PPO ones), ppo.critic_lr and ppo.critic_epochs otherwise."""
+        """The critic's (learning rate, passes per batch): the phase plan's own while the critic is
+        pretrained (each None: the PPO ones), ppo.critic_lr and ppo.critic_epochs otherwise."""
         p = self.cfg.ppo
         if not (self.pretrain.active if pretraining is None else pretraining):
             return p.critic_lr, p.critic_epochs
-        return pretrain.phase_critic(p, self.switches)
+        return pretrain.phase_critic(p, self.pretrain_plan)
 
     def _reset_critic_optimizer(self) -> None:
         """A fresh critic optimiser and schedule at the phase's learning rate (critic_schedule): when

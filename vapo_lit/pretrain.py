@@ -27,7 +27,7 @@ CACHE_VERSION = 3
 CANNOT_AFFECT_PRETRAINING = (
     # where and how a run is recorded
     "out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads", "cache_dir",
-    "checkpoint_every", "samples_per_iteration", "print_sample_every",
+    "checkpoint_every", "checkpoint_keep", "samples_per_iteration", "print_sample_every",
     # the PPO phase after pretraining: actor updates, advantages, evaluation, run length
     "steps", "eval_every", "eval_k", "eval_top_p", "eval_temperature", "eval_problems",
     "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages", "ppo.tis_cap",
@@ -121,9 +121,24 @@ class PretrainPhase:
             self.recent_oracle = [[NAN, NAN]] * missing + list(self.recent_oracle)
 
 
+@dataclass(frozen=True)
+class Plan:
+    """The phase as a component asks for it (`Component.before_ppo`: value pretraining), its values
+    named as in the config's vapo section: at most `value_pretrain_steps` iterations, or until the
+    median explained variance of the last `value_pretrain_ev_window` reaches `value_pretrain_min_ev`
+    (the component's rule), at the critic's own learning rate and passes (each None: the PPO ones).
+    Whatever it asks, the phase's critic targets are Monte-Carlo returns on the critic's own values."""
+
+    value_pretrain_steps: int
+    value_pretrain_min_ev: float | None = None
+    value_pretrain_ev_window: int = 1
+    value_pretrain_critic_lr: float | None = None
+    value_pretrain_critic_epochs: int | None = None
+
+
 def phase_critic(ppo, values) -> tuple[float, int]:
     """The critic's (learning rate, passes per batch) during value pretraining: `values`'
-    value_pretrain_critic_lr / _epochs (the config's vapo section, or the module's switches), each
+    value_pretrain_critic_lr / _epochs (the config's vapo section, or the phase's `Plan`), each
     None meaning ppo's critic_lr / critic_epochs."""
     lr, epochs = values.value_pretrain_critic_lr, values.value_pretrain_critic_epochs
     return (ppo.critic_lr if lr is None else lr), (ppo.critic_epochs if epochs is None else epochs)

@@ -54,7 +54,7 @@ DEFINITIONS = {
 def run_card(cfg: RunConfig, module, hardware: dict | None = None) -> dict:
     """Everything docs/algorithm.md says a run must record, with this run's values (derived from the
     settings the module uses) and, under `definitions`, where docs/ defines each field."""
-    sw, p = module.switches, cfg.ppo
+    sw, p, loss = module.switches, cfg.ppo, module.loss_settings
     gae = module.advantage_settings(pretraining=False)
     card = {
         **_components(cfg, sw),
@@ -62,13 +62,13 @@ def run_card(cfg: RunConfig, module, hardware: dict | None = None) -> dict:
         "update_frequencies": _update_frequencies(p),
         "lambdas": _lambdas(module),
         "masks": {"truncation": cfg.truncation},
-        "token_denominator": module.loss_aggregation,
+        "token_denominator": loss.aggregation,
         "packed_batch_semantics": "none",
-        "positive_samples": {"nll_coefficient": sw.mu if sw.positive_lm_loss else 0.0},
+        "positive_samples": {"nll_coefficient": 0.0 if loss.mu is None else loss.mu},
         "rollout_budget": _rollout_budget(module),
         "sampling": _sampling(cfg, module),
         "verifier": {"task": cfg.task, "version": getattr(module.task, "version", "?")},
-        "eps": {"eps_low": p.eps, "eps_high": sw.eps_high if sw.clip_higher else p.eps},
+        "eps": {"eps_low": loss.eps_low, "eps_high": loss.eps_high},
         "advantage_normalisation": "whitened" if gae.whiten else "none",
         "software": _software(),
         "hardware": _hardware(cfg, module, hardware or {}),
@@ -100,15 +100,16 @@ def _components(cfg: RunConfig, sw) -> dict:
 
 
 def _warmup(cfg: RunConfig, module) -> dict:
-    """The critic's initialisation and value pretraining, with the lambda its targets use then."""
-    sw = module.switches
+    """The critic's initialisation and value pretraining (the module's plan for the phase before
+    PPO), with the lambda its targets use then."""
+    plan = module.pretrain_plan
     return {
         "critic_init": resolve_critic_init(cfg.critic_init, cfg.model),
-        "value_pretraining": sw.value_pretraining,
-        "warmup_steps_max": sw.value_pretrain_steps if sw.value_pretraining else 0,
-        "warmup_stop_min_ev": sw.value_pretrain_min_ev if sw.value_pretraining else None,
-        "warmup_lambda_critic": module.advantage_settings(pretraining=True).lam_critic if sw.value_pretraining else None,
-        "warmup_critic_lr_epochs": list(module.critic_schedule(pretraining=True)) if sw.value_pretraining else None,
+        "value_pretraining": plan is not None,
+        "warmup_steps_max": plan.value_pretrain_steps if plan else 0,
+        "warmup_stop_min_ev": plan.value_pretrain_min_ev if plan else None,
+        "warmup_lambda_critic": module.advantage_settings(pretraining=True).lam_critic if plan else None,
+        "warmup_critic_lr_epochs": list(module.critic_schedule(pretraining=True)) if plan else None,
     }
 
 

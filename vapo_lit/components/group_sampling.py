@@ -8,3 +8,6 @@ from vapo_lit.components.base import Component
 class GroupSampling(Component):
     name = "group_sampling"
     declares = ("group_sampling", "samples_per_prompt")
+
+    def samples_per_prompt(self, k: int) -> int:
+        return self.values["samples_per_prompt"]

@@ -6,8 +6,9 @@ critic may train harder in this phase than in PPO (`value_pretrain_critic_lr`,
 `value_pretrain_critic_epochs`; each None: the ppo setting).
 Off: actor and critic start updating together from the critic's initialisation.
 
-The module owns the phase (`VapoModule.pretrain`, see `vapo_lit/pretrain.py`: critic-only
-iterations, the pretrained-critic cache); this callback switches it on and decides when it ends.
+The module runs the phase (`VapoModule.pretrain`, see `vapo_lit/pretrain.py`: critic-only
+iterations on Monte-Carlo targets, the pretrained-critic cache) when a component asks for it
+(`before_ppo`); this callback asks, with its budget, target and critic rate, and decides when it ends.
 """
 from __future__ import annotations
 
@@ -15,12 +16,16 @@ import math
 
 from vapo_lit.components.base import Component
 from vapo_lit.distributed import agree_any
+from vapo_lit.pretrain import Plan
 
 
 class ValuePretraining(Component):
     name = "value_pretraining"
     declares = ("value_pretraining", "value_pretrain_steps", "value_pretrain_min_ev", "value_pretrain_ev_window",
                 "value_pretrain_critic_lr", "value_pretrain_critic_epochs")
+
+    def before_ppo(self, plan: Plan | None) -> Plan:
+        return Plan(**self.values)
 
     def should_end(self, steps_done: int, ev: float) -> bool:
         """The stopping rule: the step budget is spent, or the explained variance reached the target."""
