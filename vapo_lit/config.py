@@ -3,8 +3,9 @@
 Every field has a one-line doc (shown by `vapo-train --help`) and, where it has one, a valid
 range that `validate()` enforces before any compute. Experiment files hold only deltas.
 
-The seven VAPO switches live in `Switches`; component callbacks set them (see
-`vapo_lit/components/`). A `Switches()` with nothing set is vanilla PPO as docs/algorithm.md defines it.
+The seven VAPO switches live in `Switches`: what the component callbacks (`vapo_lit/components/`)
+record of themselves; what each changes, it says through its hooks. A `Switches()` with nothing set
+is vanilla PPO as docs/algorithm.md defines it.
 """
 from __future__ import annotations
 
@@ -90,9 +91,11 @@ class ComponentValues:
 
 @dataclass
 class Switches(ComponentValues):
-    """What the module reads. All booleans False: vanilla PPO (docs/algorithm.md table, column 'off').
+    """Which components are on, with their values: the record of a run (run card, checkpoint). All
+    booleans False: vanilla PPO (docs/algorithm.md table, column 'off').
 
-    Set only by the component callbacks, each of which declares the fields it may change.
+    Set only by the component callbacks, each of which declares the fields it may change. The module
+    never reads them: a component changes the run through its hooks (components/base.py).
     """
 
     value_pretraining: bool = _f(False, "train the critic alone on the initial policy's samples before any actor update")
@@ -152,7 +155,7 @@ class PPOConfig:
 
 
 NEUTRAL = {"builtin_shape": "auto", "vapo.value_pretrain_critic_lr": None, "vapo.value_pretrain_critic_epochs": None,
-           "ppo.critic_replay": 1, "tools_prompt": "auto"}
+           "ppo.critic_replay": 1, "tools_prompt": "auto", "checkpoint_optimizer": True, "checkpoint_keep": 0}
 """Settings added after runs were first cached, at the value that computes what a config did before
 the setting existed. Cache keys (a grid cell's identity, the pretrained critic's key) leave them out
 at that value, so a grid or a cached critic from before the setting keeps its key. A setting added
@@ -219,6 +222,11 @@ class RunConfig:
     eval_temperature: float = _f(1.0, "eval temperature (paper: 1.0)", lo=0.0, lo_open=True)
     eval_problems: int | None = _f(None, "use only the first N eval problems (None: all)", lo=1)
     checkpoint_every: int = _f(10, "save last.ckpt every this many PPO iterations", lo=1)
+    checkpoint_optimizer: bool = _f(True, "keep both optimizers' AdamW moments in the checkpoints, so an interrupted run "
+                                          "resumes exactly (a checkpoint is then about 3x the models' weights); false: "
+                                          "about 1x, and a resumed run starts the optimizers' moments afresh (it warns)")
+    checkpoint_keep: int = _f(0, "earlier checkpoints kept besides last.ckpt, as checkpoints/iter-NNNNNN.ckpt (each "
+                                 "one more full checkpoint on disk; 0: last.ckpt only, replaced at every save)", lo=0)
     samples_per_iteration: int = _f(4, "episodes of each iteration and of each evaluation written to the run folder's "
                                        "samples.jsonl (prompt, response, reward, verdict; observations and tool calls "
                                        "of a multi-turn episode) and W&B's samples table (0: none)", lo=0)

@@ -6,6 +6,8 @@ In a terminal it is ONE line, redrawn in place (carriage return); when stdout is
 (a log file, a pipe, CI) it is a plain line every `every` iterations (default: about 20 lines per
 run) and at each evaluation and at the end. Off unless the `vapo-train` command turns it on
 (`enabled()`), so grids, sweeps and tests print nothing per iteration; VAPO_LIT_PROGRESS=0/1 overrides.
+`enabled()` turns on the status lines of `vapo_lit.status` as well: before the first iteration
+ends, `StartLines` says that the initial policy is being evaluated and the first iteration sampled.
 """
 from __future__ import annotations
 
@@ -17,26 +19,27 @@ from contextlib import contextmanager
 
 from lightning.pytorch.callbacks import Callback
 
-ENV = "VAPO_LIT_PROGRESS"
+from vapo_lit import status
+from vapo_lit.status import ENV  # noqa: F401  (the switch of both: VAPO_LIT_PROGRESS)
+
 _enabled = False
 
 
 @contextmanager
 def enabled(on: bool = True):
-    """The status line on (for `vapo-train`) inside the block."""
+    """The status line and the status lines (vapo_lit.status) on (for `vapo-train`) inside the block."""
     global _enabled
     before, _enabled = _enabled, on
     try:
-        yield
+        with status.announcing(on):
+            yield
     finally:
         _enabled = before
 
 
 def is_enabled() -> bool:
-    env = os.environ.get(ENV, "").strip().lower()
-    if env in ("0", "false", "no", "off"):
-        return False
-    return _enabled or env in ("1", "true", "yes", "on")
+    env = status.env_setting()
+    return _enabled if env is None else env
 
 
 def quiet_libraries() -> None:
@@ -61,6 +64,11 @@ def _pretraining(pl_module) -> bool:
     """In the critic-only value-pretraining phase (the module's `pretrain.active`)."""
     phase = getattr(pl_module, "pretrain", None)
     return bool(getattr(phase, "active", False))
+
+
+def total_iterations(cfg) -> int:
+    """PPO updates plus the value-pretraining iterations (at most) before them."""
+    return cfg.steps + (cfg.vapo.value_pretrain_steps if "value_pretraining" in cfg.components else 0)
 
 
 def fmt_eta(seconds: float) -> str:
@@ -101,9 +109,7 @@ class ProgressLine(Callback):
             self.every = max(1, self._total(pl_module) // 20)
 
     def _total(self, pl_module) -> int:
-        cfg = pl_module.cfg
-        pre = cfg.vapo.value_pretrain_steps if "value_pretraining" in cfg.components else 0
-        return cfg.steps + pre
+        return total_iterations(pl_module.cfg)
 
     def line(self, pl_module) -> str:
         cfg, m = pl_module.cfg, pl_module.last_metrics or {}
@@ -147,3 +153,24 @@ class ProgressLine(Callback):
 
     def on_exception(self, trainer, pl_module, exception) -> None:
         self._end_line()  # an error message starts on a line of its own
+
+
+class StartLines(Callback):
+    """Status lines (vapo_lit.status) for the slow steps before the first status line: the initial
+    policy's evaluation, and the first iteration of this process (its line comes when it ends)."""
+
+    def __init__(self):
+        self.first = True
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        if trainer.ckpt_path is None:  # the module evaluates the initial policy next (a resumed run did before)
+            k = pl_module.cfg.eval_k
+            status.say(f"evaluating the initial policy: {len(pl_module.eval_set)} problems x {k} "
+                       f"sample{'s' if k != 1 else ''}, up to {pl_module.max_new_tokens} new tokens each")
+
+    def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        if self.first:
+            self.first = False
+            update = "the critic update (value pretraining)" if _pretraining(pl_module) else "the PPO update"
+            status.say(f"iteration {pl_module.iteration + 1}/{total_iterations(pl_module.cfg)}: sampling "
+                       f"{pl_module.cfg.ppo.responses_per_step} responses, then {update}")

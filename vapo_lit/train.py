@@ -3,9 +3,12 @@
 This is the one entry that `vapo-train`, the ablation runner and the tests call. A run folder
 holds `metrics.csv` (every logged metric, one row per iteration), `samples.jsonl` (a few episodes
 per iteration and per evaluation), `run_card.json` (docs/algorithm.md's "a run must record" list),
-`config.yaml`, `checkpoints/last.ckpt` and `best.ckpt`, and the W&B run under `wandb/`. The pieces
-live next door: `build.py` (task and models), `logs.py` (CSV and W&B loggers), `samples.py`,
-`checkpoints.py`, `run_card.py`.
+`config.yaml`, `summary.json` at the end, `checkpoints/last.ckpt` (with `best.ckpt` once an eval
+after an update beats every earlier one, and `checkpoint_keep` earlier ones), the models as Hugging
+Face folders (`policy-best/`, `policy-final/`, `critic-final/`) and the W&B run under `wandb/`
+(none with wandb=disabled). The pieces live next door: `build.py` (task and models), `logs.py`
+(CSV and W&B loggers), `samples.py`, `checkpoints.py`, `run_card.py`. With status lines on
+(vapo_lit.status), each slow step before the first iteration ends says what it does first.
 """
 from __future__ import annotations
 
@@ -19,8 +22,9 @@ import lightning as L
 import torch
 import yaml
 
+from vapo_lit import status
 from vapo_lit.build import build_module
-from vapo_lit.checkpoints import RunCheckpoints, RunExports, checkpoint_progress
+from vapo_lit.checkpoints import RunCheckpoints, RunExports, checkpoint_progress, has_optimizer_state
 from vapo_lit.components import build_callbacks
 from vapo_lit.config import RunConfig, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
@@ -28,7 +32,7 @@ from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.labels import label_of
 from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.preflight import preflight
-from vapo_lit.progress import ProgressLine
+from vapo_lit.progress import ProgressLine, StartLines
 from vapo_lit.run_card import RunCardWriter, write_json
 from vapo_lit.samples import SampleLog
 
@@ -59,9 +63,9 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
         keep_until = progress["iteration"]
         if progress["ppo_updates"] >= cfg.steps and (run_dir / "summary.json").is_file():
             return json.loads((run_dir / "summary.json").read_text())  # finished: nothing to resume
-        card_path = run_dir / "run_card.json"
-        if card_path.is_file():
-            wandb_id = json.loads(card_path.read_text()).get("wandb", {}).get("id")
+        wandb_id = _resuming(run_dir, ckpt, progress)
+    else:
+        status.say(f"run folder {run_dir}")
     module = module_factory(cfg)
     loggers = [ResumableCSVLogger(run_dir, keep_until_step=keep_until)]
     wb = make_wandb_logger(cfg, run_dir, {"config": to_dict(cfg)}, wandb_id)
@@ -73,9 +77,10 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     callbacks = [*build_callbacks(cfg.components, cfg.vapo),
                  SampleLog(run_dir, cfg.samples_per_iteration, cfg.print_sample_every, keep_until=keep_until),
                  RunExports(run_dir),
-                 RunCheckpoints(run_dir, cfg.checkpoint_every),
+                 RunCheckpoints(run_dir, cfg.checkpoint_every, optimizer=cfg.checkpoint_optimizer,
+                                keep=cfg.checkpoint_keep),
                  RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
-                 ProgressLine(), *extra_callbacks]
+                 StartLines(), ProgressLine(), *extra_callbacks]
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,
         logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
@@ -93,6 +98,19 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         wb.experiment.finish()  # flush and close this run's file now (not at interpreter exit)
     return summary
+
+
+def _resuming(run_dir: Path, ckpt: Path, progress: dict) -> str | None:
+    """Say where the run resumes (a warning when its checkpoint has no optimizer state); the W&B run
+    id to continue (None: none recorded)."""
+    status.say(f"resuming {run_dir} from {ckpt.name} (iteration {progress['iteration']}, PPO update "
+               f"{progress['ppo_updates']})")
+    if is_global_zero_env() and not has_optimizer_state(ckpt):
+        warnings.warn(f"{ckpt} was written with checkpoint_optimizer=false: the actor's and the critic's AdamW "
+                      "moments start afresh from here, so the resumed run differs from an uninterrupted one",
+                      RuntimeWarning, stacklevel=3)
+    card_path = run_dir / "run_card.json"
+    return json.loads(card_path.read_text()).get("wandb", {}).get("id") if card_path.is_file() else None
 
 
 def _checked_run_dir(run_dir: Path, resume: bool) -> Path:

@@ -28,13 +28,15 @@ def main(argv=None) -> int:
     from vapo_lit.config import from_dict
     from vapo_lit.faults import is_disk_full
     from vapo_lit.progress import quiet_libraries
+    from vapo_lit.status import announcing
     from vapo_lit.train import train
 
     quiet_libraries()
 
     cfg = from_dict(json.loads(Path(paths[0]).read_text()))
     try:
-        train(cfg, resume=resume)
+        with announcing():  # what loads and builds before the first iteration, into the cell's cell.log
+            train(cfg, resume=resume)
     except (KeyboardInterrupt, SystemExit):
         print("interrupted", file=sys.stderr)
         return 130

@@ -39,7 +39,7 @@ from vapo_lit.labels import check_contrasts, run_label
 from vapo_lit.protocol import parse_endpoint, parse_seeds
 
 BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
-               "cache_dir", "checkpoint_every", "samples_per_iteration", "print_sample_every")
+               "cache_dir", "checkpoint_every", "checkpoint_keep", "samples_per_iteration", "print_sample_every")
 """Config fields that do not change what a run computes; left out of a cell's identity."""
 
 GENERATORS = ("full", "single_drops", "pair_drops", "vanilla")

@@ -18,6 +18,7 @@ import shlex
 import sys
 from pathlib import Path
 
+from vapo_lit import status
 from vapo_lit.cli import errors
 from vapo_lit.cli.args import add_config_flags, add_selection_flags, config_from_args, dump, load_run_config
 
@@ -46,6 +47,9 @@ def main(argv=None) -> int:
     if args.print_config:
         print(dump(cfg), end="")
         return 0
+    with status.announcing():  # before the imports below, which take seconds
+        status.say(f"vapo-train: {'resuming' if args.resume is not None else 'starting'} ({what_runs(cfg)}); "
+                   "loading torch and Lightning")
     from vapo_lit import progress
     from vapo_lit.checkpoints import check_checkpoint
     from vapo_lit.train import run_dir_of, train
@@ -72,6 +76,13 @@ def main(argv=None) -> int:
                       "wall_seconds": round(summary["wall_seconds"], 1),
                       **({"wandb": w} if (w := wandb_line(Path(summary["run_dir"]))) else {})}, indent=1))
     return end_process(0, together=True)
+
+
+def what_runs(cfg) -> str:
+    """'task chain, policy builtin, critic auto, engine hf, 100 PPO updates': the first status line's summary."""
+    critic = "none (grpo)" if cfg.advantage_estimator == "grpo" else cfg.critic_init
+    return (f"task {cfg.task}, policy {cfg.model}, critic {critic}, engine {cfg.rollout_engine}, "
+            f"{cfg.steps} PPO update{'s' if cfg.steps != 1 else ''}")
 
 
 def end_process(code: int, *, together: bool) -> int:

@@ -41,15 +41,20 @@ from __future__ import annotations
 
 import hashlib
 import itertools
+import logging
 import os
 import random
 import shutil
+import sys
 import tempfile
+import threading
 import time
+import warnings
 from contextlib import contextmanager
 
 import torch
 
+from vapo_lit import status
 from vapo_lit.algos.losses import at_least_float32
 from vapo_lit.engines.continuous import on_device
 from vapo_lit.passes import sequence_logprobs
@@ -76,17 +81,86 @@ def one_sequence_bytes(max_len: int, per_token: int) -> int:
     return (max_len + SPARE_TOKENS) * per_token
 
 
+VERBOSE_ENV = "VAPO_LIT_VLLM_VERBOSE"
+"""Set to 1 to see vLLM's own start-up log and warnings (quiet by default: see `quiet_start`)."""
+
+HARMLESS = (
+    b"Triton is installed, but doesn't include CPU backend",  # vLLM's CPU build beside a CUDA Triton
+    b"`torch.distributed.reduce_op` is deprecated",  # torch, when vLLM's kernel dispatcher scans the modules
+    b"NUMA binding: Using MEMBIND policy",  # vLLM's CPU worker, from C++, on every start
+)
+"""Start-up messages of vLLM's CPU build that say nothing about the run; `quiet_start` drops these
+lines (and a Python warning's source line after one) from what reaches stderr."""
+
+
+def verbose() -> bool:
+    return os.environ.get(VERBOSE_ENV, "").strip().lower() in ("1", "true", "yes", "on")
+
+
 def import_vllm():
-    """vLLM, imported in-process mode (logging at ERROR unless VLLM_LOGGING_LEVEL says otherwise);
-    ImportError naming the install command when it is missing."""
+    """vLLM, imported in-process mode, its log at ERROR (VLLM_LOGGING_LEVEL, unless set already or
+    VAPO_LIT_VLLM_VERBOSE=1); ImportError naming the install command when it is missing."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (weights shared by reference)
-    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up log would drown the run's own lines
+    if not verbose():
+        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up log would drown the run's own lines
+        # vLLM configures its loggers only when an engine starts; until then its warnings would reach
+        # Python's last-resort handler whatever VLLM_LOGGING_LEVEL says
+        level = logging.getLevelName(os.environ["VLLM_LOGGING_LEVEL"].strip().upper())
+        if isinstance(level, int):  # a name vLLM accepts: vLLM itself rejects any other
+            logging.getLogger("vllm").setLevel(level)
     try:
         import vllm
         from vllm.inputs import TokensPrompt
     except ImportError as e:
         raise ImportError(f"rollout engine 'vllm' needs vLLM, which is not installed here ({e}); {INSTALL_HINT}") from e
     return vllm, TokensPrompt
+
+
+@contextmanager
+def quiet_start():
+    """vLLM's start-up without its known harmless messages (HARMLESS), unless VAPO_LIT_VLLM_VERBOSE=1:
+    Python warnings matching one are ignored, and what reaches the process's stderr (C++ warnings
+    included) passes through a filter that drops those lines and forwards every other one as it comes."""
+    if verbose():
+        yield
+        return
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+        with stderr_without(HARMLESS):
+            yield
+
+
+@contextmanager
+def stderr_without(patterns: tuple[bytes, ...]):
+    """File descriptor 2 through a pipe whose reader forwards each line to the real stderr, except a
+    line holding one of `patterns` (and the indented source line Python prints after a warning)."""
+    sys.stderr.flush()
+    saved = os.dup(2)
+    read, write = os.pipe()
+    os.dup2(write, 2)
+    os.close(write)
+
+    def pump() -> None:
+        dropped = False
+        with os.fdopen(read, "rb") as pipe:
+            for line in pipe:
+                dropped = any(p in line for p in patterns) or (dropped and line.startswith(b"  "))
+                if not dropped:
+                    try:
+                        os.write(saved, line)
+                    except OSError:  # pragma: no cover - stderr closed under us
+                        return
+
+    reader = threading.Thread(target=pump, name="vapo-lit-stderr", daemon=True)
+    reader.start()
+    try:
+        yield
+    finally:
+        sys.stderr.flush()
+        os.dup2(saved, 2)  # the pipe's last writer closes: the reader reaches its end
+        reader.join(timeout=5)
+        if not reader.is_alive():  # (a copy of the pipe's writer kept elsewhere: the reader keeps forwarding)
+            os.close(saved)
 
 
 def head_size(config) -> int:
@@ -176,7 +250,17 @@ class VLLMEngine:
             self._build(n, longest)
 
     def _build(self, n: int, longest: int) -> None:
-        vllm, _ = import_vllm()
+        t0 = time.perf_counter()
+        status.say("vLLM: importing it and building its engine (15 to 30 s on a CPU; "
+                   f"{VERBOSE_ENV}=1 shows its own log)")
+        with quiet_start():
+            vllm, _ = import_vllm()
+            self._start(vllm, n, longest)
+        self._push()
+        status.say(f"vLLM: engine ready in {time.perf_counter() - t0:.1f} s")
+
+    def _start(self, vllm, n: int, longest: int) -> None:
+        """The vllm.LLM for the actor's config, with the KV cache for `n` responses of `longest` tokens."""
         config = self.model.config
         dtype = next(self.model.parameters()).dtype
         if dtype not in DTYPES:
@@ -208,7 +292,6 @@ class VLLMEngine:
         finally:
             torch.set_num_threads = set_threads
             shutil.rmtree(config_dir, ignore_errors=True)  # read once, at start-up
-        self._push()
 
     def close(self) -> None:
         """Drop vLLM's engine (its KV cache and its copy of the weights); the next generate builds a new one."""
