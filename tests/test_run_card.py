@@ -151,3 +151,13 @@ def test_every_definition_links_to_a_docs_heading_and_every_section_has_one(modu
     check_definitions(card)
     defined = {f.split(".")[0] for f in card["definitions"]}
     assert set(card) - defined == {"software", "definitions"}, set(card) - defined
+
+
+def test_the_card_records_the_cpu_instruction_set_torch_dispatches_to(module):
+    """Float32 kernels (and the built-in models trained with them) differ in their last bits between
+    AVX2 and AVX-512: the card says which one a run had."""
+    import torch
+
+    card = card_for(module, ALL)
+    assert card["software"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
+    assert card["software"]["torch_cpu_capability"]  # e.g. AVX2, AVX512, DEFAULT

@@ -70,7 +70,12 @@ PRESETS: dict[str, dict] = {
         #   * micro-batches of one response (the update's math is the same for any micro-batch size):
         #     at these mixed lengths (23 to 2,003 tokens) a micro-batch of 4 pads every response to
         #     its longest one.
-        "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "critic_epochs": 1, "responses_per_step": 64,
+        #   * in PPO the critic trains on a replay of this batch and the 3 before it (ppo.critic_replay 4,
+        #     as many steps, each over 4x the responses): of the levers piloted on the tuning seeds
+        #     (tools/critic_hold.yaml: more passes, TD(0.95) targets, replay) it is the one whose fit
+        #     against the true values holds through the 100 updates on every seed
+        #     (docs/results/critic-hold/index.md).
+        "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "critic_epochs": 1, "critic_replay": 4, "responses_per_step": 64,
                 "mini_batch_size": 4, "micro_batch_size": 1},
         "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,
                  "value_pretrain_critic_lr": 3e-4, "value_pretrain_critic_epochs": 4,

@@ -163,7 +163,10 @@ def _sampling(cfg: RunConfig, module) -> dict:
 
 def _software() -> dict:
     vllm = sys.modules.get("vllm")
+    # the instruction set torch's CPU kernels dispatch to (AVX2, AVX512, ...): float32 results, the
+    # built-in models' training among them, differ in their last bits from one to another
     return {"torch": torch.__version__, "lightning": L.__version__,
+            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
             **({"vllm": getattr(vllm, "__version__", "?")} if vllm is not None else {})}
 
 
