@@ -192,7 +192,6 @@ def test_the_long_table_pages_other_statements_come_from_the_logs():
     VAPO's value pretraining generated, and 'Reading this table as evidence': the reference, oracle and
     GRPO rows' seeds 0-1 are the critic-alpha pilot's cells (identical eval columns), and the single
     drops scored by each run's mean of its last 3 evals (float64, paired t 95% interval with 2 df)."""
-    import json
     import math
     import re
 

@@ -15,7 +15,6 @@ import time
 from pathlib import Path
 
 import pytest
-import torch
 from lightning.pytorch.callbacks import Callback
 
 from vapo_lit import status

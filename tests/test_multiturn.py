@@ -7,7 +7,6 @@ so each test knows the episode it must get; the real tiny Llama checks what need
 forward, batch independence)."""
 from __future__ import annotations
 
-import random
 
 import pytest
 import torch
@@ -21,7 +20,7 @@ from vapo_lit.experience import (AdvantageSettings, Experience, action_lengths, 
                                  turn_index)
 from vapo_lit.tasks import get_task
 from vapo_lit.tasks.base import Problem
-from vapo_lit.tasks.env import EnvStep, Environment, Tool
+from vapo_lit.tasks.env import EnvStep, Tool
 from vapo_lit.tasks.toolchain import addend
 
 

@@ -119,6 +119,5 @@ def test_left_aligned_moves_each_row_by_its_prompt_padding():
     # state columns P - 1 .. P + R - 1 = 3 .. 6 of each row as given, in the moved row
     assert states.tolist() == [[1, 2, 3, 4], [2, 3, 4, 5], [3, 4, 5, 6]]
     for i in range(3):
-        shift = 4 - int(mask[i, :4].sum())
         for j, c in enumerate(range(3, 7)):
             assert int(out[i, states[i, j]]) == int(ids[i, c]) or int(ids[i, c]) == 0

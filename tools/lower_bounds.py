@@ -5,7 +5,8 @@ bound a tested one. Extras are stripped (constraints cannot carry them); a requi
 
     python tools/lower_bounds.py [EXTRA ...] > constraints.txt   # [project.dependencies] + the extras
 """
-import re, sys
+import re
+import sys
 from pathlib import Path
 
 PYPROJECT = Path(__file__).resolve().parent.parent / "pyproject.toml"

@@ -10,7 +10,12 @@ working tree is never changed.
 A plant's `old` text must occur exactly once in its file; after a refactor of that file, update the
 plant (the module.py ones are single short lines on purpose).
 """
-import os, shutil, subprocess, sys, tempfile, time
+import os
+import shutil
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 SRC = Path(__file__).resolve().parent.parent

@@ -95,7 +95,6 @@ def check_critic_model(cfg: RunConfig) -> None:
     """`critic_model` shapes only the built-in critics, with TinyModelConfig's fields."""
     if not cfg.critic_model:
         return
-    import dataclasses
 
     from vapo_lit.models.builtin import TinyModelConfig
 

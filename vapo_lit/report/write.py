@@ -312,7 +312,7 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
 
 def render_markdown(rep: GridReport) -> str:
     """table.md: the four tables, the notes under them, the W&B section and the caveats."""
-    table, ctx, seeds, k = rep.table, rep.ctx, rep.seeds, rep.ctx.k
+    table, ctx, seeds = rep.table, rep.ctx, rep.seeds
     reference = ctx.reference
     ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
     sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
