@@ -93,6 +93,54 @@ def test_math_and_math_tools_run_on_built_in_problems_without_options(tmp_path):
         get_task("math", tokenizer=tok, eval_path=str(tmp_path / "eval.jsonl"))
 
 
+def test_one_step_level_is_one_operation_on_numbers_of_one_to_three_digits(tmp_path):
+    """level one-step: the same sizes and guarantees as the default level, each answer one sum,
+    difference, product or exact share of the question's two numbers, small and large ones mixed; the
+    default level is untouched by it; the level is part of the task's version; files take no level."""
+    import re
+
+    from vapo_lit.tasks import wordproblems
+
+    train, evals = (wordproblems.problems(s, level="one-step") for s in ("train", "eval"))
+    assert (len(train), len(evals)) == (wordproblems.TRAIN_SIZE, wordproblems.EVAL_SIZE)
+    assert len({r["question"] for r in train}) == len(train)
+    assert not {r["question"] for r in train} & {r["question"] for r in evals}
+    assert wordproblems.problems("eval", level="one-step") == evals  # a pure function
+    kinds = set()
+    for r in train + evals:
+        a, b = (int(x) for x in re.findall(r"\d+", r["question"]))
+        answer = int(r["answer"])
+        ops = {"sum": a + b, "difference": a - b, "product": a * b, "share": a // b if a % b == 0 else None}
+        kind = [k for k, v in ops.items() if v == answer]
+        assert kind and answer > 0, r
+        kinds.add(kind[0])
+    assert kinds == {"sum", "difference", "product", "share"}
+    small = sum(int(r["answer"]) < 20 for r in train)
+    large = sum(int(r["answer"]) >= 1000 for r in train)
+    assert small > len(train) // 10 and large > len(train) // 10  # within a small model's reach, and not
+    assert wordproblems.problems("train") == wordproblems.problems("train", level="multi-step")
+    assert not {r["question"] for r in train} & {r["question"] for r in wordproblems.problems("train")}
+
+    tok = chat_tokenizer("chatml")
+    one = get_task("math", tokenizer=tok, level="one-step")
+    assert [r.question for r in one.eval_records()] == [r["question"] for r in evals]
+    assert one.version != get_task("math", tokenizer=tok).version
+    assert get_task("math", tokenizer=tok, level="multi-step").version == get_task("math", tokenizer=tok).version
+    one.close()
+    tools = get_task("math_tools", tokenizer=tok, level="one-step")
+    assert tools.train_problems(1, 0)[0].meta["messages"][-1]["content"].split("\n")[0] in {
+        r["question"] for r in train}
+    tools.close()
+    with pytest.raises(ValueError, match="level='two-step' is not valid; choose one of: multi-step, one-step"):
+        get_task("math", tokenizer=tok, level="two-step")
+    data = tmp_path / "train.jsonl"
+    data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
+    with pytest.raises(ValueError, match="level='one-step' applies to the built-in problems only"):
+        get_task("math", tokenizer=tok, train_path=str(data), level="one-step")
+    with pytest.raises(ValueError, match="level='one-step' applies to the built-in problems only"):
+        get_task("math", tokenizer=tok, train_path=str(data), eval_path=str(data), level="one-step")
+
+
 def test_math_tools_with_a_template_without_tools_block_shows_the_calculator(tmp_path):
     tok = chat_tokenizer("plain")
     with pytest.warns(UserWarning, match="has no tools block, so the tools are described in a system message"):

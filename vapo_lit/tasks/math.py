@@ -3,7 +3,8 @@
 Built-in problems
     Without ``train_path`` the task runs on a built-in set (`vapo_lit.tasks.wordproblems`): 512
     train and 64 eval arithmetic word problems with integer answers, generated in code from a seed
-    (no download). ``eval_path`` and ``eval_fraction`` do not apply to it.
+    (no download), at ``level`` ``multi-step`` (default: two to four steps) or ``one-step`` (one
+    operation). ``eval_path`` and ``eval_fraction`` do not apply to it, nor ``level`` to files.
 
 Data files
     ``.jsonl`` / ``.ndjson`` (one JSON object per line; blank lines are skipped) or ``.parquet`` /
@@ -176,10 +177,10 @@ def load_records(path: str | os.PathLike, question_field: str = "question",
     return records
 
 
-def builtin_records(split: str) -> list[Record]:
-    """The built-in problems of `split` (vapo_lit.tasks.wordproblems) as records."""
+def builtin_records(split: str, level: str = "multi-step") -> list[Record]:
+    """The built-in problems of `split` at `level` (vapo_lit.tasks.wordproblems) as records."""
     return [Record(question=r["question"], solution=r["answer"], answer=r["answer"], source=f"builtin:{split}:{i}")
-            for i, r in enumerate(wordproblems.problems(split), 1)]
+            for i, r in enumerate(wordproblems.problems(split, level=level), 1)]
 
 
 def load_tokenizer(tokenizer):
@@ -215,15 +216,18 @@ def _math_verify_version() -> str:
 
 
 def split_records(train_path, eval_path, question_field: str, answer_field: str, eval_fraction: float,
-                  seed: int) -> tuple[list, list, bool]:
-    """(train, eval, built-in?): the built-in problems without a train file; the files' records with an
-    eval file (its questions left out of train); else the train file split by question."""
+                  seed: int, level: str | None = None) -> tuple[list, list, bool]:
+    """(train, eval, built-in?): the built-in problems at `level` without a train file; the files'
+    records with an eval file (its questions left out of train); else the train file split by question."""
+    if level is not None:
+        wordproblems.check_level(level)
     if train_path is None:
         if eval_path is not None:
             raise ValueError("eval_path needs train_path (without train_path the built-in problems are used, "
                              "with their own eval set)")
-        train, evals = builtin_records("train"), builtin_records("eval")
-    elif eval_path is not None:
+        level = level or "multi-step"
+        train, evals = builtin_records("train", level), builtin_records("eval", level)
+    elif eval_path is not None and level is None:
         train = load_records(train_path, question_field, answer_field)
         evals = load_records(eval_path, question_field, answer_field)
         eval_questions = {r.question for r in evals}
@@ -231,6 +235,9 @@ def split_records(train_path, eval_path, question_field: str, answer_field: str,
         if not train:
             raise ValueError(f"data file {train_path}: every question also appears in the eval "
                              f"file {eval_path}; nothing left to train on")
+    elif level is not None:
+        raise ValueError(f"level={level!r} applies to the built-in problems only; drop it, or drop train_path "
+                         f"to run on them")
     else:
         train = load_records(train_path, question_field, answer_field)
         distinct = list(dict.fromkeys(r.question for r in train))
@@ -259,7 +266,7 @@ class MathTask(Task):
                  eval_fraction: float = 0.1, seed: int = 0, bucket_by: str = "question",
                  n_buckets: int = 3, max_eval: int | None = None, max_new_tokens: int = 1024,
                  instruction: str = DEFAULT_INSTRUCTION, verify_timeout: float = DEFAULT_TIMEOUT_S,
-                 verify_workers: int = 1):
+                 verify_workers: int = 1, level: str | None = None):
         if bucket_by not in ("question", "solution"):
             raise ValueError(f"bucket_by must be 'question' or 'solution', got {bucket_by!r}")
         if not (isinstance(n_buckets, int) and n_buckets >= 1):
@@ -276,9 +283,10 @@ class MathTask(Task):
         self.verify_workers = int(verify_workers)
         self.seed = seed
 
-        train, evals, builtin = split_records(train_path, eval_path, question_field, answer_field, eval_fraction, seed)
+        train, evals, builtin = split_records(train_path, eval_path, question_field, answer_field, eval_fraction, seed,
+                                              level)
         if builtin:
-            self.version += f"/builtin-{wordproblems.VERSION}"
+            self.version += f"/builtin-{wordproblems.VERSION}" + ("" if level in (None, "multi-step") else f"-{level}")
         if max_eval is not None:
             evals = evals[: int(max_eval)]
         self._train, self._eval = train, evals

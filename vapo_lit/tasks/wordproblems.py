@@ -1,11 +1,19 @@
 """The built-in problems of `math` and `math_tools`: arithmetic word problems generated in code.
 
-Each problem is drawn from one of a dozen templates (a warehouse's stock, change from a purchase, a
-journey in two legs, packs to buy, savings, a theatre's takings, ...) with numbers from a seeded
-`random.Random`, so the set is the same on every machine and needs no download and no licence. Every
-answer is a positive integer reached in two to four steps, most of them products of two- and
-three-digit numbers: what a calculator helps with. `problems("train")` gives `TRAIN_SIZE`
-problems and `problems("eval")` `EVAL_SIZE`; no eval question is a train question.
+Two levels, each a set of templates filled with numbers from a seeded `random.Random`, so a set is the
+same on every machine and needs no download and no licence:
+
+* `multi-step` (the default): a dozen templates (a warehouse's stock, change from a purchase, a journey
+  in two legs, packs to buy, savings, a theatre's takings, ...) whose answer is a positive integer
+  reached in two to four steps, most of them products of two- and three-digit numbers: what a
+  calculator helps with.
+* `one-step`: one operation (a sum, a difference, a product, an exact share) on numbers of one to
+  three digits, the size drawn per problem: the small ones within reach of a small chat model's own
+  arithmetic, the large ones where the calculator pays. For models that solve too few multi-step
+  problems for a 0/1 reward to carry any signal.
+
+`problems("train", level=...)` gives `TRAIN_SIZE` problems and `problems("eval", level=...)`
+`EVAL_SIZE`; no eval question is a train question.
 """
 from __future__ import annotations
 
@@ -16,6 +24,7 @@ VERSION = "1"
 TRAIN_SIZE = 512
 EVAL_SIZE = 64
 SPLITS = ("train", "eval")
+LEVELS = ("multi-step", "one-step")
 
 _NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Mateo",
           "Nia", "Omar", "Priya", "Ravi", "Sofia", "Tomas", "Yuki")
@@ -117,23 +126,73 @@ def _bus(r: random.Random) -> tuple[str, int]:
 TEMPLATES = (_stock, _change, _journey, _packs, _orchard, _savings, _printer, _theatre, _garden, _factory, _recipe,
              _bus)
 
+_ITEMS = ("apples", "stickers", "marbles", "books", "coins", "stamps", "shells", "cards", "pencils", "buttons")
+_DIGITS = ((1, 1), (1, 2), (2, 2), (2, 3), (3, 3))
+"""Digit counts of a one-step problem's two numbers, one pair drawn per problem."""
 
-def problems(split: str, seed: int = 0) -> list[dict]:
-    """The built-in problems of `split` (train or eval) as records {"question", "answer"} (the answer
-    a string of a positive integer): a pure function of (split, seed); eval questions never appear
-    in train."""
+
+def _number(r: random.Random, digits: int, low: int = 2) -> int:
+    return r.randint(max(low, 10 ** (digits - 1)), 10**digits - 1)
+
+
+def _operands(r: random.Random) -> tuple[int, int]:
+    a, b = (_number(r, d) for d in r.choice(_DIGITS))
+    return (a, b) if r.random() < 0.5 else (b, a)
+
+
+def _sum(r: random.Random) -> tuple[str, int]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b = _operands(r)
+    return f"{name} has {a} {item} and gets {b} more. How many {item} does {name} have now?", a + b
+
+
+def _difference(r: random.Random) -> tuple[str, int]:
+    name, item = r.choice(_NAMES), r.choice(_ITEMS)
+    a, b = sorted(_operands(r), reverse=True)
+    return f"{name} has {a} {item} and gives away {b}. How many {item} does {name} have left?", a - b
+
+
+def _product(r: random.Random) -> tuple[str, int]:
+    item = r.choice(_ITEMS)
+    a, b = _operands(r)
+    return f"There are {a} boxes with {b} {item} in each box. How many {item} are there in all?", a * b
+
+
+def _share(r: random.Random) -> tuple[str, int]:
+    item = r.choice(_ITEMS)
+    each, friends = _operands(r)
+    return (f"{each * friends} {item} are shared equally among {friends} friends. How many {item} does each friend "
+            f"get?", each)
+
+
+ONE_STEP_TEMPLATES = (_sum, _difference, _product, _share)
+
+
+def check_level(level: str) -> str:
+    if level not in LEVELS:
+        raise ValueError(f"level={level!r} is not valid; choose one of: {', '.join(LEVELS)}")
+    return level
+
+
+def problems(split: str, seed: int = 0, level: str = "multi-step") -> list[dict]:
+    """The built-in problems of `split` (train or eval) at `level` as records {"question", "answer"}
+    (the answer a string of a positive integer): a pure function of (split, seed, level); eval
+    questions never appear in train."""
     if split not in SPLITS:
         raise ValueError(f"split={split!r} is not valid; choose one of: {', '.join(SPLITS)}")
-    held_out = {q for q, _ in _draw(EVAL_SIZE, seed, "eval")} if split == "train" else set()
+    check_level(level)
+    held_out = {q for q, _ in _draw(EVAL_SIZE, seed, "eval", level)} if split == "train" else set()
     size = TRAIN_SIZE if split == "train" else EVAL_SIZE
-    return [{"question": q, "answer": str(a)} for q, a in _draw(size, seed, split, held_out)]
+    return [{"question": q, "answer": str(a)} for q, a in _draw(size, seed, split, level, held_out)]
 
 
-def _draw(n: int, seed: int, split: str, skip: set = frozenset()) -> list[tuple[str, int]]:
-    rng = random.Random(f"vapo-lit/wordproblems/{VERSION}/{split}/{seed}")
+def _draw(n: int, seed: int, split: str, level: str, skip: set = frozenset()) -> list[tuple[str, int]]:
+    stream = split if level == "multi-step" else f"{level}/{split}"
+    templates = TEMPLATES if level == "multi-step" else ONE_STEP_TEMPLATES
+    rng = random.Random(f"vapo-lit/wordproblems/{VERSION}/{stream}/{seed}")
     out, seen = [], set(skip)
     while len(out) < n:
-        question, answer = TEMPLATES[len(out) % len(TEMPLATES)](rng)
+        question, answer = templates[len(out) % len(templates)](rng)
         if question in seen or answer <= 0:
             continue
         seen.add(question)
