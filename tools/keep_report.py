@@ -1,6 +1,6 @@
 """Keep a grid's study in reports/: copy its manifest (`grids/<grid>.json`) and, for every cell the
 manifest names, the logs a report is computed from (metrics.csv, config.yaml, run_card.json,
-attempts.jsonl, summary.json; no checkpoints, exported models or W&B files) into TO, in the same
+attempts.jsonl, summary.json, and samples.jsonl where the run kept samples; no checkpoints, exported models or W&B files) into TO, in the same
 `runs/<run>/` layout, then write the report there. A cell without a log yet (still running, or
 failed) is left out and named; the report says which seeds are missing.
 
@@ -16,7 +16,7 @@ import shutil
 import sys
 from pathlib import Path
 
-LOGS = ("metrics.csv", "config.yaml", "run_card.json", "attempts.jsonl", "summary.json")
+LOGS = ("metrics.csv", "config.yaml", "run_card.json", "attempts.jsonl", "summary.json", "samples.jsonl")
 
 
 def keep(out: Path, grid: str, to: Path, replace: bool = False) -> list[str]:

@@ -35,6 +35,8 @@ from vapo_lit.report.figures import MECHANISM_FIGURES, NAMES as FIGURES, plot_al
 from vapo_lit.report.logs import LogError, find_runs, load_run, read_json
 from vapo_lit.report.mechanisms import BY_LENGTH_TEXT, MECHANISMS_TEXT, markdown_tables, mechanism_frames
 from vapo_lit.report.table import build_table, pretty
+from vapo_lit.report.transcripts import PROMPT_TAIL, transcript_frame
+from vapo_lit.report.transcripts import TEXT as TRANSCRIPTS_TEXT, markdown as transcripts_markdown
 
 __all__ = ["write_report", "report_grid", "grids_in", "LogError", "REFERENCE"]
 
@@ -220,6 +222,8 @@ class GridReport:
     """Whether the manifest records the endpoint (fixed before the grid ran)."""
     tuning_seeds: list | None = None
     """The manifest's tuning seeds (None: not recorded)."""
+    transcripts: pd.DataFrame | None = None
+    """Episodes shown from the runs' samples (report/transcripts.py); None when no run kept any."""
 
 
 def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
@@ -287,7 +291,7 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
                       ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
                       mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
                       contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs),
-                      "endpoint" in recorded, found.tuning_seeds)
+                      "endpoint" in recorded, found.tuning_seeds, transcript_frame(logs, order))
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -296,6 +300,7 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
     frames += [("credit", rep.credit)] if rep.credit is not None else []
     frames += list(zip(("mechanisms", "by_length"), rep.mechanisms)) if rep.mechanisms is not None else []
     frames += [("critic", rep.critic)] if rep.critic is not None else []
+    frames += [("transcripts", rep.transcripts)] if rep.transcripts is not None else []
     if rep.contrasts is not None:
         frames.append(("contrasts", rep.contrasts))
     else:
@@ -345,6 +350,9 @@ def render_markdown(rep: GridReport) -> str:
                      critic_quality.markdown_table(rep.critic)]
     if rep.credit is not None:
         sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=ctx.last_n), _credit_markdown(rep.credit)]
+    if rep.transcripts is not None:
+        sections += ["## What the model wrote", TRANSCRIPTS_TEXT.format(tail=PROMPT_TAIL),
+                     transcripts_markdown(rep.transcripts, pretty)]
     figures = FIGURES
     if rep.mechanisms is not None:
         mech, by_length = rep.mechanisms
@@ -358,6 +366,7 @@ def render_markdown(rep: GridReport) -> str:
     files += ["further contrasts in `contrasts.csv`"] if rep.contrasts is not None else []
     files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
     files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
+    files += ["the episodes shown in `transcripts.csv`"] if rep.transcripts is not None else []
     sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table, reference),
                  "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
                  f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
