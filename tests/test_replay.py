@@ -11,7 +11,7 @@ from wiring import N, clip_coef, coin, probe_run, ref_values, with_weights
 
 from vapo_lit.config import RunConfig, merge, validate
 from vapo_lit.experience import Experience
-from vapo_lit.module import step_seed
+from vapo_lit.rng import Stream, step_seed
 from vapo_lit.replay import CriticReplay
 from vapo_lit.train import train
 
@@ -109,7 +109,7 @@ def test_each_critic_step_is_the_value_loss_over_this_batch_and_the_one_before(t
         n = N * len(parts)
         steps = run.probe.of("critic", t)
         assert len(steps) == 2, t  # as many steps as without replay
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(step_seed(run.cfg.seed, t, 10)))
+        perm = torch.randperm(n, generator=torch.Generator().manual_seed(step_seed(run.cfg.seed, t, Stream.CRITIC_MINIBATCH)))
         size = n // 2
         for k, step in enumerate(steps):
             rows = perm[k * size:(k + 1) * size]

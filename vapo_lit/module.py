@@ -49,7 +49,7 @@ from vapo_lit.experience import (AdvantageSettings, Experience, LossSettings, fi
                                  fill_values, loss_share_by_length, rollout_stats, score, score_stats, value_stats)
 from vapo_lit.replay import CriticReplay
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, SamplerStats, mean
-from vapo_lit.rng import sample_seed
+from vapo_lit.rng import Stream, sample_seed, step_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
 
 
@@ -65,11 +65,6 @@ class Role(enum.Enum):
 
 class NonFiniteLossError(RuntimeError):
     """A loss became NaN or inf: the run stops and says where."""
-
-
-def step_seed(seed: int, iteration: int, salt: int = 0) -> int:
-    """A per-iteration seed, so a resumed run samples exactly what the uninterrupted one did."""
-    return (seed * 1_000_003 + iteration * 7_919 + salt * 104_729) % (2**63 - 1)
 
 
 class Prompts:
@@ -95,7 +90,7 @@ class PromptStream(IterableDataset):
     def __iter__(self):
         i = self.start
         while True:
-            yield Prompts(self.task.train_problems(self.n, seed=step_seed(self.seed, i, salt=1)))
+            yield Prompts(self.task.train_problems(self.n, seed=step_seed(self.seed, i, Stream.PROMPTS)))
             i += 1
 
 
@@ -269,10 +264,10 @@ class VapoModule(L.LightningModule):
     @torch.no_grad()
     def recompute_behaviour_logprobs(self, exp: Experience) -> SamplerStats:
         """Behaviour log-probs from the update's own numerics (kernels, padding, precision), in the first
-        actor epoch's micro-batches (update_actor's salt 20), so its first ratio is exactly 1. The
+        actor epoch's micro-batches (update_actor's stream, epoch 0), so its first ratio is exactly 1. The
         sampler's own stay in `exp.extras["sampler_logprobs"]` (truncated importance sampling reads
         them); returns how far the two are apart."""
-        micros = [mi for _, ms in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()) for mi in ms]
+        micros = [mi for _, ms in self._minibatches(exp.n, Stream.ACTOR_MINIBATCH, lengths=exp.lengths.cpu()) for mi in ms]
         sampled = exp.behaviour_logprobs
         exp.behaviour_logprobs = all_reduce(passes.micro_batch_logprobs(
             self._trained(Role.ACTOR), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
@@ -306,9 +301,9 @@ class VapoModule(L.LightningModule):
         per_response = [pr for pr in problems for _ in range(k)]
         first = rank * share * k
         if round_ == 0:
-            seeds = [sample_seed(self.cfg.seed, self.iteration, 2, first + i) for i in range(len(per_response))]
+            seeds = [sample_seed(self.cfg.seed, self.iteration, Stream.ROLLOUT, first + i) for i in range(len(per_response))]
         else:
-            seeds = [sample_seed(self.cfg.seed, self.iteration, 5, round_, first + i) for i in range(len(per_response))]
+            seeds = [sample_seed(self.cfg.seed, self.iteration, Stream.EXTRA_ROLLOUT, round_, first + i) for i in range(len(per_response))]
         step = self.cfg.ppo.rollout_batch_size or len(per_response)
         with self.sampling_context():
             parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
@@ -319,7 +314,7 @@ class VapoModule(L.LightningModule):
         """The prompt batch of an extra rollout round `round_` >= 1 (a component that samples more,
         `on_rollout`): a pure function of (run seed, iteration, round), so a resumed run samples what
         the uninterrupted one did."""
-        seed = sample_seed(self.cfg.seed, self.iteration, 4, round_) & (2**63 - 1)
+        seed = sample_seed(self.cfg.seed, self.iteration, Stream.EXTRA_PROMPTS, round_) & (2**63 - 1)
         return self.task.train_problems(self.prompts_per_step, seed=seed)
 
     def add_rollout_cost(self, tokens: float, metrics: dict) -> None:
@@ -345,7 +340,7 @@ class VapoModule(L.LightningModule):
         size = (p.critic_mini_batch_size or p.mini_batch_size) * batches
         losses, norms = [], []
         for epoch in range(self.critic_schedule()[1]):
-            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu(), size=size):
+            for idx, micros in self._minibatches(exp.n, Stream.CRITIC_MINIBATCH + epoch, lengths=exp.lengths.cpu(), size=size):
                 den, total = exp.mask[idx].sum(), 0.0
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
@@ -368,7 +363,7 @@ class VapoModule(L.LightningModule):
         world, aggregation = rank_and_world()[1], self.loss_settings.aggregation
         sums, norms, shares = ActorStats.sums(), [], []
         for epoch in range(self.cfg.ppo.ppo_epochs):
-            for idx, micros in self._minibatches(exp.n, salt=20 + epoch, lengths=exp.lengths.cpu()):
+            for idx, micros in self._minibatches(exp.n, Stream.ACTOR_MINIBATCH + epoch, lengths=exp.lengths.cpu()):
                 m = exp.mask[idx]
                 tokens = m.sum()
                 den = tokens if aggregation == "token" else (m.sum(1) > 0).sum()
@@ -574,7 +569,7 @@ class VapoModule(L.LightningModule):
     def evaluate(self, at: int | None = None) -> EvalResult:
         """eval/... of the current actor; sampling seeded by iteration `at` (default: the current one)."""
         t0 = time.perf_counter()
-        seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, 3)
+        seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, Stream.EVAL)
         sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
                                   top_p=self.cfg.eval_top_p)
         batch = self.cfg.ppo.rollout_batch_size or 256
@@ -608,11 +603,11 @@ class VapoModule(L.LightningModule):
         schs = schs if isinstance(schs, list) else [schs]
         return opts[i], schs[i]
 
-    def _minibatches(self, N: int, salt: int, lengths: torch.Tensor | None = None, size: int | None = None):
-        """Shuffled mini-batches of `size` responses (None: mini_batch_size; seeded by the iteration,
-        the same on every rank) and this rank's micro-batches of each: its contiguous 1/W slice of
+    def _minibatches(self, N: int, stream: int, lengths: torch.Tensor | None = None, size: int | None = None):
+        """Shuffled mini-batches of `size` responses (None: mini_batch_size; seeded by the iteration
+        and `stream`, a `Stream` plus the epoch; the same on every rank) and this rank's micro-batches of each: its contiguous 1/W slice of
         the mini-batch, ordered by response length (`lengths`, when given) and split by micro_batch_size."""
-        g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, salt))
+        g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, stream))
         perm = torch.randperm(N, generator=g)
         mb, micro = size or self.cfg.ppo.mini_batch_size, self.cfg.ppo.micro_batch_size
         rank, world = rank_and_world()

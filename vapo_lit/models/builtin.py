@@ -14,6 +14,7 @@ from pathlib import Path
 import torch
 
 from vapo_lit.models.quiet import quiet_transformers
+from vapo_lit.rng import BuildSeed, sample_seed
 from vapo_lit.tasks.chain import ChainTask, DemoConfig
 from vapo_lit.tasks.env import is_environment
 
@@ -260,7 +261,6 @@ def sample_scored(model, task: ChainTask, n: int, seed: int, *, batch_size: int 
                   temperature: float = 1.0, top_p: float = 1.0):
     """`n` base-policy rollouts on train prompts with their verifier rewards (list of (Rollout, rewards))."""
     from vapo_lit.engines import SamplingParams, make_engine
-    from vapo_lit.rng import sample_seed
 
     engine = make_engine("hf", model, task.tokenizer, task=task)  # the episode loop for a multi-turn task
     sampling = SamplingParams(max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p)
@@ -492,12 +492,12 @@ def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     def build(tmp: Path) -> None:
         policy, _ = _load_policy_dir(pdir)
         with _Threads():
-            scored = sample_scored(policy, task, rm.samples, seed=seed + 1_000_003)
+            scored = sample_scored(policy, task, rm.samples, seed=seed + BuildSeed.REWARD_MODEL_SAMPLES)
             if log is not None:
                 rew = torch.cat([r for _, r in scored])
                 log(f"reward model data: {len(rew)} samples, mean reward {rew.mean():.3f}")
             with torch.random.fork_rng():
-                torch.manual_seed(seed + 17)
+                torch.manual_seed(seed + BuildSeed.REWARD_MODEL_HEAD)
                 critic = ValueModel.from_causal_lm(policy)
             train_value(critic, scored, steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr,
                         warmup_steps=rm.warmup_steps, all_tokens=rm.all_tokens, balance=rm.balance,
