@@ -17,7 +17,7 @@ from golden import CONFIG
 from golden import factory as golden_factory
 from lightning.pytorch.callbacks import Callback
 
-from vapo_lit import dynamic_sampling as dyn
+from vapo_lit import group_filter
 from vapo_lit.config import COMPONENTS, RunConfig, merge, validate
 from vapo_lit.train import train
 
@@ -76,32 +76,32 @@ def _check_against_reference(rng: random.Random):
         calls.append(r)
         return SimpleNamespace(scores=torch.tensor(rounds[r], dtype=torch.float32))
 
-    parts, sel = dyn.run_rounds(sample_round, k, target, max_rounds)
+    parts, sel = group_filter.run_rounds(sample_round, k, target, max_rounds)
     used, kept, filled = dapo_reference(rounds, k, target, max_rounds)
     assert calls == list(range(used)) and len(parts) == used
     assert sel.kept == kept and sel.filled == filled and len(sel.kept) == target
     mixed_in_pool = sum(max(rounds[r][g * k:(g + 1) * k]) != min(rounds[r][g * k:(g + 1) * k])
                         for r in range(used) for g in range(target))
     assert sel.mixed == mixed_in_pool
-    rows = dyn.group_rows(sel.kept, k)
+    rows = group_filter.group_rows(sel.kept, k)
     assert rows.tolist() == [g * k + j for g in kept for j in range(k)]
     return used, filled
 
 
 def test_group_is_mixed_and_its_refusals():
-    assert dyn.group_is_mixed(torch.tensor([0., 0, 1, 0, 1, 1, 0.5, 0.25]), 2) == [False, True, False, True]
+    assert group_filter.group_is_mixed(torch.tensor([0., 0, 1, 0, 1, 1, 0.5, 0.25]), 2) == [False, True, False, True]
     with pytest.raises(ValueError, match="groups of at least 2"):
-        dyn.group_is_mixed(torch.tensor([0., 1.]), 1)
+        group_filter.group_is_mixed(torch.tensor([0., 1.]), 1)
     with pytest.raises(ValueError, match="do not split into groups of 3"):
-        dyn.group_is_mixed(torch.tensor([0., 1., 1., 0.]), 3)
+        group_filter.group_is_mixed(torch.tensor([0., 1., 1., 0.]), 3)
     with pytest.raises(ValueError, match="max_rounds=0"):
-        dyn.run_rounds(lambda r: None, 2, 1, 0)
+        group_filter.run_rounds(lambda r: None, 2, 1, 0)
 
 
 def test_a_rank_takes_its_contiguous_share_of_the_kept_groups():
     kept, k, world = [1, 4, 5, 9], 3, 2
-    shares = [dyn.group_rows(kept, k, slice(r * 2, (r + 1) * 2)) for r in range(world)]
-    assert torch.cat(shares).tolist() == dyn.group_rows(kept, k).tolist()
+    shares = [group_filter.group_rows(kept, k, slice(r * 2, (r + 1) * 2)) for r in range(world)]
+    assert torch.cat(shares).tolist() == group_filter.group_rows(kept, k).tolist()
     assert shares[1].tolist() == [15, 16, 17, 27, 28, 29]
 
 
@@ -129,7 +129,7 @@ def test_the_pool_of_rounds_keeps_every_row_as_it_was():
     log-probs, scores and texts are those of its round (padding 99 on the prompt's left, the
     response's right)."""
     parts = [_part(4, 3, 5, 0), _part(6, 5, 2, 1), _part(2, 2, 7, 2)]
-    pool = dyn.concat_experiences(parts, pad_id=99)
+    pool = group_filter.concat_experiences(parts, pad_id=99)
     assert pool.n == 12 and pool.prompt_width == 5 and pool.mask.shape[1] == 7 and pool.group_size == 2
     row = 0
     for part in parts:
@@ -143,7 +143,7 @@ def test_the_pool_of_rounds_keeps_every_row_as_it_was():
             assert pool.scores[row] == part.scores[i] and pool.texts[row] == part.texts[i]
             assert pool.problems[row] == part.problems[i] and pool.verdicts[row] == part.verdicts[i]
             row += 1
-    sel = pool.select(dyn.group_rows([1, 4], 2), trim=True)
+    sel = pool.select(group_filter.group_rows([1, 4], 2), trim=True)
     assert sel.texts == ["t0-2", "t0-3", "t1-4", "t1-5"]
 
 

@@ -27,7 +27,7 @@ from pathlib import Path
 
 import pytest
 
-from vapo_lit.logs import ResumableCSVLogger, read_rows
+from vapo_lit.loggers import ResumableCSVLogger, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable

@@ -9,10 +9,10 @@ from types import SimpleNamespace
 import pytest
 from wandb_offline import read_run, wait_complete
 
-from vapo_lit import progress
+from vapo_lit import progress_line
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.presets import PRESETS
-from vapo_lit.progress import ProgressLine, fmt_eta
+from vapo_lit.progress_line import ProgressLine, fmt_eta
 from vapo_lit.train import train
 
 
@@ -43,7 +43,7 @@ def drive(stream, every=None, steps=6, pretrain=2):
 
 
 def test_in_a_terminal_it_is_one_line_redrawn_in_place():
-    with progress.enabled():
+    with progress_line.enabled():
         text = drive(Terminal())
     assert text.count("\r") == 8 and text.count("\n") == 1 and text.endswith("\n")
     last = text.rstrip("\n").split("\r")[-1]
@@ -53,7 +53,7 @@ def test_in_a_terminal_it_is_one_line_redrawn_in_place():
 
 
 def test_in_a_log_file_it_is_plain_lines():
-    with progress.enabled():
+    with progress_line.enabled():
         text = drive(io.StringIO(), every=4)
     lines = text.splitlines()
     assert "\r" not in text and all(line.startswith("vapo-s0  it ") for line in lines)
@@ -62,10 +62,10 @@ def test_in_a_log_file_it_is_plain_lines():
 
 
 def test_silent_unless_the_command_asks(monkeypatch):
-    monkeypatch.delenv(progress.ENV, raising=False)
+    monkeypatch.delenv(progress_line.ENV, raising=False)
     assert drive(Terminal()) == ""
-    monkeypatch.setenv(progress.ENV, "0")
-    with progress.enabled():
+    monkeypatch.setenv(progress_line.ENV, "0")
+    with progress_line.enabled():
         assert drive(Terminal()) == ""
 
 

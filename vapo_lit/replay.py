@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import torch
 
-from vapo_lit.dynamic_sampling import concat_experiences
+from vapo_lit.group_filter import concat_experiences
 from vapo_lit.experience import Experience
 
 KEPT = ("prompt_ids", "prompt_mask", "response_ids", "mask", "lengths", "truncated", "obs_mask", "values", "returns")

@@ -6,7 +6,7 @@ per iteration and per evaluation), `run_card.json` (docs/algorithm.md's "a run m
 `config.yaml`, `summary.json` at the end, `checkpoints/last.ckpt` (with `best.ckpt` once an eval
 after an update beats every earlier one, and `checkpoint_keep` earlier ones), the models as Hugging
 Face folders (`policy-best/`, `policy-final/`, `critic-final/`) and the W&B run under `wandb/`
-(none with wandb=disabled). The pieces live next door: `build.py` (task and models), `logs.py`
+(none with wandb=disabled). The pieces live next door: `build.py` (task and models), `loggers.py`
 (CSV and W&B loggers), `samples.py`, `checkpoints.py`, `run_card.py`. With status lines on
 (vapo_lit.status), each slow step before the first iteration ends says what it does first.
 """
@@ -30,9 +30,9 @@ from vapo_lit.config import RunConfig, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
 from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.labels import label_of
-from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
+from vapo_lit.loggers import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.preflight import preflight
-from vapo_lit.progress import ProgressLine, StartLines
+from vapo_lit.progress_line import ProgressLine, StartLines
 from vapo_lit.run_card import RunCardWriter, write_json
 from vapo_lit.samples import SampleLog
 

@@ -27,7 +27,7 @@ def main(argv=None) -> int:
         return 2
     from vapo_lit.config import from_dict
     from vapo_lit.faults import is_disk_full
-    from vapo_lit.progress import quiet_libraries
+    from vapo_lit.progress_line import quiet_libraries
     from vapo_lit.status import announcing
     from vapo_lit.train import train
 

@@ -99,7 +99,7 @@ def running_since(run_dir: Path) -> float | None:
 def cell_line(cell, since: float, now: float) -> str:
     """Where a running cell is: iteration, PPO update, phase, last eval, s/it and ETA, from the last
     row of its metrics.csv (one row per finished iteration)."""
-    from vapo_lit.logs import read_rows
+    from vapo_lit.loggers import read_rows
 
     cfg = cell.cfg
     pre = cfg.vapo.value_pretrain_steps if "value_pretraining" in cfg.components else 0

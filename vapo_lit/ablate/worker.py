@@ -227,7 +227,7 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpus
     import torch
 
-    from vapo_lit.progress import quiet_libraries
+    from vapo_lit.progress_line import quiet_libraries
 
     quiet_libraries()  # the grid's own progress lines, not Lightning's banners and tips per cell
 

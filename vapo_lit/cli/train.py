@@ -50,7 +50,7 @@ def main(argv=None) -> int:
     with status.announcing():  # before the imports below, which take seconds
         status.say(f"vapo-train: {'resuming' if args.resume is not None else 'starting'} ({what_runs(cfg)}); "
                    "loading torch and Lightning")
-    from vapo_lit import progress
+    from vapo_lit import progress_line
     from vapo_lit.checkpoints import check_checkpoint
     from vapo_lit.train import run_dir_of, train
 
@@ -61,8 +61,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"vapo-train: error: {e}", file=sys.stderr)
         return errors.BAD_INPUT
-    progress.quiet_libraries()
-    with errors.catch_signals() as sig, progress.enabled():
+    progress_line.quiet_libraries()
+    with errors.catch_signals() as sig, progress_line.enabled():
         try:
             summary = train(cfg, resume=args.resume is not None)
         except BaseException as e:  # noqa: BLE001 - every way out gets one line and a stable code
