@@ -70,8 +70,8 @@ class ToolChainTask(ChainTask, Environment):
     stop_sequences = (STOP,)
     sft_overrides = {"steps": 1500}
     """The built-in base policy's SFT (vapo_lit.models.builtin): the addition mod 10 of two context
-    digits is learnt only after ~900 steps (measured: 300 steps leave it at chance, 1500 reach
-    93% per step, about 75 s on 2 cores)."""
+    digits is learnt only after several hundred steps (the measurements: docs/results/agentic/index.md,
+    "How it was made")."""
 
     def __init__(self, config: ToolChainConfig | None = None, **overrides):
         cfg = config or ToolChainConfig()
