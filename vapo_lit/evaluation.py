@@ -41,9 +41,7 @@ class Sample:
 
 
 @torch.no_grad()
-def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
-             max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
-             tokenizer=None, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+def evaluate(model, task, problems, *, k: int = 8, **options) -> dict[str, float]:
     """Sample `k` responses per problem, score them with ``task.verify`` and summarise (all floats):
 
     * ``eval/avg@k``: mean over problems of the mean reward over its k samples;
@@ -57,13 +55,11 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     * ``eval/truncated_frac``: share of responses that hit the length limit;
     * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
       in tokens (NaN when none).
-    The arguments are `sample_responses`'; for the samples or the typed `EvalStats`, call it, then
+    The arguments are `sample_responses`' (`options`: sampling, temperature, top_p, max_new_tokens,
+    batch_size, seed, tokenizer, shard); for the samples or the typed `EvalStats`, call it, then
     `summarize`.
     """
-    samples = sample_responses(model, task, problems, k=k, sampling=sampling, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, tokenizer=tokenizer,
-                               shard=shard)
-    return summarize(task, problems, samples, k).log()
+    return summarize(task, problems, sample_responses(model, task, problems, k=k, **options), k).log()
 
 
 @torch.no_grad()
@@ -83,7 +79,6 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     from vapo_lit.distributed import gather_objects
     from vapo_lit.engines import SamplingParams
     from vapo_lit.rng import sample_seed
-    from vapo_lit.rollout import response_segments
 
     problems = list(problems)
     if not problems:
@@ -102,19 +97,30 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     samples = []
     for i in range(lo, hi, batch_size):
         chunk = flat[i: min(i + batch_size, hi)]
-        ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
-        # response length = the policy's own tokens (a multi-turn episode's observations left out)
-        action = getattr(ro, "action_mask", None)
-        lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
-        truncated = ro.truncated.tolist()  # one device sync per chunk
-        turns = [None] * len(chunk) if action is None else [
-            tuple(response_segments(tokenizer, ids, act, n)) for ids, act, n in
-            zip(ro.response_ids.tolist(), action.tolist(), ro.lengths.tolist())]
-        for p, text, n, cut, segments in zip(chunk, ro.texts, lengths, truncated, turns):
-            v = task.verify(p, text)
-            samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
-                                  int(n), bool(cut), segments))
+        seeds = [sample_seed(seed, j) for j in range(i, i + len(chunk))]
+        samples += verified_chunk(engine, task, tokenizer, chunk, sampling, seeds)
     return [s for part in gather_objects(samples) for s in part] if world > 1 else samples
+
+
+def verified_chunk(engine, task, tokenizer, chunk: list, sampling, seeds: list[int]) -> list[Sample]:
+    """One chunk of `sample_responses`: one response per problem of `chunk` (each with its seed),
+    verified by the task."""
+    from vapo_lit.rollout import response_segments
+
+    ro = engine.generate([p.prompt for p in chunk], sampling, seeds)
+    # response length = the policy's own tokens (a multi-turn episode's observations left out)
+    action = getattr(ro, "action_mask", None)
+    lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
+    truncated = ro.truncated.tolist()  # one device sync per chunk
+    turns = [None] * len(chunk) if action is None else [
+        tuple(response_segments(tokenizer, ids, act, n)) for ids, act, n in
+        zip(ro.response_ids.tolist(), action.tolist(), ro.lengths.tolist())]
+    samples = []
+    for p, text, n, cut, segments in zip(chunk, ro.texts, lengths, truncated, turns):
+        v = task.verify(p, text)
+        samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
+                              int(n), bool(cut), segments))
+    return samples
 
 
 @dataclass(frozen=True)

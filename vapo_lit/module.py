@@ -212,9 +212,9 @@ class VapoModule(L.LightningModule):
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
         exp, sampler = self.values(exp)
         clock.append(("values", time.perf_counter()))
-        # 4. advantages
+        # 4. advantages (and what the components compute from them)
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
-        extra = {} if pretraining else {k: v for c in self.components for k, v in c.on_experience(self, exp).items()}
+        extra = self.component_statistics(exp, pretraining)
         clock.append(("advantages", time.perf_counter()))
         # 5. critic update (in PPO also on the replayed batches)   6. actor update (never while the critic is
         #    pretrained: the policy stays fixed)
@@ -225,16 +225,8 @@ class VapoModule(L.LightningModule):
             self.engine.load_weights(self.actor)  # the next rollout samples from the updated policy
         clock.append(("actor_update", time.perf_counter()))
         # 7. the iteration's statistics (the whole batch's), and where the run stands
-        stats = IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, critic=critic, actor=actor,
-                               value=None if self.critic_free else value_stats(exp, reference="mc"), sampler=sampler)
-        self.iteration += 1
-        if pretraining:  # what the stopping rule of the component that asked for the phase reads
-            self.pretrain.steps_done += 1
-            oracle = stats.value.oracle
-            self.pretrain.record(stats.value.explained_variance, *((oracle.explained_variance, oracle.ceiling)
-                                                                   if oracle is not None else ()))
-        else:
-            self.ppo_updates += 1
+        stats = self.iteration_stats(exp, adv, extra, critic=critic, actor=actor, sampler=sampler)
+        self.count_iteration(stats, pretraining)
         # 8. evaluate (every eval_every PPO updates and after the last)   9. log   10. stop after cfg.steps
         if not pretraining and self.eval_due():
             self._carry.update(self.evaluate().metrics)
@@ -242,6 +234,31 @@ class VapoModule(L.LightningModule):
         if self.ppo_updates >= self.cfg.steps:
             self.trainer.should_stop = True
         return {"experience": exp}  # for the callbacks that read the iteration (vapo_lit/samples.py)
+
+    def component_statistics(self, exp: Experience, pretraining: bool) -> dict:
+        """Step 4's extra statistics: what the components compute from the filled batch
+        (`Component.on_experience`); none while the critic is pretrained."""
+        if pretraining:
+            return {}
+        return {k: v for c in self.components for k, v in c.on_experience(self, exp).items()}
+
+    def iteration_stats(self, exp: Experience, adv, extra: dict, **updates) -> IterationStats:
+        """Step 7: the iteration's statistics, stage by stage (`updates`: the critic's, the actor's and
+        the sampler's; each None where that part did not run)."""
+        value = None if self.critic_free else value_stats(exp, reference="mc")
+        return IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, value=value, **updates)
+
+    def count_iteration(self, stats: IterationStats, pretraining: bool) -> None:
+        """Step 7: where the run stands. The iteration counts as a PPO update, or as a step of the
+        critic-only phase with what the stopping rule of the component that asked for it reads."""
+        self.iteration += 1
+        if not pretraining:
+            self.ppo_updates += 1
+            return
+        self.pretrain.steps_done += 1
+        oracle = stats.value.oracle
+        self.pretrain.record(stats.value.explained_variance, *((oracle.explained_variance, oracle.ceiling)
+                                                               if oracle is not None else ()))
 
     def values(self, exp: Experience) -> tuple[Experience, SamplerStats | None]:
         """Step 3: the critic's values of this rank's responses, then the whole batch gathered on every
