@@ -336,6 +336,16 @@ def validate(cfg: RunConfig) -> RunConfig:
 
     walk(cfg, "")
     check_components(cfg.components)
+    _check_batch_sizes(cfg)
+    values = dataclasses.asdict(cfg.vapo)
+    for name in cfg.components:
+        check_component(name, values, cfg, where="vapo")
+    _check_estimator(cfg)
+    return cfg
+
+
+def _check_batch_sizes(cfg: RunConfig) -> None:
+    """Mini- and micro-batches that fit the batch, and batches that split evenly over the processes."""
     devices = parse_devices(cfg.devices)
     p = cfg.ppo
     world = (len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else 1) * cfg.num_nodes
@@ -363,9 +373,11 @@ def validate(cfg: RunConfig) -> RunConfig:
     if world > 1 and critic_mb % world:
         raise ValueError(f"ppo.critic_mini_batch_size = {critic_mb} must be a multiple of the {world} processes "
                          "(devices x num_nodes)")
-    values = dataclasses.asdict(cfg.vapo)
-    for name in cfg.components:
-        check_component(name, values, cfg, where="vapo")
+
+
+def _check_estimator(cfg: RunConfig) -> None:
+    """The settings that need a critic, or the sampler's and the trainer's log-probs, have them."""
+    p = cfg.ppo
     if cfg.advantage_estimator == "grpo" and cfg.gae_values == "oracle":
         raise ValueError("gae_values=oracle replaces a critic's values in GAE; advantage_estimator=grpo has neither: "
                          "use advantage_estimator=gae with it")
@@ -382,7 +394,6 @@ def validate(cfg: RunConfig) -> RunConfig:
             )
         if "group_sampling" not in cfg.components:
             raise ValueError("advantage_estimator=grpo needs group_sampling (the baseline is the group's mean score)")
-    return cfg
 
 
 def parse_devices(text):

@@ -71,19 +71,10 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     wb = make_wandb_logger(cfg, run_dir, {"config": to_dict(cfg)}, wandb_id)
     if wb is not None:
         loggers.append(wb)
-    # policy-best/ is exported before last.ckpt is written: a run killed between the two resumes from the
-    # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
-    # would keep a policy-best/ older than its best eval)
-    callbacks = [*build_callbacks(cfg.components, cfg.vapo),
-                 SampleLog(run_dir, cfg.samples_per_iteration, cfg.print_sample_every, keep_until=keep_until),
-                 RunExports(run_dir),
-                 RunCheckpoints(run_dir, cfg.checkpoint_every, optimizer=cfg.checkpoint_optimizer,
-                                keep=cfg.checkpoint_keep),
-                 RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
-                 StartLines(), ProgressLine(), *extra_callbacks]
     trainer = L.Trainer(
         **hardware, max_epochs=-1, max_steps=-1,
-        logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
+        logger=loggers, callbacks=run_callbacks(cfg, run_dir, keep_until, hardware, extra_callbacks),
+        enable_checkpointing=False, enable_progress_bar=False,
         enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(run_dir),
     )
     t0 = time.perf_counter()
@@ -98,6 +89,21 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     if wb is not None:
         wb.experiment.finish()  # flush and close this run's file now (not at interpreter exit)
     return summary
+
+
+def run_callbacks(cfg: RunConfig, run_dir: Path, keep_until: int | None, hardware: dict, extra=()) -> list:
+    """The run's callbacks in order: the components, then what writes the run folder (samples, exports,
+    checkpoints, the run card), the status lines and `extra`."""
+    # policy-best/ is exported before last.ckpt is written: a run killed between the two resumes from the
+    # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
+    # would keep a policy-best/ older than its best eval)
+    return [*build_callbacks(cfg.components, cfg.vapo),
+            SampleLog(run_dir, cfg.samples_per_iteration, cfg.print_sample_every, keep_until=keep_until),
+            RunExports(run_dir),
+            RunCheckpoints(run_dir, cfg.checkpoint_every, optimizer=cfg.checkpoint_optimizer,
+                           keep=cfg.checkpoint_keep),
+            RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
+            StartLines(), ProgressLine(), *extra]
 
 
 def _resuming(run_dir: Path, ckpt: Path, progress: dict) -> str | None:

@@ -158,14 +158,19 @@ def available_grids() -> list[str]:
     return sorted({p.stem for d in grid_dirs() for p in d.glob("*.yaml")})
 
 
-def load_grid(name_or_path: str) -> Grid:
-    """A grid by name (a file in ablations/) or by path; unknown names list the valid ones."""
+def grid_file(name_or_path: str) -> Path:
+    """The grid file: `name_or_path` itself when it is a YAML file, else `<name>.yaml` in the grid folders."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         found = [d / f"{name_or_path}.yaml" for d in grid_dirs() if (d / f"{name_or_path}.yaml").is_file()]
         if not found:
             raise ValueError(f"--grid {name_or_path!r}: no such grid; valid grids: {', '.join(available_grids()) or '(none)'}")
         path = found[0]
+    return path
+
+
+def _read_spec(path: Path) -> dict:
+    """A grid file's mapping, its keys checked."""
     try:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
@@ -177,6 +182,13 @@ def load_grid(name_or_path: str) -> Grid:
     if bad:
         raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
                          "reference, contrasts, endpoint, tuning_seeds")
+    return spec
+
+
+def load_grid(name_or_path: str) -> Grid:
+    """A grid by name (a file in ablations/) or by path; unknown names list the valid ones."""
+    path = grid_file(name_or_path)
+    spec = _read_spec(path)
     model_seed = spec.get("model_seed", "shared")
     if model_seed not in MODEL_SEEDS:
         raise ValueError(f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "

@@ -212,10 +212,24 @@ def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
     return objective
 
 
+def _open_study(spec: SweepSpec, base: RunConfig, rdb):
+    """The sweep's Optuna study on storage `rdb`, created (with its enqueued trials and the base
+    config) or continued."""
+    import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(storage=rdb, study_name=spec.study, sampler=make_sampler(spec),
+                                pruner=make_pruner(spec), direction="maximize", load_if_exists=True)
+    if not study.trials:
+        for params in spec.enqueue:
+            study.enqueue_trial(params)
+        study.set_user_attr("base_config", to_dict(base))
+    return study
+
+
 def run_sweep(spec: SweepSpec, base: RunConfig, out, storage: str | None = None, *, n_trials: int | None = None,
               heartbeat_interval: int = 10, grace_period: int = 60, retries: int = 2, log=print):
     """Create or continue the study and run trials until n_trials are COMPLETE or PRUNED."""
-    import optuna
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
@@ -224,14 +238,7 @@ def run_sweep(spec: SweepSpec, base: RunConfig, out, storage: str | None = None,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(out / 'sweeps.db').resolve()}"
-    rdb = open_storage(url, heartbeat_interval, grace_period, retries)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=rdb, study_name=spec.study, sampler=make_sampler(spec),
-                                pruner=make_pruner(spec), direction="maximize", load_if_exists=True)
-    if not study.trials:
-        for params in spec.enqueue:
-            study.enqueue_trial(params)
-        study.set_user_attr("base_config", to_dict(base))
+    study = _open_study(spec, base, open_storage(url, heartbeat_interval, grace_period, retries))
     target = n_trials or spec.n_trials
     counted = (TrialState.COMPLETE, TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=counted))
@@ -242,17 +249,24 @@ def run_sweep(spec: SweepSpec, base: RunConfig, out, storage: str | None = None,
                        callbacks=[MaxTrialsCallback(target, states=counted),
                                   lambda s, t: log(f"[{spec.study}] trial {t.number}: {t.state.name} "
                                                    f"value={t.value} params={t.params}")])
+    _report_best(study, spec, base, out, log)
+    return study
+
+
+def _report_best(study, spec: SweepSpec, base: RunConfig, out: Path, log) -> None:
+    """After the trials: the best complete trial in one line, and the study's W&B run."""
+    from optuna.trial import TrialState
+
+    from vapo_lit.ablate.study_run import log_study
+
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
         log(f"[{spec.study}] best trial {best.number}: eval avg@k {spec.objective} = {best.value:.4f} "
             f"params {best.params} run {best.user_attrs.get('run_dir')}")
-    from vapo_lit.ablate.study_run import log_study
-
     try:
         line = log_study(study, spec, base, out)
     except Exception as e:  # noqa: BLE001 - the trials are stored; W&B trouble must not fail the sweep
         line = f"[{spec.study}] W&B study run not logged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if line:
         log(line)
-    return study

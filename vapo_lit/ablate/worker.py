@@ -79,36 +79,43 @@ def _final_eval(summary: dict, k: int) -> float:
     return 0.0
 
 
-def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
-    """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
+def _start_mode(run_dir: Path, trial_number: int) -> str:
+    """How a claimed cell starts: 'reused' (its run finished), 'resume' (from a readable checkpoint)
+    or 'fresh' (a run that died before its first checkpoint is moved aside first)."""
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    if (run_dir / "summary.json").is_file():
+        return "reused"
+    if ckpt.is_file() and _readable(ckpt):
+        return "resume"
+    if (run_dir / "metrics.csv").exists():  # died before its first checkpoint: start over, keep the old one aside
+        aside = run_dir.parent / ".partial" / f"{run_dir.name}-t{trial_number}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run_dir), str(aside))
+    return "fresh"
+
+
+def _run_or_reuse(store: CellStore, trial, cell, mode: str) -> dict:
+    """The cell's summary: the finished run's, or that of a run trained (or resumed) under a heartbeat."""
     from vapo_lit.devices import spans_devices
     from vapo_lit.train import train
 
+    if mode == "reused":
+        return json.loads((cell.run_dir / "summary.json").read_text())
+    with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
+        if spans_devices(cell.cfg):
+            return _train_apart(cell, mode == "resume", hb)
+        return train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
+
+
+def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
+    """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
     run_dir = cell.run_dir
-    summary_path = run_dir / "summary.json"
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    if summary_path.is_file():
-        mode = "reused"
-    elif ckpt.is_file() and _readable(ckpt):
-        mode = "resume"
-    else:
-        mode = "fresh"
-        if (run_dir / "metrics.csv").exists():  # died before its first checkpoint: start over, keep the old one aside
-            aside = run_dir.parent / ".partial" / f"{run_dir.name}-t{trial.number}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(run_dir), str(aside))
+    mode = _start_mode(run_dir, trial.number)
     record = {"trial": trial.number, "worker": worker_id(), "pid": os.getpid(), "mode": mode, "start": time.time()}
     _ledger(run_dir, {**record, "event": "start"})
     try:
-        if mode == "reused":
-            summary = json.loads(summary_path.read_text())
-        else:
-            with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
-                if spans_devices(cell.cfg):
-                    summary = _train_apart(cell, mode == "resume", hb)
-                else:
-                    summary = train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
+        summary = _run_or_reuse(store, trial, cell, mode)
     except (KeyboardInterrupt, SystemExit) as e:  # Lightning turns Ctrl-C inside fit() into SystemExit(1)
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "interrupted"})
         store.release(trial)

@@ -31,6 +31,15 @@ def build_parser() -> argparse.ArgumentParser:
                                  epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
     add_selection_flags(ap)
     ap.add_argument("--grid", help="a grid in ablations/ (table1, pairwise, critic_free) or a YAML path")
+    _add_seed_flags(ap)
+    _add_run_flags(ap)
+    add_config_flags(ap)
+    _explain_model_seed(ap)
+    return ap
+
+
+def _add_seed_flags(ap: argparse.ArgumentParser) -> None:
+    """The seeds of a grid: how many, --seeds auto's rule, the endpoint and the tuning seeds."""
     ap.add_argument("--seeds", type=_seeds, default=3,
                     help="seeds per row: --seed, --seed+1, ... (default 3: the fewest that give a paired 95%% CI "
                          "worth reading); 'auto': add seeds until the rows of "
@@ -48,6 +57,10 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--tuning-seeds", metavar="SEEDS",
                     help="seeds the grid's settings were chosen on, e.g. 0-2 or 0,1,2 (recorded in the manifest; the "
                          "report warns where a row's deltas rest on them); default: the grid file's, else none")
+
+
+def _add_run_flags(ap: argparse.ArgumentParser) -> None:
+    """Where and how a grid runs: workers, devices, storage, output, retries and the report."""
     ap.add_argument("--workers", type=int, default=1, help="local worker processes (default 1)")
     ap.add_argument("--devices-per-cell", type=int, metavar="K",
                     help="run every cell on K devices (data parallel, --strategy ddp or fsdp); on GPUs local worker i "
@@ -62,14 +75,16 @@ def build_parser() -> argparse.ArgumentParser:
     ap.add_argument("--grace", type=int, default=60, help="a cell without heartbeat for this long is retried (default 60)")
     ap.add_argument("--last-n", type=int, default=10, help="report: average the last N PPO iterations (default 10)")
     ap.add_argument("--no-report", action="store_true", help="do not write the report at the end")
-    add_config_flags(ap)
-    for action in ap._actions:  # vapo-ablate's --model_seed also takes 'follow' (a grid setting, not a config value)
+
+
+def _explain_model_seed(ap: argparse.ArgumentParser) -> None:
+    """vapo-ablate's --model_seed also takes 'follow' (a grid setting, not a config value)."""
+    for action in ap._actions:
         if action.dest == "set:model_seed":
             action.help = ("seed of the built-in base policy and reward model: an integer shared by every cell "
                            "(default: the config's, 0), or 'follow': each cell's model_seed is its seed, so the "
                            "seeds vary the whole pipeline (base policy, reward model and RL) and so do the "
                            "report's intervals; a grid file may say `model_seed: follow`")
-    return ap
 
 
 def _seeds(text: str):

@@ -84,40 +84,45 @@ def workspace_error(args) -> str | None:
     return None
 
 
+def argument_error(args) -> str | None:
+    """What is wrong with the parsed arguments (None when nothing); parses the --contrast pairs."""
+    if not args.out_dir.is_dir():
+        return f"{args.out_dir} is not a folder"
+    if args.last_n < 1:
+        return "--last-n must be >= 1"
+    if args.max_seeds < 2:
+        return "--max-seeds must be >= 2"
+    try:
+        args.contrast = [contrast_pair(c) for c in args.contrast]
+    except ValueError as e:
+        return str(e)
+    return workspace_error(args)
+
+
+def grid_error(args, grids: list[str]) -> str | None:
+    """What is wrong with --grid, --to and --contrast given the grids in the folder (None when nothing)."""
+    if args.grid and args.grid not in grids:
+        return f"no grid {args.grid!r} in {args.out_dir}/grids; available: {', '.join(grids) or '(none)'}"
+    if args.to is not None and not args.grid and len(grids) > 1:
+        return f"--to takes one grid; add --grid (one of {', '.join(grids)})"
+    if args.contrast and not args.grid and len(grids) > 1:
+        return f"--contrast names rows of one grid; add --grid (one of {', '.join(grids)})"
+    return None
+
+
 def main(argv=None) -> int:
     args = build_parser().parse_args(argv)
-    err = None
-    if not args.out_dir.is_dir():
-        err = f"{args.out_dir} is not a folder"
-    elif args.last_n < 1:
-        err = "--last-n must be >= 1"
-    elif args.max_seeds < 2:
-        err = "--max-seeds must be >= 2"
-    else:
-        try:
-            args.contrast = [contrast_pair(c) for c in args.contrast]
-        except ValueError as e:
-            err = str(e)
+    err = argument_error(args)
     if not err:
-        err = workspace_error(args)
+        from vapo_lit.report import grids_in
+
+        err = grid_error(args, grids_in(args.out_dir))
     if err:
         print(f"vapo-report: error: {err}", file=sys.stderr)
         return 2
-    from vapo_lit.report import grids_in, write_report
-
-    grids = grids_in(args.out_dir)
-    if args.grid and args.grid not in grids:
-        print(f"vapo-report: error: no grid {args.grid!r} in {args.out_dir}/grids; available: "
-              f"{', '.join(grids) or '(none)'}", file=sys.stderr)
-        return 2
-    if args.to is not None and not args.grid and len(grids) > 1:
-        print(f"vapo-report: error: --to takes one grid; add --grid (one of {', '.join(grids)})", file=sys.stderr)
-        return 2
-    if args.contrast and not args.grid and len(grids) > 1:
-        print(f"vapo-report: error: --contrast names rows of one grid; add --grid (one of {', '.join(grids)})",
-              file=sys.stderr)
-        return 2
     import time
+
+    from vapo_lit.report import write_report
 
     since = time.time()
     try:
@@ -127,6 +132,12 @@ def main(argv=None) -> int:
     except ValueError as e:  # LogError included: a malformed or empty log, named by file and line
         print(f"vapo-report: error: {e}", file=sys.stderr)
         return 2
+    log_to_wandb(args, since)
+    return 0
+
+
+def log_to_wandb(args, since: float) -> None:
+    """The report's W&B runs (vapo_lit.report.grid_run) and, when asked, the saved workspaces."""
     from vapo_lit.report.grid_run import log_grid_runs
 
     settings = {"last_n": args.last_n, "threshold": args.threshold, "reference": args.reference or "default",
@@ -138,7 +149,6 @@ def main(argv=None) -> int:
 
         for line in save_workspaces(args.out_dir, args.grid, to=args.to, entity=args.wandb_entity):
             print(line)
-    return 0
 
 
 if __name__ == "__main__":

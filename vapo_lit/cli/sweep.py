@@ -84,31 +84,41 @@ class _NoTraceback:
         return True
 
 
-def main(argv=None) -> int:
-    args = build_parser().parse_args(argv)
-    from vapo_lit.ablate.store import check_url, mask_text
-    from vapo_lit.ablate.sweep import load_sweep, run_sweep
+def checked_sweep(args):
+    """(the sweep, its base config) from the parsed arguments, every input checked before anything
+    runs (ValueError names what is wrong); the storage URL gets its password."""
+    from vapo_lit.ablate.store import check_url
+    from vapo_lit.ablate.sweep import load_sweep
     from vapo_lit.ablate.urls import with_password
     from vapo_lit.config import merge
     from vapo_lit.preflight import check_writable, preflight
+
+    args.storage = with_password(args.storage, args.storage_password_file)
+    spec = load_sweep(args.sweep)
+    if args.study:
+        spec.study = args.study
+    base = base_config(spec, args)
+    check_space(spec, base)
+    if args.storage:
+        check_url(args.storage)
+    if args.n_trials is not None and args.n_trials < 1:
+        raise ValueError("--n-trials must be >= 1")
+    if base.threads is None:
+        base = merge(base, {"threads": 1})
+    check_writable(args.out, "--out")
+    preflight(merge(base, {"out_dir": str(args.out / "trials")}))  # model dirs, data, critic_init, options
+    return spec, base
+
+
+def main(argv=None) -> int:
+    args = build_parser().parse_args(argv)
+    from vapo_lit.ablate.store import mask_text
+    from vapo_lit.ablate.sweep import run_sweep
     from vapo_lit.masking import scrub_argv
 
     scrub_argv()  # no database password in sys.argv from here on (W&B records it)
     try:
-        args.storage = with_password(args.storage, args.storage_password_file)
-        spec = load_sweep(args.sweep)
-        if args.study:
-            spec.study = args.study
-        base = base_config(spec, args)
-        check_space(spec, base)
-        if args.storage:
-            check_url(args.storage)
-        if args.n_trials is not None and args.n_trials < 1:
-            raise ValueError("--n-trials must be >= 1")
-        if base.threads is None:
-            base = merge(base, {"threads": 1})
-        check_writable(args.out, "--out")
-        preflight(merge(base, {"out_dir": str(args.out / "trials")}))  # model dirs, data, critic_init, options
+        spec, base = checked_sweep(args)
     except ValueError as e:
         print(f"vapo-sweep: error: {mask_text(e, args.storage)}", file=sys.stderr)
         return errors.BAD_INPUT

@@ -88,8 +88,6 @@ def _common(values, fallback: str) -> str:
 def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", settings: dict | None = None) -> str | None:
     """Log the report in FOLDER as its grid's run; returns one line saying where it went (None when
     no cell was logged to W&B or the mode is disabled)."""
-    import wandb
-
     from vapo_lit.wandb_runs import offline_folder, summary_run
 
     folder = Path(folder)
@@ -108,22 +106,9 @@ def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", setting
     if run is None:
         return None
     try:
-        row = {}
-        for path in sorted(folder.glob("*.csv")):
-            columns, data = read_csv(path)
-            row[PREFIX + path.stem] = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
         where = offline_folder(run)
         base = "" if where else run.url.rsplit("/runs/", 1)[0] + "/runs/"  # (an offline run has no URL)
-        row[PREFIX + "cells"] = wandb.Table(
-            columns=["row", "seed", "run", "wandb_id", "project", "group", "mode", "url"],
-            data=[[c["row"], c["seed"], c["run"], c["id"], c["project"], c["group"], c["mode"],
-                   base + c["id"] if base and c["id"] else None] for c in cells], allow_mixed_types=True)
-        markdown = (folder / "table.md").read_text() if (folder / "table.md").is_file() else ""
-        row[PREFIX + "caveats"] = wandb.Table(columns=["caveat"], data=[[line] for line in caveat_lines(markdown)])
-        row[PREFIX + "report"] = wandb.Html("<pre>" + _escape(markdown) + "</pre>")
-        for png in sorted(folder.glob("*.png")):
-            row[f"figures/{png.stem}"] = wandb.Image(str(png))
-        run.log(row)
+        run.log(report_row(folder, cells, base))
         run.summary.update({"cells": len(cells), "cells_in_wandb": len(logged)})
     finally:
         run.finish()
@@ -131,6 +116,27 @@ def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", setting
         return (f"W&B grid run {run.id} (group {group}, offline); upload it with: wandb sync {where} "
                 f"(the cells' command is in {folder / 'table.md'})")
     return f"W&B grid run {run.id} (group {group}): {run.url}"
+
+
+def report_row(folder: Path, cells: list[dict], base: str) -> dict:
+    """The grid run's one row: the report's CSV files as tables, the cells (each linked under `base`,
+    the project's runs URL; "" offline), the caveats, the report's text and its figures."""
+    import wandb
+
+    row = {}
+    for path in sorted(folder.glob("*.csv")):
+        columns, data = read_csv(path)
+        row[PREFIX + path.stem] = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+    row[PREFIX + "cells"] = wandb.Table(
+        columns=["row", "seed", "run", "wandb_id", "project", "group", "mode", "url"],
+        data=[[c["row"], c["seed"], c["run"], c["id"], c["project"], c["group"], c["mode"],
+               base + c["id"] if base and c["id"] else None] for c in cells], allow_mixed_types=True)
+    markdown = (folder / "table.md").read_text() if (folder / "table.md").is_file() else ""
+    row[PREFIX + "caveats"] = wandb.Table(columns=["caveat"], data=[[line] for line in caveat_lines(markdown)])
+    row[PREFIX + "report"] = wandb.Html("<pre>" + _escape(markdown) + "</pre>")
+    for png in sorted(folder.glob("*.png")):
+        row[f"figures/{png.stem}"] = wandb.Image(str(png))
+    return row
 
 
 def _escape(text: str) -> str:

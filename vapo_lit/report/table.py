@@ -93,16 +93,7 @@ def build_table(seeds: pd.DataFrame, rows: list, reference: str | None, missing:
         rec["updates_to_threshold_reached"] = int(g["updates_to_threshold"].notna().sum())
         rec["final_min"], rec["final_max"] = (float(g["final"].min()), float(g["final"].max())) if len(g) else (NAN, NAN)
         if reference and label != reference and len(ref):
-            for m in DELTAS:
-                pd_ = stats.paired_delta(by_seed(g, m), by_seed(ref, m))
-                wd = stats.welch_delta(g[m], ref[m])
-                rec.update({f"delta_{m}": pd_["mean"], f"delta_{m}_ci_lo": pd_["ci_lo"], f"delta_{m}_ci_hi": pd_["ci_hi"],
-                            f"delta_{m}_pairs": pd_["pairs"], f"delta_{m}_p": pd_["p"],
-                            f"delta_{m}_unpaired": wd["mean"], f"delta_{m}_unpaired_ci_lo": wd["ci_lo"],
-                            f"delta_{m}_unpaired_ci_hi": wd["ci_hi"],
-                            f"unpaired_seeds_{m}": " ".join(str(s) for s in pd_["unpaired"])})
-                need = stats.seeds_needed(pd_["mean"], pd_["std"], cap=max_seeds) if pd_["pairs"] >= 2 else None
-                rec[f"seeds_needed_{m}"] = float(need) if need is not None else NAN
+            rec.update(deltas(g, ref, max_seeds))
         for name in TRACKED:
             for kind in ("final", "last"):
                 st = stats.summarize(g[f"{name}_{kind}"])
@@ -121,6 +112,23 @@ def build_table(seeds: pd.DataFrame, rows: list, reference: str | None, missing:
     for m in DELTAS:
         table[f"unpaired_seeds_{m}"] = table[f"unpaired_seeds_{m}"].map(lambda v: "" if isinstance(v, float) else v)
     return table
+
+
+def deltas(g: pd.DataFrame, ref: pd.DataFrame, max_seeds: int) -> dict:
+    """A row's differences to the reference row (`g` and `ref`: their per-seed lines), for each of
+    DELTAS: paired by seed (with its p-value and the seeds needed to resolve it) and unpaired (Welch)."""
+    rec = {}
+    for m in DELTAS:
+        pd_ = stats.paired_delta(by_seed(g, m), by_seed(ref, m))
+        wd = stats.welch_delta(g[m], ref[m])
+        rec.update({f"delta_{m}": pd_["mean"], f"delta_{m}_ci_lo": pd_["ci_lo"], f"delta_{m}_ci_hi": pd_["ci_hi"],
+                    f"delta_{m}_pairs": pd_["pairs"], f"delta_{m}_p": pd_["p"],
+                    f"delta_{m}_unpaired": wd["mean"], f"delta_{m}_unpaired_ci_lo": wd["ci_lo"],
+                    f"delta_{m}_unpaired_ci_hi": wd["ci_hi"],
+                    f"unpaired_seeds_{m}": " ".join(str(s) for s in pd_["unpaired"])})
+        need = stats.seeds_needed(pd_["mean"], pd_["std"], cap=max_seeds) if pd_["pairs"] >= 2 else None
+        rec[f"seeds_needed_{m}"] = float(need) if need is not None else NAN
+    return rec
 
 
 def resolved(rec: dict, m: str = "final") -> bool:

@@ -256,6 +256,25 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
                  if grid_id else "no folder with metrics.csv and config.yaml")
         raise LogError(f"{out}: no run logs to report: {where}")
     logs = [load_run(d, row) for row, d in found.runs]
+    order, no_log_rows, reference, pairs = _rows(found, logs, reference, contrasts)
+    endpoint = parse_endpoint(found.endpoint)
+    seeds, thr, budgets = _seed_frame(logs, order, last_n, folder, endpoint, reference, threshold)
+    ks = sorted({log.k for log in logs})
+    ctx = render.Context(ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds, endpoint)
+    manifest = out / "grids" / f"{grid_id}.json"
+    recorded = read_json(manifest) if grid_id and manifest.is_file() else {}
+    desc = recorded.get("description", "")
+    return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
+                      build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
+                      ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
+                      mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
+                      contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs),
+                      "endpoint" in recorded, found.tuning_seeds)
+
+
+def _rows(found, logs: list, reference: str | None, contrasts) -> tuple[list, list, str | None, list]:
+    """(the rows with logs in order, the rows without, the deltas' reference row or None, the
+    contrasts checked: the grid's declared ones whose rows have logs, and the command's)."""
     order = _order(found, logs)
     with_logs = {log.row for log in logs}
     no_log_rows = [r for r in order if r not in with_logs]  # every cell failed or not run yet: named, not tabled
@@ -268,8 +287,13 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     declared = [c for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
     # one check of both: a --contrast repeating a declared pair merges, a reversed one is the same test (an error)
     pairs = check_contrasts(declared + [tuple(c) for c in contrasts if tuple(c) not in declared], order, "--contrast")
+    return order, no_log_rows, reference, pairs
+
+
+def _seed_frame(logs: list, order: list, last_n: int, folder: Path, endpoint, reference, threshold):
+    """(one line per run with its scores and compute-matched efficiency, in row order; the threshold;
+    the token and time budgets)."""
     position = {r: i for i, r in enumerate(order)}
-    endpoint = parse_endpoint(found.endpoint)
     seeds = pd.DataFrame([per_run(log, last_n, folder, endpoint) for log in logs])
     thr = _threshold(seeds, reference, threshold)
     budgets = {"tokens": _budget(seeds, "cumulative_tokens"), "seconds": _budget(seeds, "cumulative_seconds")}
@@ -277,17 +301,7 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     seeds = pd.concat([seeds, eff], axis=1)
     seeds["_o"] = seeds["row"].map(position)
     seeds = seeds.sort_values(["_o", "seed", "run"], kind="stable").drop(columns="_o").reset_index(drop=True)
-    ks = sorted({log.k for log in logs})
-    ctx = render.Context(ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds, endpoint)
-    manifest = out / "grids" / f"{grid_id}.json"
-    recorded = read_json(manifest) if grid_id and manifest.is_file() else {}
-    desc = recorded.get("description", "")
-    return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
-                      build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
-                      ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
-                      mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
-                      contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs),
-                      "endpoint" in recorded, found.tuning_seeds)
+    return seeds, thr, budgets
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -312,9 +326,27 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
 
 def render_markdown(rep: GridReport) -> str:
     """table.md: the four tables, the notes under them, the W&B section and the caveats."""
+    reference = rep.ctx.reference
+    ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
+    sections = _main_sections(rep, ref_name) + _compute_sections(rep)
+    extra, figures = _study_sections(rep)
+    sections += extra
+    files = ["value bias by position in `calibration.csv`"]
+    files += ["the critic's quality in `critic.csv`"] if rep.critic is not None else []
+    files += ["further contrasts in `contrasts.csv`"] if rep.contrasts is not None else []
+    files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
+    files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
+    sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(rep.table, reference),
+                 "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
+                 f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
+                 f"folder)."]
+    return "\n\n".join(sections)
+
+
+def _main_sections(rep: GridReport, ref_name: str) -> list[str]:
+    """The title, the main table and its notes, the paired deltas and the further contrasts."""
     table, ctx, seeds = rep.table, rep.ctx, rep.seeds
     reference = ctx.reference
-    ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
     sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
                 protocol_note(rep), render.markdown(*render.rows("main", table, ctx))]
     final = f"Δ {ctx.endpoint.label}"
@@ -331,38 +363,39 @@ def render_markdown(rep: GridReport) -> str:
                      render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
     if rep.contrasts is not None:
         sections += ["## Further contrasts", contrast.TEXT, contrast.markdown_table(rep.contrasts, ctx.endpoint.label)]
-    sections += [rep.contrasts_left_out] if rep.contrasts_left_out else []
+    return sections + ([rep.contrasts_left_out] if rep.contrasts_left_out else [])
+
+
+def _compute_sections(rep: GridReport) -> list[str]:
+    """The compute-matched comparison and the diagnostics."""
+    table, ctx, seeds = rep.table, rep.ctx, rep.seeds
     sources = sorted(set(seeds["cost_source"]))
     cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
-    sections += ["## Compute-matched comparison",
-                 COMPUTE_TEXT.format(tokens=render.tokens(rep.budgets["tokens"]),
-                                     time=render.duration(rep.budgets["seconds"]), cost=cost),
-                 render.markdown(*render.rows("compute", table, ctx)),
-                 "## Diagnostics", DIAGNOSTICS_TEXT.format(n=ctx.last_n),
-                 render.markdown(*render.rows("diagnostics", table, ctx))]
+    return ["## Compute-matched comparison",
+            COMPUTE_TEXT.format(tokens=render.tokens(rep.budgets["tokens"]),
+                                time=render.duration(rep.budgets["seconds"]), cost=cost),
+            render.markdown(*render.rows("compute", table, ctx)),
+            "## Diagnostics", DIAGNOSTICS_TEXT.format(n=ctx.last_n),
+            render.markdown(*render.rows("diagnostics", table, ctx))]
+
+
+def _study_sections(rep: GridReport) -> tuple[list[str], tuple]:
+    """The sections a grid has only when its runs logged what they need (critic quality, multi-turn
+    credit, long and short responses), and the figures the report lists."""
+    n, sections, figures = rep.ctx.last_n, [], FIGURES
     if rep.critic is not None:
-        sections += ["## Critic quality", critic_quality.CRITIC_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
+        sections += ["## Critic quality", critic_quality.CRITIC_TEXT.format(early=CALIBRATION_UPDATES, n=n),
                      critic_quality.markdown_table(rep.critic)]
     if rep.credit is not None:
-        sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=ctx.last_n), _credit_markdown(rep.credit)]
-    figures = FIGURES
+        sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=n), _credit_markdown(rep.credit)]
     if rep.mechanisms is not None:
         mech, by_length = rep.mechanisms
         tables = markdown_tables(mech, by_length)
-        sections += ["## Long and short responses", MECHANISMS_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
-                     tables[0], BY_LENGTH_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n), *tables[1:]]
+        sections += ["## Long and short responses", MECHANISMS_TEXT.format(early=CALIBRATION_UPDATES, n=n),
+                     tables[0], BY_LENGTH_TEXT.format(early=CALIBRATION_UPDATES, n=n), *tables[1:]]
         figures = FIGURES + MECHANISM_FIGURES
     figures += ("critic_quality",) if rep.critic is not None else ()
-    files = ["value bias by position in `calibration.csv`"]
-    files += ["the critic's quality in `critic.csv`"] if rep.critic is not None else []
-    files += ["further contrasts in `contrasts.csv`"] if rep.contrasts is not None else []
-    files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
-    files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
-    sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table, reference),
-                 "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
-                 f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
-                 f"folder)."]
-    return "\n\n".join(sections)
+    return sections, figures
 
 
 def protocol_note(rep: GridReport) -> str:
