@@ -117,8 +117,10 @@ def main():
               f"{floor / ours:>9.2f}x  (ours / floor = {ours / floor:.1f})")
         if lib is not None:  # where the rest of gae()'s time goes: first-touch of fresh output pages
             adv, ret, bad = (torch.empty_like(r), torch.empty_like(r), torch.empty(B, dtype=torch.int64))
-            kern = lambda: lib.vapo_gae_f32(r.data_ptr(), v.data_ptr(), m.data_ptr(), None, lam.data_ptr(),  # noqa: E731
-                                            None, adv.data_ptr(), ret.data_ptr(), bad.data_ptr(), B, T, 1.0)
+            def kern():
+                lib.vapo_gae_f32(r.data_ptr(), v.data_ptr(), m.data_ptr(), None, lam.data_ptr(), None,
+                                 adv.data_ptr(), ret.data_ptr(), bad.data_ptr(), B, T, 1.0)
+
             t_k = median_time(kern, 30)
             print(f"{B:>5} x {T:<5} {'  C sweep alone, 1 thread, outputs reused':<34} {t_k * 1e3:>10.2f}")
         ret_err = rel_err(gae(r, v, m, lam)[1], ref_ret)

@@ -15,8 +15,8 @@ from vapo_lit import faults
 from vapo_lit.config import COMPONENTS, RunConfig
 from vapo_lit.labels import label_of
 from vapo_lit.masking import scrub_argv
-from vapo_lit.wandb_runs import (PPO_AXIS, SAMPLES_KEY, SUMMARY_ENV, AxisDefiner, no_network_offline,  # noqa: F401
-                                 wandb_mode, wandb_row, wandb_settings)
+from vapo_lit.wandb_runs import (PPO_AXIS, SAMPLES_KEY, AxisDefiner, no_network_offline, wandb_mode, wandb_row,
+                                 wandb_settings)
 
 
 # ----------------------------------------------------------------------------- metrics.csv
