@@ -1,6 +1,7 @@
 """What a user sees while vapo-train runs: one status line redrawn in place in a terminal, plain lines
 in a log file, nothing unless the command asks; W&B's end-of-run sparklines only when asked, with
 every metric still in the offline run file."""
+
 from __future__ import annotations
 
 import io
@@ -24,8 +25,15 @@ class Terminal(io.StringIO):
 def drive(stream, every=None, steps=6, pretrain=2):
     """Feed a ProgressLine the states of a run: `pretrain` critic-only iterations, then `steps` PPO ones."""
     cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"steps": steps, "eval_every": 2})
-    m = SimpleNamespace(cfg=cfg, iteration=0, ppo_updates=0, pretrain=SimpleNamespace(active=True), last_metrics={},
-                        last_eval=None, trainer=SimpleNamespace(default_root_dir="/x/runs/vapo-s0"))
+    m = SimpleNamespace(
+        cfg=cfg,
+        iteration=0,
+        ppo_updates=0,
+        pretrain=SimpleNamespace(active=True),
+        last_metrics={},
+        last_eval=None,
+        trainer=SimpleNamespace(default_root_dir="/x/runs/vapo-s0"),
+    )
     trainer = SimpleNamespace(should_stop=False, is_global_zero=True)
     cb = ProgressLine(stream=stream, every=every)
     cb.on_train_start(trainer, m)
@@ -47,7 +55,16 @@ def test_in_a_terminal_it_is_one_line_redrawn_in_place():
         text = drive(Terminal())
     assert text.count("\r") == 8 and text.count("\n") == 1 and text.endswith("\n")
     last = text.rstrip("\n").split("\r")[-1]
-    for part in ("vapo-s0", "it 8/8", "ppo 6/6", "phase ppo", "score 0.25", "eval avg@2 0.50 @6", "EV 0.30", "ETA 0s"):
+    for part in (
+        "vapo-s0",
+        "it 8/8",
+        "ppo 6/6",
+        "phase ppo",
+        "score 0.25",
+        "eval avg@2 0.50 @6",
+        "EV 0.30",
+        "ETA 0s",
+    ):
         assert part in last, (part, last)
     assert "phase value-pretrain" in text.split("\r")[1]
 
@@ -79,9 +96,18 @@ def test_wandb_summary_only_when_asked_and_metrics_still_recorded(tmp_path, capf
     for k in ("WANDB_QUIET", "WANDB_SILENT"):
         monkeypatch.delenv(k, raising=False)
     monkeypatch.setenv("VAPO_LIT_WANDB_SUMMARY", "1" if loud else "0")
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "model": "random", "wandb": "offline", "steps": 2, "out_dir": str(tmp_path / "runs"), "name": "r",
-        "cache_dir": str(tmp_path / "cache"), "threads": 1})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "model": "random",
+            "wandb": "offline",
+            "steps": 2,
+            "out_dir": str(tmp_path / "runs"),
+            "name": "r",
+            "cache_dir": str(tmp_path / "cache"),
+            "threads": 1,
+        },
+    )
     train(cfg)
     printed = capfd.readouterr()
     assert ("Run history:" in printed.err + printed.out) == loud
@@ -89,5 +115,7 @@ def test_wandb_summary_only_when_asked_and_metrics_still_recorded(tmp_path, capf
     wait_complete(run_file)
     history = read_run(run_file)["history"]
     scores = [row["objective/score"] for row in history if "objective/score" in row]
-    pretrain = [row["value_pretrain/objective/score"] for row in history if "value_pretrain/objective/score" in row]
+    pretrain = [
+        row["value_pretrain/objective/score"] for row in history if "value_pretrain/objective/score" in row
+    ]
     assert len(pretrain) == 2 and len(scores) == 2  # 2 value-pretraining + 2 PPO iterations, each logged

@@ -10,6 +10,7 @@
 * `paper`: VAPO section 5.1 hyperparameters for GPU users with a real model
   (512 prompts x 16, mini-batch 512, actor lr 1e-6, critic lr 2e-6, 50 warmup steps, alpha 0.05).
 """
+
 from __future__ import annotations
 
 PRESETS: dict[str, dict] = {
@@ -30,11 +31,26 @@ PRESETS: dict[str, dict] = {
         #   * 30 PPO updates with an eval every 5 on 32 problems x 8 samples (avg@8; the paper's
         #     avg@32 costs 4x more), so curves show speed, not only the end point: the task
         #     saturates well before the last update (docs/results/table1/index.md).
-        "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "responses_per_step": 128, "mini_batch_size": 8,
-                "micro_batch_size": 8},
-        "vapo": {"alpha": 1.0, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,
-                 "eps_high": 0.28, "mu": 0.1, "lambda_critic": 1.0},
-        "steps": 30, "eval_every": 5, "eval_problems": 32, "eval_k": 8,
+        "ppo": {
+            "actor_lr": 3e-5,
+            "critic_lr": 6e-5,
+            "responses_per_step": 128,
+            "mini_batch_size": 8,
+            "micro_batch_size": 8,
+        },
+        "vapo": {
+            "alpha": 1.0,
+            "value_pretrain_steps": 50,
+            "value_pretrain_min_ev": None,
+            "samples_per_prompt": 16,
+            "eps_high": 0.28,
+            "mu": 0.1,
+            "lambda_critic": 1.0,
+        },
+        "steps": 30,
+        "eval_every": 5,
+        "eval_problems": 32,
+        "eval_k": 8,
     },
     "long": {
         # Table 1 where VAPO lives: the built-in longchain task, responses of 23-2,003
@@ -76,29 +92,75 @@ PRESETS: dict[str, dict] = {
         #     (tools/critic_hold.yaml: more passes, TD(0.95) targets, replay) it is the one whose fit
         #     against the true values holds through the 100 updates on every seed
         #     (docs/results/critic-hold/index.md).
-        "ppo": {"actor_lr": 3e-5, "critic_lr": 6e-5, "critic_epochs": 1, "critic_replay": 4, "responses_per_step": 64,
-                "mini_batch_size": 4, "micro_batch_size": 1},
-        "vapo": {"alpha": 0.5, "value_pretrain_steps": 50, "value_pretrain_min_ev": None, "samples_per_prompt": 16,
-                 "value_pretrain_critic_lr": 3e-4, "value_pretrain_critic_epochs": 4,
-                 "eps_high": 0.28, "mu": 0.1, "lambda_critic": 1.0},
-        "steps": 100, "eval_every": 10, "eval_problems": 32, "eval_k": 4, "eval_top_p": 1.0,
+        "ppo": {
+            "actor_lr": 3e-5,
+            "critic_lr": 6e-5,
+            "critic_epochs": 1,
+            "critic_replay": 4,
+            "responses_per_step": 64,
+            "mini_batch_size": 4,
+            "micro_batch_size": 1,
+        },
+        "vapo": {
+            "alpha": 0.5,
+            "value_pretrain_steps": 50,
+            "value_pretrain_min_ev": None,
+            "samples_per_prompt": 16,
+            "value_pretrain_critic_lr": 3e-4,
+            "value_pretrain_critic_epochs": 4,
+            "eps_high": 0.28,
+            "mu": 0.1,
+            "lambda_critic": 1.0,
+        },
+        "steps": 100,
+        "eval_every": 10,
+        "eval_problems": 32,
+        "eval_k": 4,
+        "eval_top_p": 1.0,
     },
     "smoke": {
         "task_options": {"max_n": 12, "eval_per_bucket": 2},
-        "ppo": {"actor_lr": 1e-4, "critic_lr": 1e-4, "responses_per_step": 16, "mini_batch_size": 8,
-                "micro_batch_size": 4},
+        "ppo": {
+            "actor_lr": 1e-4,
+            "critic_lr": 1e-4,
+            "responses_per_step": 16,
+            "mini_batch_size": 8,
+            "micro_batch_size": 4,
+        },
         "vapo": {"alpha": 1.0, "value_pretrain_steps": 2, "samples_per_prompt": 4},
-        "steps": 3, "eval_every": 2, "eval_k": 2, "checkpoint_every": 1,
+        "steps": 3,
+        "eval_every": 2,
+        "eval_k": 2,
+        "checkpoint_every": 1,
     },
     "paper": {
-        "ppo": {"actor_lr": 1e-6, "critic_lr": 2e-6, "responses_per_step": 8192, "mini_batch_size": 512,
-                "micro_batch_size": 8, "lam": 0.95, "gamma": 1.0, "eps": 0.2,
-                # memory-bounded passes (not in the paper; they do not change the result)
-                "rollout_batch_size": 512, "logits_chunk": 512},
+        "ppo": {
+            "actor_lr": 1e-6,
+            "critic_lr": 2e-6,
+            "responses_per_step": 8192,
+            "mini_batch_size": 512,
+            "micro_batch_size": 8,
+            "lam": 0.95,
+            "gamma": 1.0,
+            "eps": 0.2,
+            # memory-bounded passes (not in the paper; they do not change the result)
+            "rollout_batch_size": 512,
+            "logits_chunk": 512,
+        },
         "gradient_checkpointing": True,
-        "vapo": {"alpha": 0.05, "value_pretrain_steps": 50, "lambda_critic": 1.0, "eps_high": 0.28, "mu": 0.1,
-                 "samples_per_prompt": 16},
-        "eval_k": 32, "eval_top_p": 0.7, "eval_temperature": 1.0, "steps": 5000, "eval_every": 50,
+        "vapo": {
+            "alpha": 0.05,
+            "value_pretrain_steps": 50,
+            "lambda_critic": 1.0,
+            "eps_high": 0.28,
+            "mu": 0.1,
+            "samples_per_prompt": 16,
+        },
+        "eval_k": 32,
+        "eval_top_p": 0.7,
+        "eval_temperature": 1.0,
+        "steps": 5000,
+        "eval_every": 50,
     },
 }
 

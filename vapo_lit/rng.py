@@ -25,6 +25,7 @@ epoch 10 draws the order of the actor's epoch 0). The built-in models are built 
 with `BuildSeed`'s offsets (vapo_lit/models/builtin.py). The values are part of what a seed means:
 changing one changes every run's draws (the golden histories, tests/golden.py, pin them).
 """
+
 from __future__ import annotations
 
 import enum
@@ -101,7 +102,9 @@ def uniforms(seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     if seeds.dtype != torch.int64:
         raise ValueError(f"seeds must be an int64 tensor; got {seeds.dtype}")
     if isinstance(step, torch.Tensor):
-        offset = step.to(device=seeds.device, dtype=torch.int64) * _signed(_GOLDEN)  # int64 product wraps around
+        offset = step.to(device=seeds.device, dtype=torch.int64) * _signed(
+            _GOLDEN
+        )  # int64 product wraps around
     else:
         offset = _signed((int(step) * _GOLDEN) & _M64)
     counter = seeds + offset  # int64 add wraps around

@@ -11,6 +11,7 @@ own writes them into its `cell.log`; VAPO_LIT_PROGRESS=0 turns them off, =1 on a
 first process of a multi-process run prints. This module imports nothing heavy, so the first line
 can be printed before torch and Lightning are imported.
 """
+
 from __future__ import annotations
 
 import os

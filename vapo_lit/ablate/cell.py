@@ -9,6 +9,7 @@ config is the cell's fully resolved `RunConfig` as JSON (written into the run fo
 Exit codes: 0 done (summary.json written by rank 0), 1 the run failed (one line on stderr),
 3 disk full (so the worker hands the cell back instead of spending a retry), 130 interrupted.
 """
+
 from __future__ import annotations
 
 import json

@@ -7,6 +7,7 @@ mode (fresh / resume / reused), start and end time and outcome; nothing else is 
 except by `train()` and, for a cell on several devices (`--devices-per-cell K`, run as a process
 of its own by `vapo_lit.ablate.cell`), its resolved config `cell.json` and output `cell.log`.
 """
+
 from __future__ import annotations
 
 import errno
@@ -40,6 +41,7 @@ class WorkerStopped(RuntimeError):
 @dataclass
 class WorkerSpec:
     """Everything a worker process needs (picklable: spawned workers get it as-is)."""
+
     url: str
     study: str
     grid_id: str
@@ -87,7 +89,9 @@ def _start_mode(run_dir: Path, trial_number: int) -> str:
         return "reused"
     if ckpt.is_file() and _readable(ckpt):
         return "resume"
-    if (run_dir / "metrics.csv").exists():  # died before its first checkpoint: start over, keep the old one aside
+    if (
+        run_dir / "metrics.csv"
+    ).exists():  # died before its first checkpoint: start over, keep the old one aside
         aside = run_dir.parent / ".partial" / f"{run_dir.name}-t{trial_number}"
         aside.parent.mkdir(parents=True, exist_ok=True)
         shutil.move(str(run_dir), str(aside))
@@ -112,7 +116,13 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
     """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
     run_dir = cell.run_dir
     mode = _start_mode(run_dir, trial.number)
-    record = {"trial": trial.number, "worker": worker_id(), "pid": os.getpid(), "mode": mode, "start": time.time()}
+    record = {
+        "trial": trial.number,
+        "worker": worker_id(),
+        "pid": os.getpid(),
+        "mode": mode,
+        "start": time.time(),
+    }
     _ledger(run_dir, {**record, "event": "start"})
     try:
         summary = _run_or_reuse(store, trial, cell, mode)
@@ -124,10 +134,16 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "lost"})
         return "lost"
     except Exception as e:  # noqa: BLE001 - any crash of a cell is recorded, the grid goes on
-        if is_disk_full(e) or is_storage_error(e):  # not the cell's fault: retrying it would fail the same way
+        if is_disk_full(e) or is_storage_error(
+            e
+        ):  # not the cell's fault: retrying it would fail the same way
             _hand_back(store, trial, run_dir, record, e, url)
-        err = mask_text(f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]), url)
-        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "failed", "error": err[-500:]})
+        err = mask_text(
+            f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]), url
+        )
+        _ledger(
+            run_dir, {**record, "event": "end", "end": time.time(), "outcome": "failed", "error": err[-500:]}
+        )
         try:
             store.fail(trial, err)
         except Exception as e2:  # noqa: BLE001
@@ -158,8 +174,13 @@ def _train_apart(cell, resume: bool, hb: Heartbeat) -> dict:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
     with open(run_dir / "cell.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "vapo_lit.ablate.cell", str(cfg_path)] + (["--resume"] if resume else []),
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vapo_lit.ablate.cell", str(cfg_path)] + (["--resume"] if resume else []),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             while proc.poll() is None:
                 if hb.lost:
@@ -182,7 +203,9 @@ def _train_apart(cell, resume: bool, hb: Heartbeat) -> dict:
         raise OSError(errno.ENOSPC, f"disk full in the cell's process: {last}")
     if proc.returncode == 130:
         raise KeyboardInterrupt
-    raise RuntimeError(f"the cell's process exited with code {proc.returncode}: {last} (see {run_dir / 'cell.log'})")
+    raise RuntimeError(
+        f"the cell's process exited with code {proc.returncode}: {last} (see {run_dir / 'cell.log'})"
+    )
 
 
 def _kill(proc, sig) -> None:
@@ -211,8 +234,16 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
     message saying what to do. Best effort: on a full disk the database may refuse the write too."""
     what = "disk full" if is_disk_full(e) else "storage error"
     try:
-        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "handed back",
-                          "error": mask_text(f"{type(e).__name__}: {e}", url)[-500:]})
+        _ledger(
+            run_dir,
+            {
+                **record,
+                "event": "end",
+                "end": time.time(),
+                "outcome": "handed back",
+                "error": mask_text(f"{type(e).__name__}: {e}", url)[-500:],
+            },
+        )
     except OSError:
         pass
     try:
@@ -220,12 +251,20 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
     except Exception:  # noqa: BLE001
         handed = False
     first = mask_text(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, url)
-    where = "" if handed else (f"; the cell could not be handed back ({what}): another run takes it over "
-                               f"{store.grace_period} s after its last heartbeat")
+    where = (
+        ""
+        if handed
+        else (
+            f"; the cell could not be handed back ({what}): another run takes it over "
+            f"{store.grace_period} s after its last heartbeat"
+        )
+    )
     fix = "free some space" if what == "disk full" else "check the database server"
-    raise WorkerStopped(f"{what} in cell {run_dir.name} ({type(e).__name__}: {first}){where}; {fix}, then rerun "
-                        "the same command to continue (finished cells are kept, this one resumes from its last "
-                        "checkpoint)") from e
+    raise WorkerStopped(
+        f"{what} in cell {run_dir.name} ({type(e).__name__}: {first}){where}; {fix}, then rerun "
+        "the same command to continue (finished cells are kept, this one resumes from its last "
+        "checkpoint)"
+    ) from e
 
 
 def work(spec: WorkerSpec, log=progress.say) -> None:
@@ -253,8 +292,10 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
             if status.finished:
                 return
             if not said_waiting:
-                log(f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] nothing to claim: {status.running} cell(s) running "
-                    f"in other workers; a dead worker's cell is taken over after {spec.grace_period}s without heartbeat")
+                log(
+                    f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] nothing to claim: {status.running} cell(s) running "
+                    f"in other workers; a dead worker's cell is taken over after {spec.grace_period}s without heartbeat"
+                )
                 said_waiting = True
             time.sleep(spec.poll_seconds)
             continue

@@ -16,6 +16,7 @@ The loop is `on_rollout` here (the module's `sample` and `extra_prompts` draw ea
 selection `vapo_lit/group_filter.py`; its rule (it needs group_sampling) is in
 `config.COMPONENT_CHECKS`.
 """
+
 from __future__ import annotations
 
 import warnings
@@ -49,14 +50,23 @@ class DynamicSampling(Component):
         rank, world = rank_and_world()
         share = target // world
         kept_tokens = float(pool.mask[group_filter.group_rows(sel.kept, k)].sum())
-        stats = group_filter.DynamicStats(rounds=round_, groups_sampled=pool.n // k, mixed_groups=sel.mixed,
-                                     kept_groups=len(sel.kept), filled_groups=sel.filled,
-                                     extra_tokens=float(pool.mask.sum()) - kept_tokens)
+        stats = group_filter.DynamicStats(
+            rounds=round_,
+            groups_sampled=pool.n // k,
+            mixed_groups=sel.mixed,
+            kept_groups=len(sel.kept),
+            filled_groups=sel.filled,
+            extra_tokens=float(pool.mask.sum()) - kept_tokens,
+        )
         module.add_rollout_cost(stats.extra_tokens, stats.log())
         if sel.filled and rank == 0:
-            warnings.warn(f"iteration {module.iteration}: dynamic sampling's {round_} rounds (vapo.dynamic_max_rounds) "
-                          f"gave {sel.mixed} mixed groups of the {target} needed; the batch is filled with {sel.filled} "
-                          "groups that all scored the same (logged as rollout/dynamic_filled_groups)")
+            warnings.warn(
+                f"iteration {module.iteration}: dynamic sampling's {round_} rounds (vapo.dynamic_max_rounds) "
+                f"gave {sel.mixed} mixed groups of the {target} needed; the batch is filled with {sel.filled} "
+                "groups that all scored the same (logged as rollout/dynamic_filled_groups)"
+            )
         if round_ == 1 and sel.kept == list(range(target)) and world == 1:
             return exp  # the step's own batch whole (all mixed, or one round allowed): as sampled
-        return pool.select(group_filter.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True)
+        return pool.select(
+            group_filter.group_rows(sel.kept, k, slice(rank * share, (rank + 1) * share)), trim=True
+        )

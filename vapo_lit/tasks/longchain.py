@@ -25,13 +25,21 @@ locate it (V drops to about 0 after it). Evaluation samples at top-p 1.0 (the `l
 the paper's 0.7: a nucleus of 0.7 would cut every error below 30% per step out of the samples and
 hide exactly the compounding this task is built to show.
 """
+
 from __future__ import annotations
 
 from vapo_lit.tasks import register
 from vapo_lit.tasks.chain import ChainTask, ChainTaskConfig
 
-LONG_SHAPE = {"min_n": 10, "max_n": 1000, "n_sampling": "log", "bucket_spacing": "log", "n_buckets": 4,
-              "eval_per_bucket": 8, "reward": "chain"}
+LONG_SHAPE = {
+    "min_n": 10,
+    "max_n": 1000,
+    "n_sampling": "log",
+    "bucket_spacing": "log",
+    "n_buckets": 4,
+    "eval_per_bucket": 8,
+    "reward": "chain",
+}
 """`chain`'s settings that make it long (any of them can still be overridden, as for `chain`)."""
 
 
