@@ -26,6 +26,7 @@ import torch
 
 from vapo_lit import faults
 from vapo_lit.config import RunConfig, merge, validate
+from vapo_lit.rng import Stream
 
 TASK = {"min_n": 2, "max_n": 7, "n_buckets": 2, "eval_per_bucket": 3}
 
@@ -232,12 +233,12 @@ def test_each_rank_takes_an_equal_contiguous_slice_of_every_minibatch(monkeypatc
 
     fake = Fake()
     fake.cfg, fake.iteration = cfg, 5
-    one = list(VapoModule._minibatches(fake, 24, salt=10))
+    one = list(VapoModule._minibatches(fake, 24, Stream.CRITIC_MINIBATCH))
     for world in (2, 3, 6):
         parts = []
         for rank in range(world):
             monkeypatch.setattr(module_mod, "rank_and_world", lambda r=rank, w=world: (r, w))
-            parts.append(list(VapoModule._minibatches(fake, 24, salt=10)))
+            parts.append(list(VapoModule._minibatches(fake, 24, Stream.CRITIC_MINIBATCH)))
         for j, (idx, _) in enumerate(one):
             assert all(torch.equal(p[j][0], idx) for p in parts)  # the same mini-batch everywhere
             mine = [torch.cat(p[j][1]) for p in parts]

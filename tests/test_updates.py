@@ -408,6 +408,7 @@ def test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight(tmp_pat
     the recorded Experience and the rows of each optimizer step; averaging the empty mini-batch in
     would make it NaN."""
     from vapo_lit.experience import LENGTH_EDGES, bucket_labels
+    from vapo_lit.rng import Stream
     from vapo_lit.tasks.base import Verdict
 
     group = 2
@@ -415,7 +416,7 @@ def test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight(tmp_pat
     def prepare(module):
         def verify_batch(problems, texts):  # rows in order, `group` consecutive rows per prompt
             first = set(
-                next(module._minibatches(len(texts), salt=20))[0].tolist()
+                next(module._minibatches(len(texts), Stream.ACTOR_MINIBATCH))[0].tolist()
             )  # the actor's first mini-batch
             flat = {i // group for i in first}
             return [Verdict(1.0 if i // group in flat or i % group == 0 else 0.0) for i in range(len(texts))]
