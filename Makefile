@@ -18,11 +18,12 @@ $(STAMP): pyproject.toml
 demo: $(STAMP)
 	$(BIN)/vapo-ablate --drop=value_pretraining --workers 2
 
-# The lint (ruff check, pyproject.toml's [tool.ruff]), then the suite (about 5 minutes on 2 cores); `test-slow` runs the end-to-end checks marked slow
+# The lint and the format check (ruff check, ruff format --check: pyproject.toml's [tool.ruff]), then the suite (about 5 minutes on 2 cores); `test-slow` runs the end-to-end checks marked slow
 # (about 12 minutes: real base-model build, wheel install, multi-process DDP/FSDP, SIGKILLed grids).
 # CI (.ci/run) runs both.
 test: $(STAMP)
 	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
 	$(BIN)/python -m pytest -m "not slow"
 
 test-slow: $(STAMP)

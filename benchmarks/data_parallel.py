@@ -16,6 +16,7 @@ their ratios to ``1 proc x 1 thread``, and generated tokens per second. On a 2-c
 two processes share the cores with nothing else, so the ratio says what DDP costs or gains over
 threads here; on GPUs each process has its own device.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -38,9 +39,32 @@ SETTINGS = {
 def run(name: str, out: Path, args) -> dict:
     extra, omp = SETTINGS[name]
     env = {**os.environ, "OMP_NUM_THREADS": str(omp), "PYTHONWARNINGS": "ignore", "VAPO_LIT_PROGRESS": "0"}
-    cmd = [sys.executable, "-m", "vapo_lit.cli.train", "--drop", "value_pretraining", "--steps", str(args.steps),
-           "--eval_every", "0", "--eval_problems", "8", "--eval_k", "1", "--wandb", "disabled", "--accelerator", "cpu",
-           "--checkpoint_every", "1000", "--out_dir", str(out), "--name", "run", *extra]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        "--drop",
+        "value_pretraining",
+        "--steps",
+        str(args.steps),
+        "--eval_every",
+        "0",
+        "--eval_problems",
+        "8",
+        "--eval_k",
+        "1",
+        "--wandb",
+        "disabled",
+        "--accelerator",
+        "cpu",
+        "--checkpoint_every",
+        "1000",
+        "--out_dir",
+        str(out),
+        "--name",
+        "run",
+        *extra,
+    ]
     t0 = time.time()
     r = subprocess.run(cmd, env=env, capture_output=True, text=True)
     if r.returncode != 0:
@@ -48,8 +72,11 @@ def run(name: str, out: Path, args) -> dict:
     rows = [x for x in csv.DictReader(open(out / "run" / "metrics.csv")) if x.get("perf/step_seconds")]
     steps = [float(x["perf/step_seconds"]) for x in rows[1:]]
     toks = [float(x["perf/tokens_per_second"]) for x in rows[1:] if x.get("perf/tokens_per_second")]
-    return {"step": statistics.median(steps), "tokens_per_s": statistics.median(toks) if toks else float("nan"),
-            "wall": time.time() - t0}
+    return {
+        "step": statistics.median(steps),
+        "tokens_per_s": statistics.median(toks) if toks else float("nan"),
+        "wall": time.time() - t0,
+    }
 
 
 def main() -> None:
@@ -61,12 +88,15 @@ def main() -> None:
     results = {n: [] for n in names}
     with tempfile.TemporaryDirectory() as tmp:
         for i in range(args.rounds):
-            order = names[i % len(names):] + names[:i % len(names)]
+            order = names[i % len(names) :] + names[: i % len(names)]
             for name in order:
                 res = run(name, Path(tmp) / f"{i}-{names.index(name)}", args)
                 results[name].append(res)
-                print(f"round {i + 1} {name}: {res['step']:.2f} s/iteration, {res['tokens_per_s']:.0f} tokens/s "
-                      f"({res['wall']:.0f} s wall)", flush=True)
+                print(
+                    f"round {i + 1} {name}: {res['step']:.2f} s/iteration, {res['tokens_per_s']:.0f} tokens/s "
+                    f"({res['wall']:.0f} s wall)",
+                    flush=True,
+                )
     base = statistics.median(r["step"] for r in results[names[0]])
     print(f"\n{'setting':<20} {'s/iteration':>12} {'tokens/s':>10} {'speedup vs 1x1':>15}")
     for name in names:

@@ -36,6 +36,7 @@ token counts as EOS), hf and cb only (transformers' own sampler cannot be told t
 for every engine, and the engines run in a rotating order. Printed per engine: seconds per call
 and generated (response) tokens per second, median [min-max], and the ratio to hf (time / hf time).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -65,15 +66,29 @@ def native_cb(model, tok, prompts, sampling, seed: int):
     inputs = [ids[i, mask[i].bool()].tolist() for i in range(len(prompts))]
     sizing = ContinuousBatchingEngine(model, tok)  # the same cache sizing as the "cb" engine
     pages = sizing.cache_pages(inputs, sampling.max_new_tokens)
-    gen = GenerationConfig(do_sample=True, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
-                           max_new_tokens=sampling.max_new_tokens, eos_token_id=eos_ids_of(model, tok),
-                           pad_token_id=pad_id_of(tok))
-    cfg = ContinuousBatchingConfig(**page_size_kwarg(ContinuousBatchingConfig, sizing.page_size), num_blocks=pages,
-                                   max_batch_tokens=max(sizing.max_batch_tokens, len(inputs)), use_async_batching=False,
-                                   max_requests_per_batch=sizing.max_requests_per_batch,
-                                   allow_block_sharing=False, return_logprobs=True, seed=seed)
+    gen = GenerationConfig(
+        do_sample=True,
+        temperature=sampling.temperature,
+        top_p=sampling.top_p,
+        top_k=0,
+        max_new_tokens=sampling.max_new_tokens,
+        eos_token_id=eos_ids_of(model, tok),
+        pad_token_id=pad_id_of(tok),
+    )
+    cfg = ContinuousBatchingConfig(
+        **page_size_kwarg(ContinuousBatchingConfig, sizing.page_size),
+        num_blocks=pages,
+        max_batch_tokens=max(sizing.max_batch_tokens, len(inputs)),
+        use_async_batching=False,
+        max_requests_per_batch=sizing.max_requests_per_batch,
+        allow_block_sharing=False,
+        return_logprobs=True,
+        seed=seed,
+    )
     with torch.inference_mode():
-        out = model.generate_batch(inputs, generation_config=gen, continuous_batching_config=cfg, progress_bar=False)
+        out = model.generate_batch(
+            inputs, generation_config=gen, continuous_batching_config=cfg, progress_bar=False
+        )
     results = list(out.values())  # in input order
     assert len(results) == len(prompts) and all(r.error is None for r in results)
     return [list(r.generated_tokens) for r in results], [list(r.logprobs) for r in results]
@@ -89,8 +104,9 @@ def recomputed_logprobs(model, tok, prompts, responses, temperature):
         resp[i, : len(x)] = torch.tensor(x)
         rmask[i, : len(x)] = 1
     with torch.no_grad():
-        lp = sequence_logprobs(model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1),
-                               temperature=temperature)[:, ids.shape[1] - 1:]
+        lp = sequence_logprobs(
+            model, torch.cat([ids, resp], 1), torch.cat([mask, rmask], 1), temperature=temperature
+        )[:, ids.shape[1] - 1 :]
     return lp[rmask.bool()]
 
 
@@ -103,18 +119,23 @@ def native_contract_check(model, tok, prompts, sampling, batch_check: bool) -> s
     rng_changed = not torch.equal(before, torch.get_rng_state())
     native = torch.tensor([x for row in lps for x in row], dtype=torch.float64)
     diff = native - recomputed_logprobs(model, tok, prompts, toks, sampling.temperature).double()
-    line = (f"  cb-native: its log-probs - log softmax(logits/T): max |diff| {diff.abs().max():.2e}, "
-            f"mean {diff.mean():+.2e} (top-p {sampling.top_p})")
+    line = (
+        f"  cb-native: its log-probs - log softmax(logits/T): max |diff| {diff.abs().max():.2e}, "
+        f"mean {diff.mean():+.2e} (top-p {sampling.top_p})"
+    )
     if batch_check:
         alone = [native_cb(model, tok, [prompts[i]], sampling, seed=7)[0][0] for i in range(0, 64, 8)]
         same = sum(a == toks[i] for a, i in zip(alone, range(0, 64, 8)))
-        line += (f"; requests 0, 8, .., 56 sampled alone with the same seed: {same}/8 responses as in the full "
-                 f"batch; the caller's torch RNG {'was re-seeded' if rng_changed else 'survived'}")
+        line += (
+            f"; requests 0, 8, .., 56 sampled alone with the same seed: {same}/8 responses as in the full "
+            f"batch; the caller's torch RNG {'was re-seeded' if rng_changed else 'survived'}"
+        )
     return line
 
 
-def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: bool,
-              names=("hf", "cb", "cb-native")):
+def run_shape(
+    label, model, tok, prompt_sets, sampling, reps: int, batch_check: bool, names=("hf", "cb", "cb-native")
+):
     names = list(names)
     secs = {n: [] for n in names}
     toks = {n: [] for n in names}
@@ -125,22 +146,30 @@ def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: 
         t0 = time.perf_counter()
         if name == "cb-native":
             native_cb(model, tok, prompt_sets[0][:4], warm, 0)
-        elif name == "vllm":  # its KV cache sized for the shape (its own default sizes it from the first call)
+        elif (
+            name == "vllm"
+        ):  # its KV cache sized for the shape (its own default sizes it from the first call)
             from vapo_lit.engines.vllm import VLLMEngine, kv_gib
 
             longest = max(len(tok(p)["input_ids"]) for p in prompt_sets[0]) + sampling.max_new_tokens
-            tokens = max(len(prompt_sets[0]) * longest, model.config.max_position_embeddings + 256)  # (vLLM's floor)
-            engines[name] = VLLMEngine(model, tok, kv_cache_gib=1.05 * kv_gib(model.config, model.dtype, tokens))
+            tokens = max(
+                len(prompt_sets[0]) * longest, model.config.max_position_embeddings + 256
+            )  # (vLLM's floor)
+            engines[name] = VLLMEngine(
+                model, tok, kv_cache_gib=1.05 * kv_gib(model.config, model.dtype, tokens)
+            )
             engines[name].generate(prompt_sets[0][:4], warm, 0)
         else:
             make_engine(name, model, tok).generate(prompt_sets[0][:4], warm, 0)
         if name == "vllm":
-            print(f"  vllm: start-up (import, engine, first weight push, first call) {time.perf_counter() - t0:.1f} s")
+            print(
+                f"  vllm: start-up (import, engine, first weight push, first call) {time.perf_counter() - t0:.1f} s"
+            )
     for rep in range(reps):
         prompts = prompt_sets[rep]
         seeds = [sample_seed(rep, i) for i in range(len(prompts))]
         texts = {}
-        for name in names[rep % len(names):] + names[: rep % len(names)]:  # rotate the order
+        for name in names[rep % len(names) :] + names[: rep % len(names)]:  # rotate the order
             t0 = time.perf_counter()
             if name == "cb-native":
                 out, _ = native_cb(model, tok, prompts, sampling, seed=rep)
@@ -155,17 +184,23 @@ def run_shape(label, model, tok, prompt_sets, sampling, reps: int, batch_check: 
             secs[name].append(dt)
             toks[name].append(n_tok / dt)
         same += "cb" in texts and texts["hf"] == texts["cb"]
-    print(f"\n{label}: {len(prompt_sets[0])} responses, max_new_tokens {sampling.max_new_tokens}, temperature "
-          f"{sampling.temperature}, top-p {sampling.top_p}; {reps} interleaved repetitions")
+    print(
+        f"\n{label}: {len(prompt_sets[0])} responses, max_new_tokens {sampling.max_new_tokens}, temperature "
+        f"{sampling.temperature}, top-p {sampling.top_p}; {reps} interleaved repetitions"
+    )
     print(f"  {'engine':<10} {'s/call median [min-max]':<26} {'tokens/s median [min-max]':<28} time vs hf")
     hf = statistics.median(secs["hf"])
     for n in names:
         s, t = secs[n], toks[n]
-        print(f"  {n:<10} {statistics.median(s):7.2f} [{min(s):.2f}-{max(s):.2f}]{'':<6} "
-              f"{statistics.median(t):8.0f} [{min(t):.0f}-{max(t):.0f}]{'':<6} {statistics.median(s) / hf:5.2f}x")
+        print(
+            f"  {n:<10} {statistics.median(s):7.2f} [{min(s):.2f}-{max(s):.2f}]{'':<6} "
+            f"{statistics.median(t):8.0f} [{min(t):.0f}-{max(t):.0f}]{'':<6} {statistics.median(s) / hf:5.2f}x"
+        )
     if "cb" in names:
-        print(f"  cb: of which behaviour log-prob recomputation {statistics.median(recompute):.2f} s (median); "
-              f"hf and cb drew identical responses in {same}/{reps} repetitions")
+        print(
+            f"  cb: of which behaviour log-prob recomputation {statistics.median(recompute):.2f} s (median); "
+            f"hf and cb drew identical responses in {same}/{reps} repetitions"
+        )
     if "vllm" in names:
         vllm_lines(engines["vllm"], model, tok, prompt_sets[0], sampling)
     if "cb-native" in names:
@@ -180,12 +215,19 @@ def vllm_lines(engine, model, tok, prompts, sampling):
     prompts = prompts[:8]  # (the recomputation's logits: rows x tokens x vocabulary floats)
     engine.load_weights(model)
     ro = engine.generate(prompts, sampling, 12345)
-    trainer = recomputed_logprobs(model, tok, prompts, [ro.response_ids[i, :int(n)].tolist()
-                                                        for i, n in enumerate(ro.lengths)], sampling.temperature)
+    trainer = recomputed_logprobs(
+        model,
+        tok,
+        prompts,
+        [ro.response_ids[i, : int(n)].tolist() for i, n in enumerate(ro.lengths)],
+        sampling.temperature,
+    )
     gap = sampler_mismatch(trainer, ro.logprobs[ro.response_mask.bool()], torch.ones_like(trainer))
-    print(f"  vllm: one load_weights {engine.sync_seconds * 1e3:.1f} ms; its log-probs vs the trainer's ({model.dtype}, "
-          f"{trainer.numel()} sampled tokens): mean |diff| {gap.mean_abs:.2e}, max |diff| {gap.max_abs:.2e}, "
-          f"approx KL {gap.approx_kl:.2e}")
+    print(
+        f"  vllm: one load_weights {engine.sync_seconds * 1e3:.1f} ms; its log-probs vs the trainer's ({model.dtype}, "
+        f"{trainer.numel()} sampled tokens): mean |diff| {gap.mean_abs:.2e}, max |diff| {gap.max_abs:.2e}, "
+        f"approx KL {gap.approx_kl:.2e}"
+    )
 
 
 def llama_100m():
@@ -198,12 +240,23 @@ def llama_100m():
     vocab.update({"<pad>": 32000, "<s>": 32001, "</s>": 32002, "<unk>": 32003})
     raw = Tokenizer(models.WordLevel(vocab, unk_token="<unk>"))
     raw.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=raw, pad_token="<pad>", bos_token="<s>", eos_token="</s>", unk_token="<unk>"
+    )
     torch.manual_seed(0)
-    cfg = LlamaConfig(vocab_size=len(tok), hidden_size=768, num_hidden_layers=12, num_attention_heads=12,
-                      num_key_value_heads=12, intermediate_size=2048, max_position_embeddings=2048,
-                      bos_token_id=32001, eos_token_id=32002, pad_token_id=32000, tie_word_embeddings=True)
+    cfg = LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=768,
+        num_hidden_layers=12,
+        num_attention_heads=12,
+        num_key_value_heads=12,
+        intermediate_size=2048,
+        max_position_embeddings=2048,
+        bos_token_id=32001,
+        eos_token_id=32002,
+        pad_token_id=32000,
+        tie_word_embeddings=True,
+    )
     model = LlamaForCausalLM(cfg).eval()
     model.generation_config.eos_token_id = 32002
     return model, tok
@@ -213,10 +266,17 @@ def main(argv=None):
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--reps", type=int, default=3)
     ap.add_argument("--quick", action="store_true", help="1 repetition, max_new_tokens 64")
-    ap.add_argument("--long", action="store_true", help="hf vs cb at 32 responses x 1,024 tokens, EOS suppressed")
-    ap.add_argument("--vllm", action="store_true", help="add vllm (the vLLM-variant built-in policy; with --long a "
-                                                         "100M-class Llama)")
-    ap.add_argument("--engines", help="comma-separated subset of the engines to time (default: all of the mode's)")
+    ap.add_argument(
+        "--long", action="store_true", help="hf vs cb at 32 responses x 1,024 tokens, EOS suppressed"
+    )
+    ap.add_argument(
+        "--vllm",
+        action="store_true",
+        help="add vllm (the vLLM-variant built-in policy; with --long a 100M-class Llama)",
+    )
+    ap.add_argument(
+        "--engines", help="comma-separated subset of the engines to time (default: all of the mode's)"
+    )
     ap.add_argument("--shape", default="32x1024", help="--vllm --long: responses x tokens (default 32x1024)")
     args = ap.parse_args(argv)
     reps = 1 if args.quick else args.reps
@@ -229,24 +289,51 @@ def main(argv=None):
     max_new = 64 if args.quick else task.max_new_tokens
     k = cfg.vapo.samples_per_prompt if "group_sampling" in cfg.components else 1
     n_prompts = cfg.ppo.responses_per_step // k
-    rollout_sets = [[p.prompt for p in task.train_problems(n_prompts, seed=rep) for _ in range(k)]
-                    for rep in range(reps)]
-    eval_prompts = [p.prompt for p in task.eval_problems()[:cfg.eval_problems] for _ in range(cfg.eval_k)]
-    print(f"built-in SFT policy ({sum(p.numel() for p in model.parameters())} parameters, {model.dtype}), "
-          f"torch {torch.__version__}, {torch.get_num_threads()} thread; rollout = {n_prompts} prompts x {k} samples")
+    rollout_sets = [
+        [p.prompt for p in task.train_problems(n_prompts, seed=rep) for _ in range(k)] for rep in range(reps)
+    ]
+    eval_prompts = [p.prompt for p in task.eval_problems()[: cfg.eval_problems] for _ in range(cfg.eval_k)]
+    print(
+        f"built-in SFT policy ({sum(p.numel() for p in model.parameters())} parameters, {model.dtype}), "
+        f"torch {torch.__version__}, {torch.get_num_threads()} thread; rollout = {n_prompts} prompts x {k} samples"
+    )
     if args.long:
         import vapo_lit.engines.continuous as continuous
         import vapo_lit.engines.hf as hf
 
-        hf.eos_ids_of = continuous.eos_ids_of = lambda model, tokenizer: [-1]  # every response runs to the limit
+        hf.eos_ids_of = continuous.eos_ids_of = lambda model, tokenizer: [
+            -1
+        ]  # every response runs to the limit
         sets = [[p.prompt for p in task.train_problems(4, seed=rep) for _ in range(8)] for rep in range(reps)]
-        run_shape("rollout, long", model, tok, sets, SamplingParams(1024, temperature=1.0, top_p=1.0), reps,
-                  batch_check=False, names=("hf", "cb"))
+        run_shape(
+            "rollout, long",
+            model,
+            tok,
+            sets,
+            SamplingParams(1024, temperature=1.0, top_p=1.0),
+            reps,
+            batch_check=False,
+            names=("hf", "cb"),
+        )
         return
-    run_shape("rollout", model, tok, rollout_sets,
-              SamplingParams(max_new, temperature=cfg.ppo.temperature, top_p=cfg.ppo.top_p), reps, batch_check=True)
-    run_shape("eval", model, tok, [eval_prompts] * reps,
-              SamplingParams(max_new, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p), reps, batch_check=False)
+    run_shape(
+        "rollout",
+        model,
+        tok,
+        rollout_sets,
+        SamplingParams(max_new, temperature=cfg.ppo.temperature, top_p=cfg.ppo.top_p),
+        reps,
+        batch_check=True,
+    )
+    run_shape(
+        "eval",
+        model,
+        tok,
+        [eval_prompts] * reps,
+        SamplingParams(max_new, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p),
+        reps,
+        batch_check=False,
+    )
 
 
 def main_vllm(args, cfg, task, reps):
@@ -260,31 +347,63 @@ def main_vllm(args, cfg, task, reps):
         # every response runs to the limit: no token counts as EOS (vLLM: no stop token at all)
         hf.eos_ids_of = continuous.eos_ids_of = lambda model, tokenizer: [-1]
         vllm_engine.eos_ids_of = lambda model, tokenizer: []
-        print(f"100M-class Llama, random weights ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
-              f"{model.dtype}), torch {torch.__version__}, {torch.get_num_threads()} thread")
+        print(
+            f"100M-class Llama, random weights ({sum(p.numel() for p in model.parameters()) / 1e6:.1f}M parameters, "
+            f"{model.dtype}), torch {torch.__version__}, {torch.get_num_threads()} thread"
+        )
         words = random.Random(0)
         n, length = (int(x) for x in args.shape.split("x"))
-        sets = [[" ".join(f"w{words.randrange(32000)}" for _ in range(16)) for _ in range(n)] for _ in range(reps)]
-        run_shape("rollout, long (100M Llama)", model, tok, sets, SamplingParams(length, temperature=1.0, top_p=1.0),
-                  reps, batch_check=False, names=names)
+        sets = [
+            [" ".join(f"w{words.randrange(32000)}" for _ in range(16)) for _ in range(n)] for _ in range(reps)
+        ]
+        run_shape(
+            "rollout, long (100M Llama)",
+            model,
+            tok,
+            sets,
+            SamplingParams(length, temperature=1.0, top_p=1.0),
+            reps,
+            batch_check=False,
+            names=names,
+        )
         return
     from vapo_lit.models.builtin import vllm_model
 
     model, tok = load_policy(cfg.model, task, seed=cfg.model_seed, model_config=vllm_model(task))
-    print(f"built-in SFT policy, vLLM variant ({sum(p.numel() for p in model.parameters())} parameters, one head of "
-          f"64, {model.dtype}), torch {torch.__version__}, {torch.get_num_threads()} thread")
+    print(
+        f"built-in SFT policy, vLLM variant ({sum(p.numel() for p in model.parameters())} parameters, one head of "
+        f"64, {model.dtype}), torch {torch.__version__}, {torch.get_num_threads()} thread"
+    )
     max_new = 64 if args.quick else task.max_new_tokens
     k = cfg.vapo.samples_per_prompt
     n_prompts = cfg.ppo.responses_per_step // k
-    rollout_sets = [[p.prompt for p in task.train_problems(n_prompts, seed=rep) for _ in range(k)] for rep in range(reps)]
-    run_shape("rollout", model, tok, rollout_sets, SamplingParams(max_new, temperature=cfg.ppo.temperature,
-                                                                  top_p=cfg.ppo.top_p), reps, batch_check=False,
-              names=names)
+    rollout_sets = [
+        [p.prompt for p in task.train_problems(n_prompts, seed=rep) for _ in range(k)] for rep in range(reps)
+    ]
+    run_shape(
+        "rollout",
+        model,
+        tok,
+        rollout_sets,
+        SamplingParams(max_new, temperature=cfg.ppo.temperature, top_p=cfg.ppo.top_p),
+        reps,
+        batch_check=False,
+        names=names,
+    )
     if args.long is False and not args.quick:
-        eval_prompts = [p.prompt for p in task.eval_problems()[:cfg.eval_problems] for _ in range(cfg.eval_k)]
-        run_shape("eval", model, tok, [eval_prompts] * reps, SamplingParams(max_new, temperature=cfg.eval_temperature,
-                                                                            top_p=cfg.eval_top_p), reps,
-                  batch_check=False, names=names)
+        eval_prompts = [
+            p.prompt for p in task.eval_problems()[: cfg.eval_problems] for _ in range(cfg.eval_k)
+        ]
+        run_shape(
+            "eval",
+            model,
+            tok,
+            [eval_prompts] * reps,
+            SamplingParams(max_new, temperature=cfg.eval_temperature, top_p=cfg.eval_top_p),
+            reps,
+            batch_check=False,
+            names=names,
+        )
 
 
 if __name__ == "__main__":

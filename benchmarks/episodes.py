@@ -18,6 +18,7 @@ vLLM draws from its own random stream, so its episodes are not hf's: the table p
 the seconds per call, the sampled (action) and observation tokens, and action tokens per second;
 the ratios are seconds over `hf`'s. vLLM's start-up and first weight push happen before the timings (printed apart).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -34,8 +35,27 @@ from vapo_lit.tasks.base import Problem, Verdict
 from vapo_lit.tasks.chain import build_tokenizer
 from vapo_lit.tasks.env import Environment, Tool
 
-WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "task", "call", "read", "?", "error", "malformed", "unknown", "tool",
-         "bad", "args", "failed"] + [f"w{i}" for i in range(40)] + [str(d) for d in range(10)]
+WORDS = (
+    [
+        "<pad>",
+        "<bos>",
+        "<eos>",
+        "<unk>",
+        "task",
+        "call",
+        "read",
+        "?",
+        "error",
+        "malformed",
+        "unknown",
+        "tool",
+        "bad",
+        "args",
+        "failed",
+    ]
+    + [f"w{i}" for i in range(40)]
+    + [str(d) for d in range(10)]
+)
 
 
 class LongObservations(Environment):
@@ -78,10 +98,21 @@ def policy(tok, seed: int = 0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=256, intermediate_size=512, num_hidden_layers=4, num_attention_heads=4,
-        num_key_value_heads=4, max_position_embeddings=2048, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id, tie_word_embeddings=False)).eval()
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=256,
+            intermediate_size=512,
+            num_hidden_layers=4,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+            tie_word_embeddings=False,
+        )
+    ).eval()
     with torch.no_grad():
         model.lm_head.weight.mul_(0.01)
     return model
@@ -93,7 +124,9 @@ def main(argv=None) -> None:
     ap.add_argument("--obs", type=int, default=200, help="tokens per observation")
     ap.add_argument("--budget", type=int, default=1024, help="max_new_tokens: actions and observations")
     ap.add_argument("--reps", type=int, default=2)
-    ap.add_argument("--engines", default="hf-1tok,hf,vllm" if importlib.util.find_spec("vllm") else "hf-1tok,hf")
+    ap.add_argument(
+        "--engines", default="hf-1tok,hf,vllm" if importlib.util.find_spec("vllm") else "hf-1tok,hf"
+    )
     args = ap.parse_args(argv)
     torch.set_num_threads(1)
     env = LongObservations(args.obs, args.budget)
@@ -104,23 +137,28 @@ def main(argv=None) -> None:
     engines = {}
     for name in args.engines.split(","):
         t0 = time.perf_counter()
-        engines[name] = (EpisodeEngine(model, tok, env, obs_chunk=1) if name == "hf-1tok"
-                         else make_engine(name, model, tok, task=env))
+        engines[name] = (
+            EpisodeEngine(model, tok, env, obs_chunk=1)
+            if name == "hf-1tok"
+            else make_engine(name, model, tok, task=env)
+        )
         engines[name].generate(prompts[:1], SamplingParams(max_new_tokens=8), [0])  # start-up, first push
         print(f"{name}: start-up {time.perf_counter() - t0:.1f} s")
     times = {name: [] for name in engines}
     counts, last = {}, {}
     for rep in range(args.reps):
         seeds = [sample_seed(100 + rep, i) for i in range(len(prompts))]
-        for name in list(engines)[rep % len(engines):] + list(engines)[:rep % len(engines)]:
+        for name in list(engines)[rep % len(engines) :] + list(engines)[: rep % len(engines)]:
             t0 = time.perf_counter()
             ro = engines[name].generate(prompts, sampling, seeds)
             times[name].append(time.perf_counter() - t0)
             actions = int(ro.action_mask.sum())
             counts[name] = (actions, int(ro.response_mask.sum()) - actions, int(ro.turns.sum()))
             last[name] = ro
-    print(f"\n{args.episodes} episodes, observations of {args.obs} tokens, budget {args.budget}, "
-          f"{args.reps} reps (median [min-max]); tokens of the last rep")
+    print(
+        f"\n{args.episodes} episodes, observations of {args.obs} tokens, budget {args.budget}, "
+        f"{args.reps} reps (median [min-max]); tokens of the last rep"
+    )
     print(f"{'engine':<6} {'s/call':>20} {'actions':>8} {'obs tokens':>11} {'turns':>6} {'actions/s':>10}")
     for name, ts in times.items():
         a, o, t = counts[name]
@@ -128,11 +166,15 @@ def main(argv=None) -> None:
         print(f"{name:<6} {med:8.2f} [{min(ts):.2f}-{max(ts):.2f}] {a:>8} {o:>11} {t:>6} {a / med:>10.1f}")
     if "hf" in times:
         for name in (n for n in times if n != "hf"):
-            print(f"{name} / hf seconds per call: {statistics.median(times[name]) / statistics.median(times['hf']):.2f}")
+            print(
+                f"{name} / hf seconds per call: {statistics.median(times[name]) / statistics.median(times['hf']):.2f}"
+            )
     if "hf" in last and "hf-1tok" in last:
         same = torch.equal(last["hf"].response_ids, last["hf-1tok"].response_ids)
         gap = float((last["hf"].logprobs - last["hf-1tok"].logprobs).abs().max()) if same else float("nan")
-        print(f"hf and hf-1tok episodes: tokens {'identical' if same else 'DIFFER'}, max |delta log p| {gap:.2e}")
+        print(
+            f"hf and hf-1tok episodes: tokens {'identical' if same else 'DIFFER'}, max |delta log p| {gap:.2e}"
+        )
 
 
 if __name__ == "__main__":

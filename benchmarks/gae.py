@@ -11,6 +11,7 @@ float32) divided by the copy bandwidth measured here with torch's copy_ on a 256
 Each row of the batch gets a random length (right padding) and a reward on its last token; the
 result of every method is checked against a float64 loop (max normwise relative error printed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -83,8 +84,10 @@ def main():
     loop_reps = 3 if args.quick else 5
 
     lib = _native.load()
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; "
-          f"native kernel: {'loaded' if lib else 'unavailable: ' + str(_native.failure())}")
+    print(
+        f"torch {torch.__version__}, {torch.get_num_threads()} threads, float32; "
+        f"native kernel: {'loaded' if lib else 'unavailable: ' + str(_native.failure())}"
+    )
     bw = copy_bandwidth()
     print(f"copy bandwidth (read + write): {bw / 1e9:.1f} GB/s\n")
     header = f"{'B x T':>12} {'method':<34} {'median ms':>10} {'loop/ours':>10} {'rel err':>9}"
@@ -97,10 +100,18 @@ def main():
         rows = [
             ("python loop, scalar lambda (peers)", lambda: loop_gae(r, v, m, 0.95), loop_reps, None),
             ("python loop, (B,) lambda", lambda: loop_gae(r, v, m, lam), loop_reps, ref_adv),
-            ("vapo-lit gae (native)" if lib else "vapo-lit gae (torch: no kernel)",
-             lambda: gae(r, v, m, lam), 30, ref_adv),
-            ("vapo-lit pure-torch fallback",
-             lambda: adv_mod._sweep_torch(r, v, m, None, lam, None, 1.0), 5 if T > 4096 else 10, ref_adv),
+            (
+                "vapo-lit gae (native)" if lib else "vapo-lit gae (torch: no kernel)",
+                lambda: gae(r, v, m, lam),
+                30,
+                ref_adv,
+            ),
+            (
+                "vapo-lit pure-torch fallback",
+                lambda: adv_mod._sweep_torch(r, v, m, None, lam, None, 1.0),
+                5 if T > 4096 else 10,
+                ref_adv,
+            ),
         ]
         for name, fn, reps, ref in rows:
             results[name] = median_time(fn, reps)
@@ -110,15 +121,34 @@ def main():
         for name, *_ in rows:
             ratio = results[name] / ours
             err = results[name + "/err"]
-            print(f"{B:>5} x {T:<5} {name:<34} {results[name] * 1e3:>10.2f} {ratio:>9.1f}x "
-                  f"{'' if err != err else f'{err:.1e}':>9}")
+            print(
+                f"{B:>5} x {T:<5} {name:<34} {results[name] * 1e3:>10.2f} {ratio:>9.1f}x "
+                f"{'' if err != err else f'{err:.1e}':>9}"
+            )
         floor = B * T * 20 / bw
-        print(f"{B:>5} x {T:<5} {'bandwidth floor (20 B/elem)':<34} {floor * 1e3:>10.2f} "
-              f"{floor / ours:>9.2f}x  (ours / floor = {ours / floor:.1f})")
+        print(
+            f"{B:>5} x {T:<5} {'bandwidth floor (20 B/elem)':<34} {floor * 1e3:>10.2f} "
+            f"{floor / ours:>9.2f}x  (ours / floor = {ours / floor:.1f})"
+        )
         if lib is not None:  # where the rest of gae()'s time goes: first-touch of fresh output pages
             adv, ret, bad = (torch.empty_like(r), torch.empty_like(r), torch.empty(B, dtype=torch.int64))
-            kern = lambda: lib.vapo_gae_f32(r.data_ptr(), v.data_ptr(), m.data_ptr(), None, lam.data_ptr(),  # noqa: E731
-                                            None, adv.data_ptr(), ret.data_ptr(), bad.data_ptr(), B, T, 1.0)
+
+            def kern():
+                lib.vapo_gae_f32(
+                    r.data_ptr(),
+                    v.data_ptr(),
+                    m.data_ptr(),
+                    None,
+                    lam.data_ptr(),
+                    None,
+                    adv.data_ptr(),
+                    ret.data_ptr(),
+                    bad.data_ptr(),
+                    B,
+                    T,
+                    1.0,
+                )
+
             t_k = median_time(kern, 30)
             print(f"{B:>5} x {T:<5} {'  C sweep alone, 1 thread, outputs reused':<34} {t_k * 1e3:>10.2f}")
         ret_err = rel_err(gae(r, v, m, lam)[1], ref_ret)

@@ -19,6 +19,7 @@ measured on this machine in this run, single-threaded like the loop:
 At long responses the K/V cache dominates: each token step reads every row's cache once, so the
 memory bound is the one that binds (the line says which).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -33,7 +34,7 @@ def matmul_rate(size: int = 1024, repeats: int = 5) -> float:
     a, b = torch.randn(size, size), torch.randn(size, size)
     a @ b
     best = min(_seconds(lambda: a @ b) for _ in range(repeats))
-    return 2 * size ** 3 / best
+    return 2 * size**3 / best
 
 
 def read_bandwidth(megabytes: int = 256, repeats: int = 5) -> float:
@@ -59,16 +60,23 @@ def step_floor(model, rows: int, prompt: int, tokens: int, rate: float, bandwidt
     kv_heads = getattr(cfg, "num_key_value_heads", None) or heads
     head_dim = getattr(cfg, "head_dim", None) or hidden // heads
     elem = next(model.parameters()).element_size()
-    matmul_weights = sum(m.weight.numel() for name, m in model.named_modules()
-                         if isinstance(m, torch.nn.Linear))  # projections, MLPs, output layer
+    matmul_weights = sum(
+        m.weight.numel() for name, m in model.named_modules() if isinstance(m, torch.nn.Linear)
+    )  # projections, MLPs, output layer
     context = prompt + (tokens - 1) / 2  # mean keys attended per step
     flops = 2 * rows * matmul_weights + 4 * rows * layers * heads * head_dim * context
     weight_bytes = sum(p.numel() for p in model.parameters()) * elem
     cache_bytes = 2 * layers * rows * kv_heads * head_dim * context * elem
     compute, memory = flops / rate, (weight_bytes + cache_bytes) / bandwidth
-    return {"flops": flops, "bytes": weight_bytes + cache_bytes, "cache_bytes": cache_bytes,
-            "compute_s": compute, "memory_s": memory, "floor_s": max(compute, memory),
-            "bound": "memory" if memory >= compute else "compute"}
+    return {
+        "flops": flops,
+        "bytes": weight_bytes + cache_bytes,
+        "cache_bytes": cache_bytes,
+        "compute_s": compute,
+        "memory_s": memory,
+        "floor_s": max(compute, memory),
+        "bound": "memory" if memory >= compute else "compute",
+    }
 
 
 def main() -> None:
@@ -76,7 +84,9 @@ def main() -> None:
     ap.add_argument("--responses", type=int, default=64)
     ap.add_argument("--repeats", type=int, default=5)
     ap.add_argument("--fixed", type=int, default=0, help="suppress EOS and generate exactly this many tokens")
-    ap.add_argument("--long", action="store_true", help="32 responses x 1,024 tokens (EOS suppressed), 3 repetitions")
+    ap.add_argument(
+        "--long", action="store_true", help="32 responses x 1,024 tokens (EOS suppressed), 3 repetitions"
+    )
     ap.add_argument("--threads", type=int, default=1)
     args = ap.parse_args()
     if args.long:
@@ -102,7 +112,7 @@ def main() -> None:
     times = {name: [] for name in names}
     tokens, ids = {}, {}
     for r in range(args.repeats + 1):  # the first round warms up
-        for name in names[r % 3:] + names[:r % 3]:  # the order rotates
+        for name in names[r % 3 :] + names[: r % 3]:  # the order rotates
             fast_decode.FUSE_MAX_BYTES = -1 if name == "unfused" else cap
             t0 = time.perf_counter()
             ro = generate(model, tok, prompts, max_new_tokens=max_new, seeds=r, fast=name != "plain")
@@ -113,12 +123,16 @@ def main() -> None:
         assert all(torch.equal(ids["fast"], ids[n]) for n in names), "the loops sampled different tokens"
     fast_decode.FUSE_MAX_BYTES = cap
     params = sum(p.numel() for p in model.parameters())
-    print(f"built-in policy ({params:,} parameters), {args.responses} responses, max_new_tokens {max_new}, "
-          f"{args.threads} thread(s), {args.repeats} interleaved repetitions")
+    print(
+        f"built-in policy ({params:,} parameters), {args.responses} responses, max_new_tokens {max_new}, "
+        f"{args.threads} thread(s), {args.repeats} interleaved repetitions"
+    )
     for name in names:
         t = times[name]
-        print(f"  {name:<6} {statistics.median(t):.3f} s [{min(t):.3f}-{max(t):.3f}]  "
-              f"{tokens[name] / statistics.median(t):.0f} tokens/s")
+        print(
+            f"  {name:<6} {statistics.median(t):.3f} s [{min(t):.3f}-{max(t):.3f}]  "
+            f"{tokens[name] / statistics.median(t):.0f} tokens/s"
+        )
     med = {name: statistics.median(t) for name, t in times.items()}
     print(f"fused vs unfused: {med['unfused'] / med['fast']:.2f}x")
     print(f"fast vs plain: {med['plain'] / med['fast']:.2f}x")
@@ -127,11 +141,13 @@ def main() -> None:
         prompt = max(len(tok(p)["input_ids"]) for p in prompts)
         f = step_floor(model, args.responses, prompt, max_new, rate, bandwidth)
         step = med["fast"] / max_new
-        print(f"token step (fast, {args.responses} rows, mean over {max_new} steps): {step * 1e3:.3f} ms; floor "
-              f"{f['floor_s'] * 1e3:.3f} ms ({f['bound']}-bound; compute {f['compute_s'] * 1e3:.3f} ms = "
-              f"{f['flops'] / 1e6:.1f} MFLOP at {rate / 1e9:.1f} GFLOP/s matmul, memory {f['memory_s'] * 1e3:.3f} ms = "
-              f"{f['bytes'] / 2**20:.1f} MiB, of which K/V cache {f['cache_bytes'] / 2**20:.1f} MiB, at "
-              f"{bandwidth / 2**30:.1f} GiB/s); step / floor: {step / f['floor_s']:.2f}x")
+        print(
+            f"token step (fast, {args.responses} rows, mean over {max_new} steps): {step * 1e3:.3f} ms; floor "
+            f"{f['floor_s'] * 1e3:.3f} ms ({f['bound']}-bound; compute {f['compute_s'] * 1e3:.3f} ms = "
+            f"{f['flops'] / 1e6:.1f} MFLOP at {rate / 1e9:.1f} GFLOP/s matmul, memory {f['memory_s'] * 1e3:.3f} ms = "
+            f"{f['bytes'] / 2**20:.1f} MiB, of which K/V cache {f['cache_bytes'] / 2**20:.1f} MiB, at "
+            f"{bandwidth / 2**30:.1f} GiB/s); step / floor: {step / f['floor_s']:.2f}x"
+        )
 
 
 if __name__ == "__main__":

@@ -24,6 +24,7 @@ One line per check (pass / fail / skip, its figure), all of them written as JSON
 
 A failed check does not stop the others; the exit status is 1 when any failed.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -77,9 +78,19 @@ def qwen(vocab: int, hidden: int, layers: int, heads: int, kv_heads: int, mlp: i
     from transformers import Qwen2Config, Qwen2ForCausalLM
 
     torch.manual_seed(seed)
-    cfg = Qwen2Config(vocab_size=vocab, hidden_size=hidden, num_hidden_layers=layers, num_attention_heads=heads,
-                      num_key_value_heads=kv_heads, intermediate_size=mlp, max_position_embeddings=8192,
-                      tie_word_embeddings=True, bos_token_id=1, eos_token_id=2, pad_token_id=0)
+    cfg = Qwen2Config(
+        vocab_size=vocab,
+        hidden_size=hidden,
+        num_hidden_layers=layers,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads,
+        intermediate_size=mlp,
+        max_position_embeddings=8192,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=0,
+    )
     with torch.device(device):
         return Qwen2ForCausalLM(cfg).eval()
 
@@ -93,7 +104,7 @@ def check_collectives(cpu: bool) -> dict:
     from vapo_lit import distributed as D
     from vapo_lit.experience import Experience
 
-    if (s := skip_without_cuda(cpu)):
+    if s := skip_without_cuda(cpu):
         return s
     backend = "gloo" if cpu else "nccl"
     os.environ.setdefault("MASTER_ADDR", "127.0.0.1")
@@ -113,17 +124,34 @@ def check_collectives(cpu: bool) -> dict:
         s, m = D.all_reduce(x), D.all_reduce(x, "max")
         flag = D.agree_any(True)
         n, R = 2, 3
-        exp = Experience(prompt_ids=torch.ones(n, 2, dtype=torch.long), prompt_mask=torch.ones(n, 2, dtype=torch.long),
-                         response_ids=torch.ones(n, R, dtype=torch.long), mask=torch.ones(n, R),
-                         behaviour_logprobs=torch.zeros(n, R), lengths=torch.full((n,), R),
-                         truncated=torch.zeros(n, dtype=torch.bool), problems=[0] * n, texts=["a"] * n, group_size=1)
+        exp = Experience(
+            prompt_ids=torch.ones(n, 2, dtype=torch.long),
+            prompt_mask=torch.ones(n, 2, dtype=torch.long),
+            response_ids=torch.ones(n, R, dtype=torch.long),
+            mask=torch.ones(n, R),
+            behaviour_logprobs=torch.zeros(n, R),
+            lengths=torch.full((n,), R),
+            truncated=torch.zeros(n, dtype=torch.bool),
+            problems=[0] * n,
+            texts=["a"] * n,
+            group_size=1,
+        )
         whole = D.gather_experience(exp, pad_id=0)
         lin = torch.nn.Linear(2, 2)
         D.broadcast_module(lin)
-        ok = (s.tolist() == [1.5, 2.5] and m.tolist() == [1.5, 2.5] and s.device.type == "cpu" and flag
-              and whole.mask.shape == (n, R) and whole.mask.device.type == "cpu")
-        return result("pass" if ok else "fail", f"{backend}: device types {D.group_device_types()}, "
-                      f"raw CPU tensor: {refused}", device_types=list(D.group_device_types()))
+        ok = (
+            s.tolist() == [1.5, 2.5]
+            and m.tolist() == [1.5, 2.5]
+            and s.device.type == "cpu"
+            and flag
+            and whole.mask.shape == (n, R)
+            and whole.mask.device.type == "cpu"
+        )
+        return result(
+            "pass" if ok else "fail",
+            f"{backend}: device types {D.group_device_types()}, raw CPU tensor: {refused}",
+            device_types=list(D.group_device_types()),
+        )
     finally:
         D.is_distributed = real
         dist.destroy_process_group()
@@ -135,13 +163,27 @@ def _train_config(out: str, strategy: str, cpu: bool):
     from vapo_lit.config import COMPONENTS, RunConfig, merge
 
     shape = SHAPES["tiny"]
-    return shape, merge(RunConfig(), {
-        "components": list(COMPONENTS), "ppo": shape["ppo"], "steps": 2, "eval_every": 0, "eval_k": 1,
-        "eval_problems": 2, "accelerator": "cpu" if cpu else "cuda", "devices": "1", "strategy": strategy,
-        "precision": "32-true" if cpu else "bf16-mixed", "wandb": "disabled", "out_dir": out, "cache_dir": out,
-        "name": f"train_{strategy}", "threads": 1 if cpu else None,
-        "vapo": {"samples_per_prompt": shape["samples_per_prompt"], "value_pretrain_steps": 1},
-    })
+    return shape, merge(
+        RunConfig(),
+        {
+            "components": list(COMPONENTS),
+            "ppo": shape["ppo"],
+            "steps": 2,
+            "eval_every": 0,
+            "eval_k": 1,
+            "eval_problems": 2,
+            "accelerator": "cpu" if cpu else "cuda",
+            "devices": "1",
+            "strategy": strategy,
+            "precision": "32-true" if cpu else "bf16-mixed",
+            "wandb": "disabled",
+            "out_dir": out,
+            "cache_dir": out,
+            "name": f"train_{strategy}",
+            "threads": 1 if cpu else None,
+            "vapo": {"samples_per_prompt": shape["samples_per_prompt"], "value_pretrain_steps": 1},
+        },
+    )
 
 
 def train_child(strategy: str, cpu: bool) -> dict:
@@ -164,15 +206,24 @@ def train_child(strategy: str, cpu: bool) -> dict:
     last = [r for r in rows if r.get("policy/grad_norm")][-1]
     loss, gnorm, vnorm = (float(last[k]) for k in ("loss/policy", "policy/grad_norm", "value/grad_norm"))
     ok = summary["ppo_updates"] == 2 and math.isfinite(loss) and gnorm > 0 and vnorm > 0
-    return result("pass" if ok else "fail", f"{strategy} on {cfg.accelerator}: {wall:.1f} s, loss/policy {loss:.4g}, "
-                  f"grad norms actor {gnorm:.3g} critic {vnorm:.3g}", seconds=wall, ppo_updates=summary["ppo_updates"])
+    return result(
+        "pass" if ok else "fail",
+        f"{strategy} on {cfg.accelerator}: {wall:.1f} s, loss/policy {loss:.4g}, "
+        f"grad norms actor {gnorm:.3g} critic {vnorm:.3g}",
+        seconds=wall,
+        ppo_updates=summary["ppo_updates"],
+    )
 
 
 def start_train(strategy: str, cpu: bool, skip: dict | None):
     if skip:
         return skip
     cmd = [sys.executable, str(Path(__file__).resolve()), "--_train", strategy] + (["--cpu"] if cpu else [])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MASTER_PORT": str(29600 + (strategy == "fsdp") + os.getpid() % 500)}
+    env = {
+        **os.environ,
+        "OMP_NUM_THREADS": "1",
+        "MASTER_PORT": str(29600 + (strategy == "fsdp") + os.getpid() % 500),
+    }
     return subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
@@ -186,7 +237,9 @@ def finish_train(proc, timeout: float) -> dict:
         return result("fail", f"timed out after {timeout:.0f} s")
     lines = [line for line in out.splitlines() if line.startswith("{")]
     if proc.returncode or not lines:
-        return result("fail", f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}")
+        return result(
+            "fail", f"exit {proc.returncode}: {err.strip().splitlines()[-1] if err.strip() else ''}"
+        )
     return json.loads(lines[-1])
 
 
@@ -195,30 +248,56 @@ def check_gpu_smoke(cpu: bool) -> dict:
 
     import gpu_smoke
 
-    if (s := skip_without_cuda(cpu)):
+    if s := skip_without_cuda(cpu):
         return s
     with tempfile.TemporaryDirectory() as out:
         with contextlib.redirect_stdout(io.StringIO()):  # its own JSON: kept in this check's record
             # two PPO iterations after the pretraining one (gpu_smoke's default is three): the figures are
             # per iteration, and the whole script must stay within 10 minutes on one GPU
             r = gpu_smoke.main(["--shape", "tiny" if cpu else "0.5b", "--iterations", "2", "--out", out])
-        rows = [x for x in csv.DictReader(open(Path(out) / "gpu_smoke" / "metrics.csv")) if x.get("policy/ratio_mean")]
+        rows = [
+            x
+            for x in csv.DictReader(open(Path(out) / "gpu_smoke" / "metrics.csv"))
+            if x.get("policy/ratio_mean")
+        ]
     first = rows[0]
-    keys = ("policy/ratio_mean", "policy/ratio_max", "policy/approx_kl", "policy/clipfrac_low", "policy/clipfrac_high",
-            "policy/grad_norm", "value/grad_norm")
+    keys = (
+        "policy/ratio_mean",
+        "policy/ratio_max",
+        "policy/approx_kl",
+        "policy/clipfrac_low",
+        "policy/clipfrac_high",
+        "policy/grad_norm",
+        "value/grad_norm",
+    )
     update = {k: float(first[k]) for k in keys}
-    ok = update["policy/grad_norm"] > 0 and update["value/grad_norm"] > 0 and all(map(math.isfinite, update.values()))
+    ok = (
+        update["policy/grad_norm"] > 0
+        and update["value/grad_norm"] > 0
+        and all(map(math.isfinite, update.values()))
+    )
     peak = r["peak_gpu_memory_gb"]
-    return result("pass" if ok else "fail",
-                  f"{r['shape']}: {sum(r['seconds_per_iteration']) / len(r['seconds_per_iteration']):.1f} s/iteration, "
-                  f"{max(r['generated_tokens_per_second']):.0f} tokens/s, peak {peak if peak is None else round(peak, 1)} GB, "
-                  f"first update ratio {update['policy/ratio_mean']:.4f} (max {update['policy/ratio_max']:.3f}) "
-                  f"kl {update['policy/approx_kl']:.2e}", smoke=r, first_update=update)
+    return result(
+        "pass" if ok else "fail",
+        f"{r['shape']}: {sum(r['seconds_per_iteration']) / len(r['seconds_per_iteration']):.1f} s/iteration, "
+        f"{max(r['generated_tokens_per_second']):.0f} tokens/s, peak {peak if peak is None else round(peak, 1)} GB, "
+        f"first update ratio {update['policy/ratio_mean']:.4f} (max {update['policy/ratio_max']:.3f}) "
+        f"kl {update['policy/approx_kl']:.2e}",
+        smoke=r,
+        first_update=update,
+    )
 
 
 def _small_llm(cpu: bool, device, vocab: int | None = None):
-    return qwen(vocab or (512 if cpu else 32_000), 64 if cpu else 896, 2, 4 if cpu else 14, 2 if cpu else 2,
-                128 if cpu else 4864, device)
+    return qwen(
+        vocab or (512 if cpu else 32_000),
+        64 if cpu else 896,
+        2,
+        4 if cpu else 14,
+        2 if cpu else 2,
+        128 if cpu else 4864,
+        device,
+    )
 
 
 def check_autocast_value_head(cpu: bool) -> dict:
@@ -236,8 +315,14 @@ def check_autocast_value_head(cpu: bool) -> dict:
     # a head computed in bf16 and upcast gives values that bf16 holds exactly; an fp32 head almost never does
     rounded = float((mixed == mixed.bfloat16().float()).float().mean())
     ok = mixed.dtype == torch.float32 and rounded < 0.5
-    return result("pass" if ok else "fail", f"values under bf16 autocast: {mixed.dtype}, {rounded:.0%} of them bf16-rounded, "
-                  f"max |V - V_fp32| {diff:.2e}", dtype=str(mixed.dtype), bf16_rounded_frac=rounded, max_abs_diff=diff)
+    return result(
+        "pass" if ok else "fail",
+        f"values under bf16 autocast: {mixed.dtype}, {rounded:.0%} of them bf16-rounded, "
+        f"max |V - V_fp32| {diff:.2e}",
+        dtype=str(mixed.dtype),
+        bf16_rounded_frac=rounded,
+        max_abs_diff=diff,
+    )
 
 
 def check_autocast_logprobs(cpu: bool) -> dict:
@@ -257,15 +342,27 @@ def check_autocast_logprobs(cpu: bool) -> dict:
     with torch.autocast(device.type, dtype=torch.bfloat16):
         ro = engine.generate(prompts, SamplingParams(max_new_tokens=new), 0)
         with torch.no_grad():
-            lp = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_ids.shape[1],
-                                          ro.response_ids, temperature=1.0)[0]
+            lp = passes.response_logprobs(
+                model,
+                ro.input_ids,
+                ro.attention_mask,
+                ro.prompt_ids.shape[1],
+                ro.response_ids,
+                temperature=1.0,
+            )[0]
     m = ro.response_mask.bool()
     d = (ro.logprobs.double() - lp.double())[m].abs()
     ratio = float((ro.logprobs.double() - lp.double())[m].exp().sub(1).abs().max())
     ok = ratio < 0.05
-    return result("pass" if ok else "fail", f"{n} responses: behaviour vs recomputed log-probs max |diff| {float(d.max()):.2e} "
-                  f"(mean {float(d.mean()):.2e}), max |ratio - 1| {ratio:.3f}", responses=n,
-                  max_abs_diff=float(d.max()), mean_abs_diff=float(d.mean()), max_ratio_dev=ratio)
+    return result(
+        "pass" if ok else "fail",
+        f"{n} responses: behaviour vs recomputed log-probs max |diff| {float(d.max()):.2e} "
+        f"(mean {float(d.mean()):.2e}), max |ratio - 1| {ratio:.3f}",
+        responses=n,
+        max_abs_diff=float(d.max()),
+        mean_abs_diff=float(d.mean()),
+        max_ratio_dev=ratio,
+    )
 
 
 def check_cb_engine(cpu: bool) -> dict:
@@ -286,13 +383,22 @@ def check_cb_engine(cpu: bool) -> dict:
     s = SamplingParams(max_new_tokens=12)
     a = make_engine("cb", model, tok).generate(prompts, s, 3)
     b = make_engine("hf", model, tok).generate(prompts, s, 3)
-    tensors = {f.name: getattr(a, f.name) for f in dataclasses.fields(a) if isinstance(getattr(a, f.name), torch.Tensor)}
+    tensors = {
+        f.name: getattr(a, f.name)
+        for f in dataclasses.fields(a)
+        if isinstance(getattr(a, f.name), torch.Tensor)
+    }
     off = [k for k, v in tensors.items() if v.device != device]
     same = a.texts == b.texts
     diff = float((a.logprobs.double() - b.logprobs.double()).abs().max())
     ok = not off and same and diff < 1e-3
-    return result("pass" if ok else "fail", f"cb on {device}: fields off the model's device {off or 'none'}, "
-                  f"same responses as hf {same}, max |logprob diff| {diff:.1e}", off_device=off, same_responses=same)
+    return result(
+        "pass" if ok else "fail",
+        f"cb on {device}: fields off the model's device {off or 'none'}, "
+        f"same responses as hf {same}, max |logprob diff| {diff:.1e}",
+        off_device=off,
+        same_responses=same,
+    )
 
 
 def check_decode_gqa(cpu: bool) -> dict:
@@ -302,8 +408,9 @@ def check_decode_gqa(cpu: bool) -> dict:
 
     device = device_of(cpu)
     # 7:1 grouped-query attention (Qwen2.5-7B's 28 query / 4 K/V heads of 128; 2 layers here)
-    vocab, hidden, heads, kv, mlp, rows, prompt, new = ((4096, 224, 7, 1, 448, 8, 96, 32) if cpu else
-                                                        (152_064, 3584, 28, 4, 18944, 128, 1536, 512))
+    vocab, hidden, heads, kv, mlp, rows, prompt, new = (
+        (4096, 224, 7, 1, 448, 8, 96, 32) if cpu else (152_064, 3584, 28, 4, 18944, 128, 1536, 512)
+    )
     model = qwen(vocab, hidden, 2, heads, kv, mlp, device).to(torch.float32 if cpu else torch.bfloat16)
     tok = word_tokenizer(vocab)
     prompts = [" ".join(f"w{(i * 13 + j) % (vocab - 8)}" for j in range(prompt - 1)) for i in range(rows)]
@@ -316,9 +423,15 @@ def check_decode_gqa(cpu: bool) -> dict:
     wall = time.perf_counter() - t0
     tokens = int(ro.lengths.sum())
     peak = peak_gb(device, base)
-    return result("pass" if tokens > 0 else "fail", f"{rows} rows x {prompt}+{new} tokens, 7:1 GQA: "
-                  f"{tokens / wall:.0f} tokens/s, peak {'n/a' if peak is None else f'{peak:.2f} GB'} above the weights",
-                  tokens_per_second=tokens / wall, peak_gb=peak, rows=rows, context=prompt + new)
+    return result(
+        "pass" if tokens > 0 else "fail",
+        f"{rows} rows x {prompt}+{new} tokens, 7:1 GQA: "
+        f"{tokens / wall:.0f} tokens/s, peak {'n/a' if peak is None else f'{peak:.2f} GB'} above the weights",
+        tokens_per_second=tokens / wall,
+        peak_gb=peak,
+        rows=rows,
+        context=prompt + new,
+    )
 
 
 def check_logprob_pass(cpu: bool) -> dict:
@@ -334,7 +447,11 @@ def check_logprob_pass(cpu: bool) -> dict:
     for label, c in (("unchunked", None), ("chunked", chunk)):
         model.zero_grad(set_to_none=True)
         base = peak_reset(device)
-        ctx = torch.autocast("cuda", dtype=torch.bfloat16) if device.type == "cuda" else torch.autocast("cpu", enabled=False)
+        ctx = (
+            torch.autocast("cuda", dtype=torch.bfloat16)
+            if device.type == "cuda"
+            else torch.autocast("cpu", enabled=False)
+        )
         with ctx:
             lp = passes.response_logprobs(model, ids, mask, P, ids[:, P:], temperature=1.0, chunk=c)[0]
         lp.sum().backward()
@@ -344,13 +461,23 @@ def check_logprob_pass(cpu: bool) -> dict:
     peaks = {k: v[1] for k, v in out.items()}
     ok = diff < (1e-4 if cpu else 5e-2)
     fig = ", ".join(f"{k} peak {'n/a' if v is None else f'{v:.1f} GB'}" for k, v in peaks.items())
-    return result("pass" if ok else "fail", f"{n} x {T} tokens x {vocab} vocab: {fig}, max |diff| {diff:.1e}",
-                  peak_gb=peaks, max_abs_diff=diff)
+    return result(
+        "pass" if ok else "fail",
+        f"{n} x {T} tokens x {vocab} vocab: {fig}, max |diff| {diff:.1e}",
+        peak_gb=peaks,
+        max_abs_diff=diff,
+    )
 
 
-CHECKS = {"collectives": check_collectives, "gpu_smoke": check_gpu_smoke,
-          "autocast_value_head": check_autocast_value_head, "autocast_logprobs": check_autocast_logprobs,
-          "cb_engine": check_cb_engine, "decode_gqa": check_decode_gqa, "logprob_pass": check_logprob_pass}
+CHECKS = {
+    "collectives": check_collectives,
+    "gpu_smoke": check_gpu_smoke,
+    "autocast_value_head": check_autocast_value_head,
+    "autocast_logprobs": check_autocast_logprobs,
+    "cb_engine": check_cb_engine,
+    "decode_gqa": check_decode_gqa,
+    "logprob_pass": check_logprob_pass,
+}
 ORDER = ("collectives", "train_ddp", "train_fsdp", *[k for k in CHECKS if k != "collectives"])
 NEEDS_CUDA = ("cb_engine", "decode_gqa", "logprob_pass", "autocast_value_head", "autocast_logprobs")
 """Checks whose point is a CUDA measurement; under --cpu they run at reduced shapes on the CPU."""
@@ -364,14 +491,18 @@ def run(name: str, fn, cpu: bool) -> dict:
         else:
             r = fn(cpu)
     except Exception as e:  # noqa: BLE001 - one failed check must not hide the others
-        r = result("fail", f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback=traceback.format_exc()[-2000:])
+        r = result(
+            "fail", f"{type(e).__name__}: {e}".splitlines()[0][:300], traceback=traceback.format_exc()[-2000:]
+        )
     r["seconds"] = round(time.perf_counter() - t0, 2)
     return r
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
-    ap.add_argument("--cpu", action="store_true", help="run every check that needs no CUDA, on the CPU at reduced shapes")
+    ap.add_argument(
+        "--cpu", action="store_true", help="run every check that needs no CUDA, on the CPU at reduced shapes"
+    )
     ap.add_argument("--out", help="write the results here as JSON")
     ap.add_argument("--only", help="comma-separated check names (default: all)")
     ap.add_argument("--_train", help=argparse.SUPPRESS)
@@ -386,7 +517,9 @@ def main(argv=None) -> int:
         raise SystemExit(f"unknown check(s) {sorted(unknown)}; valid: {', '.join(ORDER)}")
     no_cuda = None if args.cpu or torch.cuda.is_available() else result("skip", "skip (no CUDA)")
     t0 = time.perf_counter()
-    procs = {k: start_train(k.split("_")[1], args.cpu, no_cuda) for k in ("train_ddp", "train_fsdp") if k in only}
+    procs = {
+        k: start_train(k.split("_")[1], args.cpu, no_cuda) for k in ("train_ddp", "train_fsdp") if k in only
+    }
     results = {}
     for name in ORDER:
         if name not in only:
@@ -396,11 +529,17 @@ def main(argv=None) -> int:
             r.setdefault("seconds", round(time.perf_counter() - t0, 2))
         else:
             r = run(name, CHECKS[name], args.cpu)
-        r["device"] = "cpu" if args.cpu else (torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+        r["device"] = (
+            "cpu" if args.cpu else (torch.cuda.get_device_name() if torch.cuda.is_available() else "none")
+        )
         results[name] = r
         print(f"{name:20s} {r['status']:4s}  {r['figure']}", flush=True)
-    report = {"cpu": args.cpu, "torch": torch.__version__, "wall_seconds": round(time.perf_counter() - t0, 1),
-              "checks": results}
+    report = {
+        "cpu": args.cpu,
+        "torch": torch.__version__,
+        "wall_seconds": round(time.perf_counter() - t0, 1),
+        "checks": results,
+    }
     if args.out:
         Path(args.out).write_text(json.dumps(report, indent=1, default=str))
     return 1 if any(r["status"] == "fail" for r in results.values()) else 0

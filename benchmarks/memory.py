@@ -24,6 +24,7 @@ decoder as it was (K/V cache in the prefill's dtype, float32 under autocast; gro
 by repeat_interleave at every layer step; `keep()` building the new cache beside the old), `after`
 is the current one (cache in the compute dtype, `enable_gqa` inside SDPA, `keep()` in place).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -58,8 +59,9 @@ def one(spec: dict) -> dict:
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(VOCAB - 4)]
     wl = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     wl.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    tok = PreTrainedTokenizerFast(tokenizer_object=wl, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                  unk_token="<unk>")
+    tok = PreTrainedTokenizerFast(
+        tokenizer_object=wl, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
     class Synthetic(Task):
         name, version, max_new_tokens = "synthetic", "1", spec["length"]
@@ -69,7 +71,9 @@ def one(spec: dict) -> dict:
             return tok
 
         def train_problems(self, n, seed):
-            return [Problem(" ".join(f"w{(seed + i * 7 + j) % 900}" for j in range(16)), "0") for i in range(n)]
+            return [
+                Problem(" ".join(f"w{(seed + i * 7 + j) % 900}" for j in range(16)), "0") for i in range(n)
+            ]
 
         def eval_problems(self):
             return self.train_problems(2, 0)
@@ -84,18 +88,46 @@ def one(spec: dict) -> dict:
             return out
 
     torch.manual_seed(0)
-    actor = NoEos(LlamaConfig(vocab_size=VOCAB, hidden_size=HIDDEN, intermediate_size=4 * HIDDEN,
-                              num_hidden_layers=LAYERS, num_attention_heads=4, num_key_value_heads=4,
-                              max_position_embeddings=2048, bos_token_id=1, eos_token_id=2, pad_token_id=0))
+    actor = NoEos(
+        LlamaConfig(
+            vocab_size=VOCAB,
+            hidden_size=HIDDEN,
+            intermediate_size=4 * HIDDEN,
+            num_hidden_layers=LAYERS,
+            num_attention_heads=4,
+            num_key_value_heads=4,
+            max_position_embeddings=2048,
+            bos_token_id=1,
+            eos_token_id=2,
+            pad_token_id=0,
+        )
+    )
     critic = ValueModel.from_causal_lm(actor)
     n = spec["responses"]
     bounded = spec["mode"] == "bounded"
-    ppo = {"responses_per_step": n, "mini_batch_size": n, "micro_batch_size": 8 if bounded else n,
-           "rollout_batch_size": 16 if bounded else n, "logits_chunk": 32 if bounded else None,
-           "max_new_tokens": spec["length"]}
+    ppo = {
+        "responses_per_step": n,
+        "mini_batch_size": n,
+        "micro_batch_size": 8 if bounded else n,
+        "rollout_batch_size": 16 if bounded else n,
+        "logits_chunk": 32 if bounded else None,
+        "max_new_tokens": spec["length"],
+    }
     with tempfile.TemporaryDirectory() as d:
-        cfg = merge(RunConfig(), {"components": [], "ppo": ppo, "steps": 1, "eval_every": 0, "eval_k": 1,
-                                  "wandb": "disabled", "out_dir": d, "threads": 1, "cache_dir": d})
+        cfg = merge(
+            RunConfig(),
+            {
+                "components": [],
+                "ppo": ppo,
+                "steps": 1,
+                "eval_every": 0,
+                "eval_k": 1,
+                "wandb": "disabled",
+                "out_dir": d,
+                "threads": 1,
+                "cache_dir": d,
+            },
+        )
         base = {}
 
         def factory(c):
@@ -108,8 +140,16 @@ def one(spec: dict) -> dict:
     return {**spec, "peak_mb": peak - base["rss"]}
 
 
-DECODE_SHAPE = {"rows": 64, "prompt": 16, "positions": 1024, "hidden": 896, "heads": 14, "kv_heads": 2, "layers": 2,
-                "vocab": 512}
+DECODE_SHAPE = {
+    "rows": 64,
+    "prompt": 16,
+    "positions": 1024,
+    "hidden": 896,
+    "heads": 14,
+    "kv_heads": 2,
+    "layers": 2,
+    "vocab": 512,
+}
 
 
 def decode_one(spec: dict) -> dict:
@@ -134,13 +174,15 @@ def decode_one(spec: dict) -> dict:
 
         def __init__(self, model, cache, key_valid, capacity):
             saved = fast_decode.compute_dtype
-            fast_decode.compute_dtype = lambda m: fast_decode._layer_kv(cache, 0)[0].dtype  # the prefill's dtype
+            fast_decode.compute_dtype = lambda m: (
+                fast_decode._layer_kv(cache, 0)[0].dtype
+            )  # the prefill's dtype
             try:
                 super().__init__(model, cache, key_valid, capacity)
             finally:
                 fast_decode.compute_dtype = saved
             self.key_valid = torch.zeros((len(key_valid), capacity), dtype=torch.bool)  # the whole row's keys
-            self.key_valid[:, :key_valid.shape[1]] = key_valid.bool()
+            self.key_valid[:, : key_valid.shape[1]] = key_valid.bool()
 
         def keep(self, keep):
             self.k = [t[keep] for t in self.k]
@@ -160,8 +202,8 @@ def decode_one(spec: dict) -> dict:
                 q, k, v = fused.qkv(fused.norm(layer.input_layernorm, x))
                 q, k, v = (p.view(x.shape[0], 1, -1, attn.head_dim).transpose(1, 2) for p in (q, k, v))
                 q, k = _rotary(q, k, cos, sin)
-                self.k[i][:, :, t:t + 1] = k
-                self.v[i][:, :, t:t + 1] = v
+                self.k[i][:, :, t : t + 1] = k
+                self.v[i][:, :, t : t + 1] = v
                 keys, values = self.k[i][:, :, : t + 1], self.v[i][:, :, : t + 1]
                 groups = q.shape[1] // keys.shape[1]
                 keys, values = keys.repeat_interleave(groups, 1), values.repeat_interleave(groups, 1)
@@ -173,47 +215,78 @@ def decode_one(spec: dict) -> dict:
     torch.set_num_threads(1)
     torch.manual_seed(0)
     sh = DECODE_SHAPE
-    model = Qwen2ForCausalLM(Qwen2Config(
-        vocab_size=sh["vocab"], hidden_size=sh["hidden"], intermediate_size=2 * sh["hidden"],
-        num_hidden_layers=sh["layers"], num_attention_heads=sh["heads"], num_key_value_heads=sh["kv_heads"],
-        max_position_embeddings=sh["positions"])).eval()
+    model = Qwen2ForCausalLM(
+        Qwen2Config(
+            vocab_size=sh["vocab"],
+            hidden_size=sh["hidden"],
+            intermediate_size=2 * sh["hidden"],
+            num_hidden_layers=sh["layers"],
+            num_attention_heads=sh["heads"],
+            num_key_value_heads=sh["kv_heads"],
+            max_position_embeddings=sh["positions"],
+        )
+    ).eval()
     n, P = sh["rows"], sh["prompt"]
     ids = torch.randint(3, sh["vocab"], (n, P))
     mask = torch.ones_like(ids)
-    region = torch.autocast("cpu", dtype=torch.bfloat16) if spec["compute"] == "bf16-autocast" else contextlib.nullcontext()
+    region = (
+        torch.autocast("cpu", dtype=torch.bfloat16)
+        if spec["compute"] == "bf16-autocast"
+        else contextlib.nullcontext()
+    )
     with torch.no_grad(), region:
         out = model(input_ids=ids, attention_mask=mask, use_cache=True, logits_to_keep=1)
         base = rss_mb()
-        dec = (Before if spec["code"] == "before" else StaticDecoder)(model, out.past_key_values, mask, sh["positions"])
+        dec = (Before if spec["code"] == "before" else StaticDecoder)(
+            model, out.past_key_values, mask, sh["positions"]
+        )
         steps = sh["positions"] - P
         t0 = time.perf_counter()
         for s in range(steps):
             if s == steps // 2:
                 dec.keep(torch.arange(len(dec.rows)) % 2 == 0)
-            logits = dec.step(torch.randint(3, sh["vocab"], (len(dec.rows),)), torch.full((len(dec.rows),), P + s))
+            logits = dec.step(
+                torch.randint(3, sh["vocab"], (len(dec.rows),)), torch.full((len(dec.rows),), P + s)
+            )
         seconds = time.perf_counter() - t0
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-    return {**spec, "peak_mb": peak - base, "cache_dtype": str(dec.k[0].dtype).replace("torch.", ""),
-            "tokens_per_second": steps * n * 0.75 / seconds, "logits_finite": bool(torch.isfinite(logits).all())}
+    return {
+        **spec,
+        "peak_mb": peak - base,
+        "cache_dtype": str(dec.k[0].dtype).replace("torch.", ""),
+        "tokens_per_second": steps * n * 0.75 / seconds,
+        "logits_finite": bool(torch.isfinite(logits).all()),
+    }
 
 
 def decode_table(env: dict) -> None:
     sh = DECODE_SHAPE
-    print(f"fast-decode peak memory (MB above the process after prefill): Qwen2 {sh['layers']}x{sh['hidden']}, "
-          f"{sh['heads']}:{sh['kv_heads']} heads, {sh['rows']} rows x {sh['positions']} positions")
-    print(f"{'compute':>13} {'before MB':>9} {'after MB':>8} {'before/after':>12} {'cache dtype':>17} {'tok/s b/a':>11}")
+    print(
+        f"fast-decode peak memory (MB above the process after prefill): Qwen2 {sh['layers']}x{sh['hidden']}, "
+        f"{sh['heads']}:{sh['kv_heads']} heads, {sh['rows']} rows x {sh['positions']} positions"
+    )
+    print(
+        f"{'compute':>13} {'before MB':>9} {'after MB':>8} {'before/after':>12} {'cache dtype':>17} {'tok/s b/a':>11}"
+    )
     for compute in ("fp32", "bf16-autocast"):
         row = {}
         for code in ("before", "after"):
-            out = subprocess.run([sys.executable, __file__, "--decode-one", json.dumps({"code": code, "compute": compute})],
-                                 capture_output=True, text=True, env=env)
+            out = subprocess.run(
+                [sys.executable, __file__, "--decode-one", json.dumps({"code": code, "compute": compute})],
+                capture_output=True,
+                text=True,
+                env=env,
+            )
             if out.returncode:
                 sys.exit(out.stderr[-2000:])
             row[code] = json.loads(out.stdout.strip().splitlines()[-1])
         b, a = row["before"], row["after"]
-        print(f"{compute:>13} {b['peak_mb']:>9.0f} {a['peak_mb']:>8.0f} {b['peak_mb'] / a['peak_mb']:>12.2f} "
-              f"{b['cache_dtype'] + '/' + a['cache_dtype']:>17} "
-              f"{b['tokens_per_second']:>5.0f}/{a['tokens_per_second']:<5.0f}", flush=True)
+        print(
+            f"{compute:>13} {b['peak_mb']:>9.0f} {a['peak_mb']:>8.0f} {b['peak_mb'] / a['peak_mb']:>12.2f} "
+            f"{b['cache_dtype'] + '/' + a['cache_dtype']:>17} "
+            f"{b['tokens_per_second']:>5.0f}/{a['tokens_per_second']:<5.0f}",
+            flush=True,
+        )
 
 
 def load_one(model_dir: str) -> dict:
@@ -231,8 +304,12 @@ def load_one(model_dir: str) -> dict:
     critic = load_critic("actor", task, policy_spec=model_dir)
     peak = resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024 - base
     size = sum(p.numel() * p.element_size() for p in actor.parameters()) / 2**20
-    return {"model_mb": size, "peak_mb": peak, "held_mb": rss_mb() - base, "critic_params": sum(
-        p.numel() for p in critic.parameters())}
+    return {
+        "model_mb": size,
+        "peak_mb": peak,
+        "held_mb": rss_mb() - base,
+        "critic_params": sum(p.numel() for p in critic.parameters()),
+    }
 
 
 def load_table(env: dict) -> None:
@@ -244,22 +321,36 @@ def load_table(env: dict) -> None:
 
     with tempfile.TemporaryDirectory() as d:
         torch.manual_seed(0)
-        Qwen2ForCausalLM(Qwen2Config(vocab_size=32_000, hidden_size=768, intermediate_size=2048, num_hidden_layers=8,
-                                     num_attention_heads=12, num_key_value_heads=2)).save_pretrained(d)
+        Qwen2ForCausalLM(
+            Qwen2Config(
+                vocab_size=32_000,
+                hidden_size=768,
+                intermediate_size=2048,
+                num_hidden_layers=8,
+                num_attention_heads=12,
+                num_key_value_heads=2,
+            )
+        ).save_pretrained(d)
         get_task("chain").tokenizer.save_pretrained(d)
-        out = subprocess.run([sys.executable, __file__, "--load-one", d], capture_output=True, text=True, env=env)
+        out = subprocess.run(
+            [sys.executable, __file__, "--load-one", d], capture_output=True, text=True, env=env
+        )
         if out.returncode:
             sys.exit(out.stderr[-2000:])
         r = json.loads(out.stdout.strip().splitlines()[-1])
-    print(f"host memory of one rank loading actor + critic (critic_init=actor), float32: model {r['model_mb']:.0f} MB, "
-          f"peak {r['peak_mb']:.0f} MB ({r['peak_mb'] / r['model_mb']:.2f} x), held after {r['held_mb']:.0f} MB "
-          f"({r['held_mb'] / r['model_mb']:.2f} x)")
+    print(
+        f"host memory of one rank loading actor + critic (critic_init=actor), float32: model {r['model_mb']:.0f} MB, "
+        f"peak {r['peak_mb']:.0f} MB ({r['peak_mb'] / r['model_mb']:.2f} x), held after {r['held_mb']:.0f} MB "
+        f"({r['held_mb'] / r['model_mb']:.2f} x)"
+    )
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--decode", action="store_true", help="the fast decoder's memory at a GQA shape, before/after")
+    ap.add_argument(
+        "--decode", action="store_true", help="the fast decoder's memory at a GQA shape, before/after"
+    )
     ap.add_argument("--one", help=argparse.SUPPRESS)
     ap.add_argument("--decode-one", help=argparse.SUPPRESS)
     ap.add_argument("--load", action="store_true", help="host memory of one rank loading actor + critic")
@@ -282,20 +373,33 @@ def main() -> None:
         return
     responses = [16, 32, 64] if args.quick else [16, 32, 64, 128]
     lengths = [64] if args.quick else [64, 128]
-    print(f"peak memory of one PPO iteration (MB above the process before it); Llama {LAYERS}x{HIDDEN}, vocab {VOCAB}")
+    print(
+        f"peak memory of one PPO iteration (MB above the process before it); Llama {LAYERS}x{HIDDEN}, vocab {VOCAB}"
+    )
     print(f"{'responses':>9} {'length':>6} {'plain MB':>9} {'bounded MB':>10} {'plain/bounded':>13}")
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1])}
     for length in lengths:
         for n in responses:
             row = {}
             for mode in ("plain", "bounded"):
-                out = subprocess.run([sys.executable, __file__, "--one", json.dumps({"responses": n, "length": length,
-                                      "mode": mode})], capture_output=True, text=True, env=env)
+                out = subprocess.run(
+                    [
+                        sys.executable,
+                        __file__,
+                        "--one",
+                        json.dumps({"responses": n, "length": length, "mode": mode}),
+                    ],
+                    capture_output=True,
+                    text=True,
+                    env=env,
+                )
                 if out.returncode:
                     sys.exit(out.stderr[-2000:])
                 row[mode] = json.loads(out.stdout.strip().splitlines()[-1])["peak_mb"]
-            print(f"{n:>9} {length:>6} {row['plain']:>9.0f} {row['bounded']:>10.0f} {row['plain'] / row['bounded']:>13.2f}",
-                  flush=True)
+            print(
+                f"{n:>9} {length:>6} {row['plain']:>9.0f} {row['bounded']:>10.0f} {row['plain'] / row['bounded']:>13.2f}",
+                flush=True,
+            )
 
 
 if __name__ == "__main__":

@@ -6,6 +6,7 @@ on the same rows; the two agree to float rounding (checked here, and in tests/te
     python benchmarks/passes.py                 # 8 rows x (5 + 1,024) tokens, the step benchmark's 0.86M model
     python benchmarks/passes.py --reps 7 --tokens 512
 """
+
 from __future__ import annotations
 
 import argparse
@@ -23,12 +24,14 @@ sys.path.insert(0, str(Path(__file__).resolve().parent))
 def masked_actor(actor, ids, attn, P, response):
     from vapo_lit import algos, passes
 
-    logits = actor(input_ids=ids, attention_mask=attn, position_ids=passes.position_ids_from_mask(attn)).logits
-    return algos.token_logprobs(logits[:, P - 1:-1].float(), response)
+    logits = actor(
+        input_ids=ids, attention_mask=attn, position_ids=passes.position_ids_from_mask(attn)
+    ).logits
+    return algos.token_logprobs(logits[:, P - 1 : -1].float(), response)
 
 
 def masked_critic(critic, ids, attn, P):
-    return critic(ids, attn)[:, P - 1:-1]
+    return critic(ids, attn)[:, P - 1 : -1]
 
 
 def main() -> None:
@@ -51,13 +54,15 @@ def main() -> None:
     attn = torch.ones(n, P + R, dtype=torch.long)
     attn[::2, :2] = 0  # half the prompts left-padded by 2
     for i in range(1, n, 2):  # the other half's responses end early, by up to 30%
-        attn[i, P + R - int(torch.randint(1, max(2, int(0.3 * R)), (1,), generator=g)):] = 0
+        attn[i, P + R - int(torch.randint(1, max(2, int(0.3 * R)), (1,), generator=g)) :] = 0
     ids = torch.randint(5, len(task.tokenizer), (n, P + R), generator=g) * attn
     response, m = ids[:, P:], attn[:, P:].float()
 
     sides = {
         "actor, masked": lambda: masked_actor(actor, ids, attn, P, response),
-        "actor, mask-free": lambda: passes.response_logprobs(actor, ids, attn, P, response, temperature=1.0)[0],
+        "actor, mask-free": lambda: passes.response_logprobs(actor, ids, attn, P, response, temperature=1.0)[
+            0
+        ],
         "critic, masked": lambda: masked_critic(critic, ids, attn, P),
         "critic, mask-free": lambda: passes.state_values(critic, ids, attn, P)[:, :-1],
     }
@@ -68,18 +73,22 @@ def main() -> None:
     times = {k: [] for k in sides}
     names = list(sides)
     for r in range(args.reps + 1):  # the first round warms up
-        for name in names[r % len(names):] + names[:r % len(names)]:
+        for name in names[r % len(names) :] + names[: r % len(names)]:
             t0 = time.perf_counter()
             (sides[name]() * m).sum().backward()
             if r:
                 times[name].append(time.perf_counter() - t0)
-    print(f"forward + backward of one micro-batch: {n} rows x ({P} + {R}) tokens, half the prompts left-padded, the other "
-          f"half's responses shorter; 0.86M-parameter Llama, fp32, 1 thread, {args.reps} interleaved repetitions")
+    print(
+        f"forward + backward of one micro-batch: {n} rows x ({P} + {R}) tokens, half the prompts left-padded, the other "
+        f"half's responses shorter; 0.86M-parameter Llama, fp32, 1 thread, {args.reps} interleaved repetitions"
+    )
     med = {k: statistics.median(v) for k, v in times.items()}
     for k, v in times.items():
         print(f"  {k:<18} {med[k]:.3f} s [{min(v):.3f}-{max(v):.3f}]")
-    print(f"mask-free vs masked: actor {med['actor, masked'] / med['actor, mask-free']:.2f}x, "
-          f"critic {med['critic, masked'] / med['critic, mask-free']:.2f}x")
+    print(
+        f"mask-free vs masked: actor {med['actor, masked'] / med['actor, mask-free']:.2f}x, "
+        f"critic {med['critic, masked'] / med['critic, mask-free']:.2f}x"
+    )
 
 
 if __name__ == "__main__":

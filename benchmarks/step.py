@@ -49,6 +49,7 @@ side / ours) for the shape given. `--long` then also runs 32 responses x 1,024 t
 (`ours`: `VapoModule.rollout`, the task's verifier, `fill_values`, `fill_advantages`,
 `update_critic`, `update_actor`; nothing in vapo_lit is changed).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -91,11 +92,19 @@ class SuppressedTokensHead(torch.nn.Linear):
 def llama_config(args, tokenizer):
     from transformers import LlamaConfig
 
-    return LlamaConfig(vocab_size=len(tokenizer), hidden_size=args.hidden, num_hidden_layers=args.layers,
-                       num_attention_heads=args.heads, num_key_value_heads=args.heads,
-                       intermediate_size=args.intermediate, max_position_embeddings=512, tie_word_embeddings=False,
-                       bos_token_id=tokenizer.bos_token_id, eos_token_id=tokenizer.eos_token_id,
-                       pad_token_id=tokenizer.pad_token_id)
+    return LlamaConfig(
+        vocab_size=len(tokenizer),
+        hidden_size=args.hidden,
+        num_hidden_layers=args.layers,
+        num_attention_heads=args.heads,
+        num_key_value_heads=args.heads,
+        intermediate_size=args.intermediate,
+        max_position_embeddings=512,
+        tie_word_embeddings=False,
+        bos_token_id=tokenizer.bos_token_id,
+        eos_token_id=tokenizer.eos_token_id,
+        pad_token_id=tokenizer.pad_token_id,
+    )
 
 
 def build_policy(args, tokenizer):
@@ -139,13 +148,32 @@ def plain_encode(tokenizer, prompts: list[str]):
 
 
 @torch.no_grad()
-def plain_generate(actor, ids, attn, *, max_new_tokens: int, temperature: float, pad_id: int, eos_id: int,
-                   greedy: bool = False):
+def plain_generate(
+    actor,
+    ids,
+    attn,
+    *,
+    max_new_tokens: int,
+    temperature: float,
+    pad_id: int,
+    eos_id: int,
+    greedy: bool = False,
+):
     """HF `generate`: (responses (N, R), behaviour log-probs (N, R) from its scores, before any cut)."""
-    out = actor.generate(input_ids=ids, attention_mask=attn, do_sample=not greedy, temperature=temperature if not greedy else None,
-                         top_k=0 if not greedy else None, top_p=1.0 if not greedy else None, max_new_tokens=max_new_tokens,
-                         pad_token_id=pad_id, eos_token_id=eos_id, output_scores=True, return_dict_in_generate=True)
-    responses = out.sequences[:, ids.shape[1]:]
+    out = actor.generate(
+        input_ids=ids,
+        attention_mask=attn,
+        do_sample=not greedy,
+        temperature=temperature if not greedy else None,
+        top_k=0 if not greedy else None,
+        top_p=1.0 if not greedy else None,
+        max_new_tokens=max_new_tokens,
+        pad_token_id=pad_id,
+        eos_token_id=eos_id,
+        output_scores=True,
+        return_dict_in_generate=True,
+    )
+    responses = out.sequences[:, ids.shape[1] :]
     scores = torch.stack(out.scores, 1).float()  # (N, R, V): logits / T
     logp = torch.log_softmax(scores, -1).gather(-1, responses[..., None]).squeeze(-1)
     return responses, logp
@@ -165,7 +193,7 @@ def plain_positions(attn):
 def plain_logprobs(actor, ids, attn, prompt_width: int, responses, temperature: float, entropy: bool = False):
     """One padded full-length forward: log pi(y_t) of the response tokens (N, R) and their entropy."""
     logits = actor(input_ids=ids, attention_mask=attn, position_ids=plain_positions(attn)).logits
-    logits = logits[:, prompt_width - 1:-1].float() / temperature
+    logits = logits[:, prompt_width - 1 : -1].float() / temperature
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, responses[..., None]).squeeze(-1)
     ent = None
@@ -177,8 +205,10 @@ def plain_logprobs(actor, ids, attn, prompt_width: int, responses, temperature: 
 
 def plain_values(critic, ids, attn, prompt_width: int):
     """One padded full-length critic forward: V(s_t) before each response token (N, R)."""
-    h = critic.backbone(input_ids=ids, attention_mask=attn, position_ids=plain_positions(attn)).last_hidden_state
-    return critic.head(h).squeeze(-1)[:, prompt_width - 1:-1]
+    h = critic.backbone(
+        input_ids=ids, attention_mask=attn, position_ids=plain_positions(attn)
+    ).last_hidden_state
+    return critic.head(h).squeeze(-1)[:, prompt_width - 1 : -1]
 
 
 def reverse_gae(rewards, values, mask, lam, gamma: float = 1.0):
@@ -233,7 +263,10 @@ class PlainPPO:
         self.opts = {}
         for name, model, lr in (("actor", actor, self.p.actor_lr), ("critic", critic, self.p.critic_lr)):
             opt = torch.optim.AdamW(model.parameters(), lr=lr, weight_decay=self.p.weight_decay)
-            self.opts[name] = (opt, torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm)))
+            self.opts[name] = (
+                opt,
+                torch.optim.lr_scheduler.LambdaLR(opt, lambda s: min(1.0, (s + 1) / warm)),
+            )
         self.step_index = 0
 
     def minibatches(self, n: int, salt: int):
@@ -241,19 +274,28 @@ class PlainPPO:
         perm = torch.randperm(n, generator=g)
         mb, micro = self.args.mini_batch, self.args.micro_batch
         for s in range(0, n, mb):
-            idx = perm[s:s + mb]
-            yield idx, [idx[k:k + micro] for k in range(0, len(idx), micro)]
+            idx = perm[s : s + mb]
+            yield idx, [idx[k : k + micro] for k in range(0, len(idx), micro)]
 
     def step(self, timer) -> dict:
         a, p, tok = self.args, self.p, self.tok
         problems = prompts_of_step(self.task, a, self.step_index)
         with timer("rollout"):
             ids, attn = plain_encode(tok, [pr.prompt for pr in problems])
-            responses, old_logp = plain_generate(self.actor, ids, attn, max_new_tokens=a.tokens, temperature=p.temperature,
-                                                 pad_id=tok.pad_token_id, eos_id=tok.eos_token_id)
+            responses, old_logp = plain_generate(
+                self.actor,
+                ids,
+                attn,
+                max_new_tokens=a.tokens,
+                temperature=p.temperature,
+                pad_id=tok.pad_token_id,
+                eos_id=tok.eos_token_id,
+            )
             mask = plain_response_mask(responses, tok.eos_token_id)
             lengths = mask.sum(1).long()
-            texts = tok.batch_decode([r[:n].tolist() for r, n in zip(responses, lengths)], skip_special_tokens=True)
+            texts = tok.batch_decode(
+                [r[:n].tolist() for r, n in zip(responses, lengths)], skip_special_tokens=True
+            )
         with timer("verifier"):
             scores = torch.tensor([v.reward for v in self.task.verify_batch(problems, texts)])
         P, N = ids.shape[1], len(problems)
@@ -275,7 +317,12 @@ class PlainPPO:
             stats = self.update_actor(full, full_attn, P, responses, old_logp, adv, mask, scores > 0)
         self.step_index += 1
         stats.update({"value_loss": sum(v_losses) / len(v_losses), "score": float(scores.mean())})
-        return {"tokens": int(mask.sum()), "min_len": int(lengths.min()), "max_len": int(lengths.max()), "stats": stats}
+        return {
+            "tokens": int(mask.sum()),
+            "min_len": int(lengths.min()),
+            "max_len": int(lengths.max()),
+            "stats": stats,
+        }
 
     def update_critic(self, full, attn, P, returns, mask) -> list[float]:
         opt, sch = self.opts["critic"]
@@ -284,7 +331,9 @@ class PlainPPO:
             den = mask[idx].sum()
             total = 0.0
             for mi in micros:
-                loss = plain_value_loss(plain_values(self.critic, full[mi], attn[mi], P), returns[mi], mask[mi], den)
+                loss = plain_value_loss(
+                    plain_values(self.critic, full[mi], attn[mi], P), returns[mi], mask[mi], den
+                )
                 loss.backward()
                 total += loss.item()
             torch.nn.utils.clip_grad_norm_(self.critic.parameters(), self.p.grad_clip)
@@ -300,9 +349,21 @@ class PlainPPO:
         for idx, micros in self.minibatches(len(full), salt=20):
             den, pos_den = mask[idx].sum(), (mask[idx] * positive[idx, None]).sum()
             for mi in micros:
-                logp, ent = plain_logprobs(self.actor, full[mi], attn[mi], P, responses[mi], self.p.temperature, entropy=True)
-                loss = plain_policy_loss(logp, old_logp[mi], adv[mi], mask[mi], positive[mi], eps_low=self.p.eps,
-                                         eps_high=self.v.eps_high, mu=self.v.mu, den=den, pos_den=pos_den)[0]
+                logp, ent = plain_logprobs(
+                    self.actor, full[mi], attn[mi], P, responses[mi], self.p.temperature, entropy=True
+                )
+                loss = plain_policy_loss(
+                    logp,
+                    old_logp[mi],
+                    adv[mi],
+                    mask[mi],
+                    positive[mi],
+                    eps_low=self.p.eps,
+                    eps_high=self.v.eps_high,
+                    mu=self.v.mu,
+                    den=den,
+                    pos_den=pos_den,
+                )[0]
                 loss.backward()
                 with torch.no_grad():
                     m = mask[mi]
@@ -399,8 +460,13 @@ def worker_plain(args, link: Link, timer: Timer) -> None:
     task = chain_task()
     actor = build_policy(args, task.tokenizer)
     plain = PlainPPO(args, task, actor, build_critic(actor, args.seed))
-    link.send({"ready": True, "params": sum(p.numel() for p in actor.parameters()),
-               "critic_params": sum(p.numel() for p in plain.critic.parameters())})
+    link.send(
+        {
+            "ready": True,
+            "params": sum(p.numel() for p in actor.parameters()),
+            "critic_params": sum(p.numel() for p in plain.critic.parameters()),
+        }
+    )
     while True:
         link.wait()
         timer.extra.update(plain.step(timer))
@@ -414,15 +480,34 @@ def ours_config(args, out_dir: str):
     components = [c for c in COMPONENTS if c != "value_pretraining"]
     if args.samples_per_prompt == 1:
         components.remove("group_sampling")
-    return merge(merge(RunConfig(), PRESETS["default"]), {
-        "components": components, "model": "random", "seed": args.seed,
-        "ppo": {"responses_per_step": args.responses, "mini_batch_size": args.mini_batch,
-                "micro_batch_size": args.micro_batch, "max_new_tokens": args.tokens, "ppo_epochs": 1, "critic_epochs": 1},
-        "vapo": {"samples_per_prompt": max(args.samples_per_prompt, 2)},
-        "steps": 10**9, "eval_every": 0, "eval_k": 1, "eval_problems": 1, "checkpoint_every": 10**9,
-        "wandb": "disabled", "threads": 1, "accelerator": "cpu", "precision": "32-true", "out_dir": out_dir,
-        "name": "ours",
-    })
+    return merge(
+        merge(RunConfig(), PRESETS["default"]),
+        {
+            "components": components,
+            "model": "random",
+            "seed": args.seed,
+            "ppo": {
+                "responses_per_step": args.responses,
+                "mini_batch_size": args.mini_batch,
+                "micro_batch_size": args.micro_batch,
+                "max_new_tokens": args.tokens,
+                "ppo_epochs": 1,
+                "critic_epochs": 1,
+            },
+            "vapo": {"samples_per_prompt": max(args.samples_per_prompt, 2)},
+            "steps": 10**9,
+            "eval_every": 0,
+            "eval_k": 1,
+            "eval_problems": 1,
+            "checkpoint_every": 10**9,
+            "wandb": "disabled",
+            "threads": 1,
+            "accelerator": "cpu",
+            "precision": "32-true",
+            "out_dir": out_dir,
+            "name": "ours",
+        },
+    )
 
 
 def worker_ours(args, link: Link, timer: Timer) -> None:
@@ -437,8 +522,13 @@ def worker_ours(args, link: Link, timer: Timer) -> None:
     vapo_module.fill_advantages = timer.timed("advantages", vapo_module.fill_advantages)
 
     def count(exp, *_a, **_k):
-        timer.extra.update({"tokens": int(exp.mask.sum()), "min_len": int(exp.lengths.min()),
-                            "max_len": int(exp.lengths.max())})
+        timer.extra.update(
+            {
+                "tokens": int(exp.mask.sum()),
+                "min_len": int(exp.lengths.min()),
+                "max_len": int(exp.lengths.max()),
+            }
+        )
 
     def factory(cfg):
         task = chain_task()
@@ -455,9 +545,14 @@ def worker_ours(args, link: Link, timer: Timer) -> None:
 
         def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
             if batch_idx == 0:
-                link.send({"ready": True, "params": sum(p.numel() for p in pl_module.actor.parameters()),
-                           "critic_params": sum(p.numel() for p in pl_module.critic.parameters()),
-                           "components": pl_module.cfg.components})
+                link.send(
+                    {
+                        "ready": True,
+                        "params": sum(p.numel() for p in pl_module.actor.parameters()),
+                        "critic_params": sum(p.numel() for p in pl_module.critic.parameters()),
+                        "components": pl_module.cfg.components,
+                    }
+                )
                 link.wait()
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
@@ -478,7 +573,11 @@ def trl_missing() -> str | None:
         v = version("trl")
     except PackageNotFoundError:
         return "trl is not installed; pip install 'vapo-lit[bench]'"
-    return None if v.startswith("1.12.") else f"trl {v} is installed; trl.experimental.ppo is benchmarked at 1.12"
+    return (
+        None
+        if v.startswith("1.12.")
+        else f"trl {v} is installed; trl.experimental.ppo is benchmarked at 1.12"
+    )
 
 
 def worker_trl(args, link: Link, timer: Timer) -> None:
@@ -511,12 +610,29 @@ def worker_trl(args, link: Link, timer: Timer) -> None:
     data = Dataset.from_dict({"input_ids": [tok(p)["input_ids"] for p in prompts]})
     out = tempfile.mkdtemp(prefix="vapo-step-bench-trl-")
     config = PPOConfig(
-        output_dir=out, per_device_train_batch_size=args.responses, gradient_accumulation_steps=1,
-        num_mini_batches=args.responses // args.mini_batch, num_ppo_epochs=1, response_length=args.tokens,
-        temperature=1.0, stop_token=None, total_episodes=len(prompts), local_rollout_forward_batch_size=args.responses,
-        num_sample_generations=0, report_to=[], bf16=False, fp16=False, gradient_checkpointing=False, use_cpu=True,
-        learning_rate=5e-5, lr_scheduler_type="constant", save_strategy="no", disable_tqdm=True, seed=args.seed,
-        logging_steps=10**9, dataloader_num_workers=0,
+        output_dir=out,
+        per_device_train_batch_size=args.responses,
+        gradient_accumulation_steps=1,
+        num_mini_batches=args.responses // args.mini_batch,
+        num_ppo_epochs=1,
+        response_length=args.tokens,
+        temperature=1.0,
+        stop_token=None,
+        total_episodes=len(prompts),
+        local_rollout_forward_batch_size=args.responses,
+        num_sample_generations=0,
+        report_to=[],
+        bf16=False,
+        fp16=False,
+        gradient_checkpointing=False,
+        use_cpu=True,
+        learning_rate=5e-5,
+        lr_scheduler_type="constant",
+        save_strategy="no",
+        disable_tqdm=True,
+        seed=args.seed,
+        logging_steps=10**9,
+        dataloader_num_workers=0,
     )
     if args.micro_batch != args.mini_batch:
         # TRL's micro-batch is per_device_train_batch_size, which also sets its batch: with micro <
@@ -526,24 +642,39 @@ def worker_trl(args, link: Link, timer: Timer) -> None:
 
     class Pace(TrainerCallback):
         def on_train_begin(self, *a, **k):
-            link.send({"ready": True, "params": sum(p.numel() for p in actor.parameters()),
-                       "critic_params": sum(p.numel() for p in trainer.value_model.parameters())})
+            link.send(
+                {
+                    "ready": True,
+                    "params": sum(p.numel() for p in actor.parameters()),
+                    "critic_params": sum(p.numel() for p in trainer.value_model.parameters()),
+                }
+            )
             link.wait()
 
         def on_step_end(self, *a, **k):
             link.done()
             link.wait()
 
-    trainer = PPOTrainer(args=config, processing_class=tok, model=actor, ref_model=copy.deepcopy(actor),
-                         reward_model=scorer(), value_model=scorer(), train_dataset=data,
-                         eval_dataset=data.select(range(8)), callbacks=[Pace()])
+    trainer = PPOTrainer(
+        args=config,
+        processing_class=tok,
+        model=actor,
+        ref_model=copy.deepcopy(actor),
+        reward_model=scorer(),
+        value_model=scorer(),
+        train_dataset=data,
+        eval_dataset=data.select(range(8)),
+        callbacks=[Pace()],
+    )
 
     # the split: wrap the trainer's stages (module globals and instance methods) from outside
     def count(out, model, queries, *_a, **_k):
-        resp = out[0][:, queries.shape[1]:]
+        resp = out[0][:, queries.shape[1] :]
         ended = (resp == tok.pad_token_id) | (resp == tok.eos_token_id)  # where TRL's response ends
         lengths = torch.where(ended.any(1), ended.float().argmax(1), torch.full((len(resp),), resp.shape[1]))
-        timer.extra.update({"tokens": int(lengths.sum()), "min_len": int(lengths.min()), "max_len": int(lengths.max())})
+        timer.extra.update(
+            {"tokens": int(lengths.sum()), "min_len": int(lengths.min()), "max_len": int(lengths.max())}
+        )
 
     trl_ppo.batch_generation = timer.timed("rollout", trl_ppo.batch_generation, after=count)
     plain_forward, plain_reward = trl_ppo.forward, trl_ppo.get_reward
@@ -566,8 +697,20 @@ def worker_trl(args, link: Link, timer: Timer) -> None:
 # ============================================================================ the parent
 def worker_command(args, side: str) -> list[str]:
     cmd = [sys.executable, os.path.abspath(__file__), "--worker", side]
-    for name in ("responses", "tokens", "mini_batch", "micro_batch", "samples_per_prompt", "reps", "warmup", "hidden",
-                 "layers", "heads", "intermediate", "seed"):
+    for name in (
+        "responses",
+        "tokens",
+        "mini_batch",
+        "micro_batch",
+        "samples_per_prompt",
+        "reps",
+        "warmup",
+        "hidden",
+        "layers",
+        "heads",
+        "intermediate",
+        "seed",
+    ):
         cmd += [f"--{name.replace('_', '-')}", str(getattr(args, name))]
     if args.profile:
         cmd += ["--profile", args.profile]
@@ -578,18 +721,34 @@ class Worker:
     def __init__(self, args, side: str, log_dir: str):
         self.side = side
         self.log = Path(log_dir) / f"{side}.stderr"
-        env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1", "TOKENIZERS_PARALLELISM": "false",
-               "WANDB_MODE": "disabled", "TRL_EXPERIMENTAL_SILENCE": "1", "PYTHONPATH": os.pathsep.join(
-                   [str(Path(__file__).resolve().parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p])}
+        env = {
+            **os.environ,
+            "OMP_NUM_THREADS": "1",
+            "MKL_NUM_THREADS": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+            "WANDB_MODE": "disabled",
+            "TRL_EXPERIMENTAL_SILENCE": "1",
+            "PYTHONPATH": os.pathsep.join(
+                [str(Path(__file__).resolve().parents[1])] + [p for p in [os.environ.get("PYTHONPATH")] if p]
+            ),
+        }
         self.err = open(self.log, "w")  # noqa: SIM115 - the worker writes it until close()
-        self.proc = subprocess.Popen(worker_command(args, side), stdin=subprocess.PIPE, stdout=subprocess.PIPE,
-                                     stderr=self.err, text=True, env=env)
+        self.proc = subprocess.Popen(
+            worker_command(args, side),
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=self.err,
+            text=True,
+            env=env,
+        )
 
     def read(self) -> dict:
         line = self.proc.stdout.readline()
         if not line:
             tail = self.log.read_text()[-3000:]
-            raise SystemExit(f"the {self.side} worker stopped (exit {self.proc.wait()}); its stderr ends:\n{tail}")
+            raise SystemExit(
+                f"the {self.side} worker stopped (exit {self.proc.wait()}); its stderr ends:\n{tail}"
+            )
         return json.loads(line)
 
     def step(self) -> dict:
@@ -615,41 +774,67 @@ def fmt_range(xs, f="{:.2f}") -> str:
     return f"{f.format(statistics.median(xs))} [{f.format(min(xs))}-{f.format(max(xs))}]"
 
 
-PARTS = ("rollout", "verifier", "reward model", "reference forward", "values", "advantages", "critic update",
-         "actor update", "update (joint)", "gc.collect")
+PARTS = (
+    "rollout",
+    "verifier",
+    "reward model",
+    "reference forward",
+    "values",
+    "advantages",
+    "critic update",
+    "actor update",
+    "update (joint)",
+    "gc.collect",
+)
 
 
 def report(args, sides, ready, results, load_before) -> None:
     med = {s: statistics.median(r["seconds"] for r in results[s]) for s in sides}
-    print(f"step benchmark: one RL step per side, {len(results[sides[0]])} timed repetitions after {args.warmup} warm-up, "
-          f"interleaved (order rotates each repetition)")
+    print(
+        f"step benchmark: one RL step per side, {len(results[sides[0]])} timed repetitions after {args.warmup} warm-up, "
+        f"interleaved (order rotates each repetition)"
+    )
     r0 = ready[sides[0]]
-    print(f"model: random Llama, {r0['params']:,} parameters (hidden {args.hidden}, {args.layers} layers, {args.heads} heads, "
-          f"MLP {args.intermediate}, vocab {args.vocab} = the chain task's tokenizer), critic {r0['critic_params']:,}; "
-          f"fp32, CPU, 1 torch thread per process; EOS and pad logits fixed at -1e9")
-    print(f"batch: {args.responses} responses x {args.tokens} tokens, {args.responses // args.mini_batch} mini-batches of "
-          f"{args.mini_batch}, micro-batch {args.micro_batch}, 1 epoch; {args.responses // args.samples_per_prompt} prompts x "
-          f"{args.samples_per_prompt} samples of the chain task's 5-token prompts on every side")
+    print(
+        f"model: random Llama, {r0['params']:,} parameters (hidden {args.hidden}, {args.layers} layers, {args.heads} heads, "
+        f"MLP {args.intermediate}, vocab {args.vocab} = the chain task's tokenizer), critic {r0['critic_params']:,}; "
+        f"fp32, CPU, 1 torch thread per process; EOS and pad logits fixed at -1e9"
+    )
+    print(
+        f"batch: {args.responses} responses x {args.tokens} tokens, {args.responses // args.mini_batch} mini-batches of "
+        f"{args.mini_batch}, micro-batch {args.micro_batch}, 1 epoch; {args.responses // args.samples_per_prompt} prompts x "
+        f"{args.samples_per_prompt} samples of the chain task's 5-token prompts on every side"
+    )
     if "ours" in ready:
-        print(f"ours: the default preset, components {','.join(ready['ours']['components'])} (value pretraining off: a phase "
-              f"before PPO)")
-    print(f"load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs")
+        print(
+            f"ours: the default preset, components {','.join(ready['ours']['components'])} (value pretraining off: a phase "
+            f"before PPO)"
+        )
+    print(
+        f"load average (1 min) before: {load_before:.2f}, after: {os.getloadavg()[0]:.2f} on {os.cpu_count()} CPUs"
+    )
     print()
-    print("| side | s / step, median [min-max] | generated tokens / s, median [min-max] | tokens / step | response length "
-          "| time vs ours |")
+    print(
+        "| side | s / step, median [min-max] | generated tokens / s, median [min-max] | tokens / step | response length "
+        "| time vs ours |"
+    )
     print("|---|---|---|---|---|---|")
     for s in sides:
         rs = results[s]
         tps = [r["tokens"] / r["seconds"] for r in rs]
         lens = f"{min(r['min_len'] for r in rs)}-{max(r['max_len'] for r in rs)}"
         vs = f"{med[s] / med['ours']:.2f}x" if "ours" in med else "-"
-        print(f"| {s} | {fmt_range([r['seconds'] for r in rs])} | {fmt_range([t for t in tps], '{:.0f}')} "
-              f"| {rs[0]['tokens']} | {lens} | {vs} |")
+        print(
+            f"| {s} | {fmt_range([r['seconds'] for r in rs])} | {fmt_range([t for t in tps], '{:.0f}')} "
+            f"| {rs[0]['tokens']} | {lens} | {vs} |"
+        )
     print()
     print("split, median seconds per step (ratio: side / ours)")
     print("| part | " + " | ".join(sides) + " |")
     print("|---|" + "---|" * len(sides))
-    split_med = {s: {p: statistics.median(r["split"].get(p, 0.0) for r in results[s]) for p in PARTS} for s in sides}
+    split_med = {
+        s: {p: statistics.median(r["split"].get(p, 0.0) for r in results[s]) for p in PARTS} for s in sides
+    }
     for s in sides:
         split_med[s]["rest"] = statistics.median(r["seconds"] - sum(r["split"].values()) for r in results[s])
     for part in PARTS + ("rest",):
@@ -665,26 +850,38 @@ def report(args, sides, ready, results, load_before) -> None:
             cells.append(f"{x:.3f}{ratio}" if has[s] else "-")
         print(f"| {part} | " + " | ".join(cells) + " |")
     if "ours" in sides:
-        perf = {k: statistics.median(r["perf"][k] for r in results["ours"]) for k in results["ours"][0]["perf"]
-                if k.endswith("_seconds") and k != "perf/eval_seconds" and not k.startswith("perf/cumulative")}
-        print("(ours, the module's own perf/ metrics, medians: "
-              + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in perf.items()) + ")")
+        perf = {
+            k: statistics.median(r["perf"][k] for r in results["ours"])
+            for k in results["ours"][0]["perf"]
+            if k.endswith("_seconds") and k != "perf/eval_seconds" and not k.startswith("perf/cumulative")
+        }
+        print(
+            "(ours, the module's own perf/ metrics, medians: "
+            + ", ".join(f"{k.split('/')[1]} {v:.3f}" for k, v in perf.items())
+            + ")"
+        )
     if "ours" in sides and len(sides) > 1:
         # The passes after the rollout (values, critic and actor forward/backward) run the same
         # matrix products on the same tokens on every side; if they are compute-bound, no sampler
         # can lift the ratio above this.
         rest = med["ours"] - split_med["ours"]["rollout"]
-        print(f"ceiling if our rollout took no time (ours minus its rollout = {rest:.3f} s): "
-              + ", ".join(f"{s} {med[s] / rest:.2f}x" for s in sides if s != "ours"))
+        print(
+            f"ceiling if our rollout took no time (ours minus its rollout = {rest:.3f} s): "
+            + ", ".join(f"{s} {med[s] / rest:.2f}x" for s in sides if s != "ours")
+        )
     if "ours" in sides and "trl" in sides:
         ours_update = split_med["ours"]["critic update"] + split_med["ours"]["actor update"]
-        print(f"(update, critic + actor: ours {ours_update:.3f} s, TRL joint {split_med['trl']['update (joint)']:.3f} s)")
+        print(
+            f"(update, critic + actor: ours {ours_update:.3f} s, TRL joint {split_med['trl']['update (joint)']:.3f} s)"
+        )
 
 
 def main(argv=None) -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--responses", type=int, default=64, help="responses per step (every side)")
-    ap.add_argument("--tokens", type=int, default=96, help="tokens per response (exactly: EOS and pad are suppressed)")
+    ap.add_argument(
+        "--tokens", type=int, default=96, help="tokens per response (exactly: EOS and pad are suppressed)"
+    )
     ap.add_argument("--mini-batch", type=int, default=32, help="responses per optimizer step")
     ap.add_argument("--micro-batch", type=int, default=32, help="responses per forward/backward")
     ap.add_argument("--samples-per-prompt", type=int, default=8, help="group sampling: samples per prompt")
@@ -693,30 +890,56 @@ def main(argv=None) -> int:
     ap.add_argument("--hidden", type=int, default=128)
     ap.add_argument("--layers", type=int, default=3)
     ap.add_argument("--heads", type=int, default=4)
-    ap.add_argument("--intermediate", type=int, default=544, help="MLP width (the default gives 0.86M parameters)")
+    ap.add_argument(
+        "--intermediate", type=int, default=544, help="MLP width (the default gives 0.86M parameters)"
+    )
     ap.add_argument("--seed", type=int, default=0)
-    ap.add_argument("--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)} (ours first)")
+    ap.add_argument(
+        "--sides", default=",".join(SIDES), help=f"comma-separated, from {','.join(SIDES)} (ours first)"
+    )
     ap.add_argument("--no-trl", action="store_true", help="skip TRL (the last line then says why)")
-    ap.add_argument("--long", action="store_true", help="also run 32 responses x 1,024 tokens, mini-batch 16, micro-batch 8 "
-                    "(after the shape given; its speedups on the line before the last)")
-    ap.add_argument("--quick", action="store_true", help="8 responses x 8 tokens, mini-batch 4, 1 repetition, no warm-up")
-    ap.add_argument("--profile", metavar="DIR", help="cProfile each side's timed steps into DIR/<side>.prof (slows them)")
+    ap.add_argument(
+        "--long",
+        action="store_true",
+        help="also run 32 responses x 1,024 tokens, mini-batch 16, micro-batch 8 "
+        "(after the shape given; its speedups on the line before the last)",
+    )
+    ap.add_argument(
+        "--quick", action="store_true", help="8 responses x 8 tokens, mini-batch 4, 1 repetition, no warm-up"
+    )
+    ap.add_argument(
+        "--profile", metavar="DIR", help="cProfile each side's timed steps into DIR/<side>.prof (slows them)"
+    )
     ap.add_argument("--worker", choices=SIDES, help=argparse.SUPPRESS)
     args = ap.parse_args(argv)
     if args.quick:
         args.responses, args.tokens, args.mini_batch, args.micro_batch = 8, 8, 4, 4
         args.samples_per_prompt, args.reps, args.warmup = 4, 1, 0
-    for name in ("responses", "tokens", "mini_batch", "micro_batch", "samples_per_prompt", "reps", "hidden", "layers",
-                 "heads", "intermediate"):
+    for name in (
+        "responses",
+        "tokens",
+        "mini_batch",
+        "micro_batch",
+        "samples_per_prompt",
+        "reps",
+        "hidden",
+        "layers",
+        "heads",
+        "intermediate",
+    ):
         if getattr(args, name) < 1:
             ap.error(f"--{name.replace('_', '-')} must be >= 1; got {getattr(args, name)}")
     if args.warmup < 0:
         ap.error(f"--warmup must be >= 0; got {args.warmup}")
     if args.responses % args.mini_batch or args.mini_batch % args.micro_batch:
-        ap.error(f"--responses {args.responses} must be a multiple of --mini-batch {args.mini_batch}, and that of "
-                 f"--micro-batch {args.micro_batch}")
+        ap.error(
+            f"--responses {args.responses} must be a multiple of --mini-batch {args.mini_batch}, and that of "
+            f"--micro-batch {args.micro_batch}"
+        )
     if args.responses % args.samples_per_prompt:
-        ap.error(f"--responses {args.responses} must be a multiple of --samples-per-prompt {args.samples_per_prompt}")
+        ap.error(
+            f"--responses {args.responses} must be a multiple of --samples-per-prompt {args.samples_per_prompt}"
+        )
     if args.hidden % args.heads:
         ap.error(f"--hidden {args.hidden} must be a multiple of --heads {args.heads}")
     sides = [s.strip() for s in args.sides.split(",") if s.strip()]
@@ -751,8 +974,10 @@ def main(argv=None) -> int:
         lines.append((shape, summary(med, trl_skip)))
         print()
     for shape, line in lines[1:]:
-        print(f"{shape.responses} x {shape.tokens} tokens (mini-batch {shape.mini_batch}, micro-batch "
-              f"{shape.micro_batch}): {line}")
+        print(
+            f"{shape.responses} x {shape.tokens} tokens (mini-batch {shape.mini_batch}, micro-batch "
+            f"{shape.micro_batch}): {line}"
+        )
     print(lines[0][1])
     return 0
 
@@ -772,16 +997,20 @@ def run_shape(args, sides) -> dict | None:
         ready = {s: w.read() for s, w in workers.items()}
         results = {s: [] for s in sides}
         for rep in range(args.warmup + args.reps):
-            order = sides[rep % len(sides):] + sides[:rep % len(sides)]
+            order = sides[rep % len(sides) :] + sides[: rep % len(sides)]
             times = {}
             for s in order:
                 r = workers[s].step()
                 times[s] = r["seconds"]
                 if rep >= args.warmup:
                     results[s].append(r)
-            print(f"# {args.responses} x {args.tokens}, repetition {rep + 1}/{args.warmup + args.reps}"
-                  f"{' (warm-up)' if rep < args.warmup else ''}: "
-                  + ", ".join(f"{s} {times[s]:.2f} s" for s in order), file=sys.stderr, flush=True)
+            print(
+                f"# {args.responses} x {args.tokens}, repetition {rep + 1}/{args.warmup + args.reps}"
+                f"{' (warm-up)' if rep < args.warmup else ''}: "
+                + ", ".join(f"{s} {times[s]:.2f} s" for s in order),
+                file=sys.stderr,
+                flush=True,
+            )
     finally:
         for w in workers.values():
             w.close()
@@ -789,7 +1018,9 @@ def run_shape(args, sides) -> dict | None:
     tokens = {s: {r["tokens"] for r in results[s]} for s in sides}
     expected = args.responses * args.tokens
     if any(t != {expected} for t in tokens.values()):
-        print(f"error: the sides generated different token counts per step {tokens}; expected {expected} each")
+        print(
+            f"error: the sides generated different token counts per step {tokens}; expected {expected} each"
+        )
         return None
     return {s: statistics.median(r["seconds"] for r in results[s]) for s in sides}
 
@@ -799,6 +1030,7 @@ def summary(med: dict, trl_skip) -> str:
     vs_plain = f"{med['plain'] / med['ours']:.2f}x" if "plain" in med else "skipped (not in --sides)"
     vs_trl = f"{med['trl'] / med['ours']:.2f}x" if "trl" in med else f"skipped ({trl_skip})"
     return f"speedup vs plain: {vs_plain}; vs TRL: {vs_trl}"
+
 
 if __name__ == "__main__":
     sys.exit(main())

@@ -1,5 +1,6 @@
 """A synthetic task and word-level tokenizer for benchmarks that need a realistic vocabulary
 (full-vocabulary logits dominate memory in real LLMs) without downloading anything."""
+
 from __future__ import annotations
 
 from functools import lru_cache
@@ -15,8 +16,9 @@ def word_tokenizer(vocab: int):
     words = ["<pad>", "<s>", "</s>", "<unk>"] + [f"w{i}" for i in range(vocab - 4)]
     wl = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="<unk>"))
     wl.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    return PreTrainedTokenizerFast(tokenizer_object=wl, bos_token="<s>", eos_token="</s>", pad_token="<pad>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=wl, bos_token="<s>", eos_token="</s>", pad_token="<pad>", unk_token="<unk>"
+    )
 
 
 class SyntheticTask(Task):
@@ -33,8 +35,10 @@ class SyntheticTask(Task):
         return word_tokenizer(self.vocab)
 
     def train_problems(self, n, seed):
-        return [Problem(" ".join(f"w{(seed * 31 + i * 7 + j) % 900}" for j in range(self.prompt_len)), "0")
-                for i in range(n)]
+        return [
+            Problem(" ".join(f"w{(seed * 31 + i * 7 + j) % 900}" for j in range(self.prompt_len)), "0")
+            for i in range(n)
+        ]
 
     def eval_problems(self):
         return self.train_problems(4, 0)

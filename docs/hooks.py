@@ -10,6 +10,7 @@ committed report (`--8<-- "reports/<study>/table.md"`):
   its "Figures:" line links to are shown inline, as a gallery below that line. The report's text
   is otherwise inserted as committed.
 """
+
 from __future__ import annotations
 
 import re
@@ -29,7 +30,9 @@ FIGURE_LINK = re.compile(r"\[([^\]]+)\]\(([^)\s]+\.png)\)")
 def on_files(files, config):
     for png in sorted((ROOT / "reports").glob("*/*.png")):
         if (ROOT / "docs" / "results" / png.parent.name / "index.md").is_file():
-            files.append(File.generated(config, f"results/{png.parent.name}/{png.name}", abs_src_path=str(png)))
+            files.append(
+                File.generated(config, f"results/{png.parent.name}/{png.name}", abs_src_path=str(png))
+            )
     return files
 
 
@@ -56,8 +59,11 @@ def heading_level_before(markdown: str, pos: int) -> int:
 def figure_gallery(line: str) -> str:
     """The figures a report's "Figures: [name](name.png), ..." line links to, as inline images with
     their names as captions, each a link to the full-size file."""
-    items = [f'<figure markdown="span">\n[![{name}]({src}){{ loading=lazy }}]({src})\n'
-             f"<figcaption>{name}</figcaption>\n</figure>" for name, src in FIGURE_LINK.findall(line)]
+    items = [
+        f'<figure markdown="span">\n[![{name}]({src}){{ loading=lazy }}]({src})\n'
+        f"<figcaption>{name}</figcaption>\n</figure>"
+        for name, src in FIGURE_LINK.findall(line)
+    ]
     if not items:
         return ""
     return '\n\n<div class="report-figures" markdown>\n\n' + "\n\n".join(items) + "\n\n</div>\n"

@@ -46,7 +46,9 @@ def fresh_pg_database():
         with admin.connect() as c:
             c.execute(sqlalchemy.text("SELECT 1"))
     except Exception as e:  # noqa: BLE001 - no driver, no server, bad password: all "unavailable"
-        _unavailable(f"cannot connect to {mask_url(url)}: {type(e).__name__}: {mask_text(e, url)}".splitlines()[0])
+        _unavailable(
+            f"cannot connect to {mask_url(url)}: {type(e).__name__}: {mask_text(e, url)}".splitlines()[0]
+        )
     name = f"vapo_test_{uuid.uuid4().hex[:12]}"
     with admin.connect() as c:
         c.execute(sqlalchemy.text(f'CREATE DATABASE "{name}"'))

@@ -16,6 +16,7 @@ difference 1e-13 relative, 2e-17 absolute). A float32 result anywhere in the cha
 histories by 1e-7 to 4e-5 relative between instruction sets (measured before the sampler kept
 float64: behaviour log-probs were rounded to float32), which `TOLERANCE` refuses.
 """
+
 from __future__ import annotations
 
 import csv
@@ -31,11 +32,29 @@ RUNS = {"vapo": None, "vanilla_ppo": []}  # components: None = all seven
 CONFIG = {
     "task": "chain",
     "task_options": {"min_n": 2, "max_n": 7, "n_buckets": 2, "eval_per_bucket": 3},
-    "ppo": {"actor_lr": 5e-4, "critic_lr": 1e-3, "responses_per_step": 16, "mini_batch_size": 8,
-            "micro_batch_size": 4, "ppo_epochs": 2, "warmup_steps": 2},
-    "vapo": {"alpha": 0.5, "value_pretrain_steps": 2, "samples_per_prompt": 4, "lambda_critic": 1.0,
-             "eps_high": 0.28, "mu": 0.1},
-    "steps": 4, "eval_every": 2, "eval_k": 2, "checkpoint_every": 2, "seed": 3, "wandb": "disabled",
+    "ppo": {
+        "actor_lr": 5e-4,
+        "critic_lr": 1e-3,
+        "responses_per_step": 16,
+        "mini_batch_size": 8,
+        "micro_batch_size": 4,
+        "ppo_epochs": 2,
+        "warmup_steps": 2,
+    },
+    "vapo": {
+        "alpha": 0.5,
+        "value_pretrain_steps": 2,
+        "samples_per_prompt": 4,
+        "lambda_critic": 1.0,
+        "eps_high": 0.28,
+        "mu": 0.1,
+    },
+    "steps": 4,
+    "eval_every": 2,
+    "eval_k": 2,
+    "checkpoint_every": 2,
+    "seed": 3,
+    "wandb": "disabled",
 }
 
 
@@ -43,8 +62,16 @@ def make_config(tmp: Path, label: str):
     from vapo_lit.config import COMPONENTS, RunConfig, merge
 
     comps = RUNS[label]
-    return merge(RunConfig(), {**CONFIG, "components": list(COMPONENTS) if comps is None else comps,
-                               "out_dir": str(tmp / "runs"), "name": label, "cache_dir": str(tmp / "cache")})
+    return merge(
+        RunConfig(),
+        {
+            **CONFIG,
+            "components": list(COMPONENTS) if comps is None else comps,
+            "out_dir": str(tmp / "runs"),
+            "name": label,
+            "cache_dir": str(tmp / "cache"),
+        },
+    )
 
 
 def factory(cfg):
@@ -58,9 +85,18 @@ def factory(cfg):
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.float64)
     try:
-        actor = train_sft(task, TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                                intermediate_size=64, max_position_embeddings=64),
-                          SFTConfig(steps=150, batch_size=16, lr=1e-2, warmup_steps=5), seed=0)
+        actor = train_sft(
+            task,
+            TinyModelConfig(
+                hidden_size=32,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=64,
+                max_position_embeddings=64,
+            ),
+            SFTConfig(steps=150, batch_size=16, lr=1e-2, warmup_steps=5),
+            seed=0,
+        )
         with torch.random.fork_rng():
             torch.manual_seed(1)
             critic = ValueModel.from_causal_lm(actor)

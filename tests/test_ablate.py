@@ -5,6 +5,7 @@ table, crashing cells retried then failed, storage passwords masked.
     .venv/bin/python -m pytest tests/test_ablate.py            # all (a minute or two)
     .venv/bin/python -m pytest tests/test_ablate.py -m "not slow"
 """
+
 from __future__ import annotations
 
 import io
@@ -20,7 +21,14 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
-from vapo_lit.ablate.grid import BOOKKEEPING, available_grids, cell_identity, cells_of, grid_from_drop, load_grid
+from vapo_lit.ablate.grid import (
+    BOOKKEEPING,
+    available_grids,
+    cell_identity,
+    cells_of,
+    grid_from_drop,
+    load_grid,
+)
 from vapo_lit.ablate.progress import eta_seconds, line
 from vapo_lit.ablate.store import CellStore, Status, mask_text, mask_url
 from vapo_lit.cli.ablate import main
@@ -33,8 +41,23 @@ PY = sys.executable
 
 
 def flags(tmp_path, out="out", *extra):
-    return ["--seeds", "1", "--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1",
-            "--cache_dir", str(tmp_path / "cache"), "--out", str(tmp_path / out), *extra]
+    return [
+        "--seeds",
+        "1",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / out),
+        *extra,
+    ]
 
 
 def attempts(run_dir) -> list[dict]:
@@ -43,8 +66,11 @@ def attempts(run_dir) -> list[dict]:
 
 
 def starts(out) -> dict:
-    return {d.name: [a for a in attempts(d) if a["event"] == "start"] for d in sorted((Path(out) / "runs").iterdir())
-            if d.is_dir() and not d.name.startswith(".")}
+    return {
+        d.name: [a for a in attempts(d) if a["event"] == "start"]
+        for d in sorted((Path(out) / "runs").iterdir())
+        if d.is_dir() and not d.name.startswith(".")
+    }
 
 
 def write_grid(tmp_path, name, rows) -> str:
@@ -60,15 +86,27 @@ def numeric_table(out, grid):
     attempt counts (how the runs went: a killed cell has one attempt more)."""
     t = pd.read_csv(Path(out) / "reports" / grid / "table.csv")
     t = t.set_index("row").select_dtypes("number")
-    return t[[c for c in t.columns if "second" not in c and "peak_memory" not in c
-              and c not in ("attempts", "crashes", "interrupted")]]
+    return t[
+        [
+            c
+            for c in t.columns
+            if "second" not in c
+            and "peak_memory" not in c
+            and c not in ("attempts", "crashes", "interrupted")
+        ]
+    ]
 
 
 # ----------------------------------------------------------------------------- validation
 def test_bad_drop_exits_fast_and_writes_nothing(tmp_path):
     t0 = time.time()
-    r = subprocess.run([PY, "-m", "vapo_lit.cli.ablate", "--drop=not_a_component", "--out", str(tmp_path / "o")],
-                       cwd=tmp_path, capture_output=True, text=True, timeout=60)
+    r = subprocess.run(
+        [PY, "-m", "vapo_lit.cli.ablate", "--drop=not_a_component", "--out", str(tmp_path / "o")],
+        cwd=tmp_path,
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
     assert r.returncode != 0 and time.time() - t0 < 10
     assert "not_a_component" in r.stderr and ", ".join(COMPONENTS) in r.stderr
     assert list(tmp_path.iterdir()) == []  # no output folder, no database
@@ -81,11 +119,14 @@ def test_unknown_grid_lists_valid_grids(tmp_path, capsys):
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("url, expect", [
-    ("not a url", "not a valid database URL"),
-    ("sqlite:////no/such/folder/x.db", "does not exist"),
-    ("mysql+nosuchdriver://alice:s3cretpw@127.0.0.1:1/vapo", "not a valid database URL"),
-])
+@pytest.mark.parametrize(
+    "url, expect",
+    [
+        ("not a url", "not a valid database URL"),
+        ("sqlite:////no/such/folder/x.db", "does not exist"),
+        ("mysql+nosuchdriver://alice:s3cretpw@127.0.0.1:1/vapo", "not a valid database URL"),
+    ],
+)
 def test_bad_storage_url_masked_and_nothing_written(tmp_path, capsys, url, expect):
     assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--storage", url)) == 2
     captured = capsys.readouterr()
@@ -94,12 +135,18 @@ def test_bad_storage_url_masked_and_nothing_written(tmp_path, capsys, url, expec
     assert not (tmp_path / "o").exists()
 
 
-@pytest.mark.parametrize("url, package", [
-    ("postgresql://alice:s3cretpw@127.0.0.1:1/vapo", 'pip install "psycopg[binary]" (or "vapo-lit[postgres]")'),
-    ("postgresql+psycopg://alice:s3cretpw@127.0.0.1:1/vapo", 'pip install "psycopg[binary]"'),
-    ("postgresql+psycopg2://alice:s3cretpw@127.0.0.1:1/vapo", "pip install psycopg2-binary"),
-    ("mysql+pymysql://alice:s3cretpw@127.0.0.1:1/vapo", "pip install pymysql"),
-])
+@pytest.mark.parametrize(
+    "url, package",
+    [
+        (
+            "postgresql://alice:s3cretpw@127.0.0.1:1/vapo",
+            'pip install "psycopg[binary]" (or "vapo-lit[postgres]")',
+        ),
+        ("postgresql+psycopg://alice:s3cretpw@127.0.0.1:1/vapo", 'pip install "psycopg[binary]"'),
+        ("postgresql+psycopg2://alice:s3cretpw@127.0.0.1:1/vapo", "pip install psycopg2-binary"),
+        ("mysql+pymysql://alice:s3cretpw@127.0.0.1:1/vapo", "pip install pymysql"),
+    ],
+)
 def test_missing_database_driver_names_the_package(tmp_path, capsys, monkeypatch, url, package):
     for module in ("psycopg", "psycopg2", "pymysql"):
         monkeypatch.setitem(sys.modules, module, None)  # as if not installed
@@ -117,27 +164,40 @@ def test_plain_postgresql_url_falls_back_to_psycopg2(monkeypatch):
     from vapo_lit.ablate.urls import engine_url
 
     real = importlib.util.find_spec
-    monkeypatch.setattr(importlib.util, "find_spec",
-                        lambda name, *a: None if name == "psycopg" else object() if name == "psycopg2" else real(name, *a))
+    monkeypatch.setattr(
+        importlib.util,
+        "find_spec",
+        lambda name, *a: None if name == "psycopg" else object() if name == "psycopg2" else real(name, *a),
+    )
     assert engine_url("postgresql://u:p@h/d") == "postgresql+psycopg2://u:p@h/d"
-    assert engine_url("postgresql+psycopg://u:p@h/d") == "postgresql+psycopg://u:p@h/d"  # explicit: left alone
+    assert (
+        engine_url("postgresql+psycopg://u:p@h/d") == "postgresql+psycopg://u:p@h/d"
+    )  # explicit: left alone
     assert engine_url("sqlite:////tmp/x.db") == "sqlite:////tmp/x.db"
 
 
 def test_unreachable_server_is_one_masked_line_and_nothing_written(tmp_path, capsys):
-    pytest.importorskip("psycopg", reason="needs the PostgreSQL driver (pip install \"vapo-lit[postgres]\")")
+    pytest.importorskip("psycopg", reason='needs the PostgreSQL driver (pip install "vapo-lit[postgres]")')
     url = "postgresql://alice:s3cretpw@127.0.0.1:1/vapo"
     assert main(flags(tmp_path, "o", "--drop", "clip_higher", "--storage", url)) == 2
     err = capsys.readouterr().err
-    assert "cannot open storage postgresql://alice:***@127.0.0.1:1/vapo" in err and len(err.strip().splitlines()) == 1
+    assert (
+        "cannot open storage postgresql://alice:***@127.0.0.1:1/vapo" in err
+        and len(err.strip().splitlines()) == 1
+    )
     assert "s3cretpw" not in err
     assert not (tmp_path / "o").exists()
 
 
 def test_mask_url():
     assert mask_url("postgresql://bob:pa:ss@db.example/vapo") == "postgresql://bob:***@db.example/vapo"
-    assert mask_url("mysql+pymysql://u:x%40y@h:3306/d?charset=utf8") == "mysql+pymysql://u:***@h:3306/d?charset=utf8"
-    assert mask_url("postgresql://h/d?user=u&password=hunter2&x=1") == "postgresql://h/d?user=u&password=***&x=1"
+    assert (
+        mask_url("mysql+pymysql://u:x%40y@h:3306/d?charset=utf8")
+        == "mysql+pymysql://u:***@h:3306/d?charset=utf8"
+    )
+    assert (
+        mask_url("postgresql://h/d?user=u&password=hunter2&x=1") == "postgresql://h/d?user=u&password=***&x=1"
+    )
     assert mask_url("sqlite:////tmp/a.db") == "sqlite:////tmp/a.db"
     url = "postgresql://bob:hunter2@db/vapo"
     assert "hunter2" not in mask_text(f"could not connect to {url}: password hunter2 rejected", url)
@@ -165,11 +225,21 @@ def test_one_label_for_run_folders_wandb_and_reports(tmp_path):
     for name in available_grids():
         for row in load_grid(name).rows:
             cfg = row.config(base)
-            assert row.label == run_label(cfg.components, cfg.advantage_estimator, cfg.observations,
-                                          cfg.gae_values), (name, row.label)
+            assert row.label == run_label(
+                cfg.components, cfg.advantage_estimator, cfg.observations, cfg.gae_values
+            ), (name, row.label)
             assert run_dir_of(merge(cfg, {"out_dir": "x"})).name == f"{row.label}-s0"
-            assert label_of({"components": cfg.components, "advantage_estimator": cfg.advantage_estimator,
-                             "observations": cfg.observations, "gae_values": cfg.gae_values}) == row.label
+            assert (
+                label_of(
+                    {
+                        "components": cfg.components,
+                        "advantage_estimator": cfg.advantage_estimator,
+                        "observations": cfg.observations,
+                        "gae_values": cfg.gae_values,
+                    }
+                )
+                == row.label
+            )
             seen += 1
     assert seen >= 9 + 29 + 3
     assert run_label([], "grpo") == "grpo+" and run_label(list(COMPONENTS)) == "vapo"
@@ -178,7 +248,14 @@ def test_one_label_for_run_folders_wandb_and_reports(tmp_path):
 
 def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
     base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
-    sizes = {"table1": 10, "pairwise": 29, "critic_free": 4, "agentic": 7, "critic_pilot": 3, "table1_long": 11}
+    sizes = {
+        "table1": 10,
+        "pairwise": 29,
+        "critic_free": 4,
+        "agentic": 7,
+        "critic_pilot": 3,
+        "table1_long": 11,
+    }
     for name, n in sizes.items():
         grid = load_grid(name)
         cells = cells_of(grid, base, [0, 1], tmp_path / "runs")
@@ -189,9 +266,15 @@ def test_shipped_grids_validate_with_the_smoke_preset(tmp_path):
     assert table1[0] == "vapo" and table1[8] == "vanilla_ppo"
     assert table1[1:8] == [f"vapo-no-{c}" for c in COMPONENTS]
     assert table1[9] == "grpo+token_level_loss+clip_higher+group_sampling"  # the critic-free row
-    grpo = [c for c in cells_of(load_grid("critic_free"), base, [0], tmp_path) if c.cfg.advantage_estimator == "grpo"]
+    grpo = [
+        c
+        for c in cells_of(load_grid("critic_free"), base, [0], tmp_path)
+        if c.cfg.advantage_estimator == "grpo"
+    ]
     full = [c for c in cells_of(load_grid("critic_free"), base, [0], tmp_path) if c.row == "vapo"][0]
-    assert grpo and all(c.cfg.ppo.responses_per_step == full.cfg.ppo.responses_per_step for c in grpo)  # same budget
+    assert grpo and all(
+        c.cfg.ppo.responses_per_step == full.cfg.ppo.responses_per_step for c in grpo
+    )  # same budget
     assert not (tmp_path / "runs").exists()
 
 
@@ -207,11 +290,17 @@ def test_tools_grids_validate_with_the_long_preset(tmp_path):
         assert len(cells) == 2 * n and len({c.cell_id for c in cells}) == 2 * n, name
         assert len({c.row for c in cells}) == n, name
     alpha = {c.row: c.cfg for c in cells_of(load_grid(str(root / "critic_alpha.yaml")), base, [0], tmp_path)}
-    assert alpha["vapo"].vapo.alpha == PRESETS["long"]["vapo"]["alpha"] and alpha["vapo-alpha0.05"].vapo.alpha == 0.05
+    assert (
+        alpha["vapo"].vapo.alpha == PRESETS["long"]["vapo"]["alpha"]
+        and alpha["vapo-alpha0.05"].vapo.alpha == 0.05
+    )
     assert alpha["vapo-oracle-alpha0.05"].gae_values == "oracle" and alpha["vapo"].gae_values != "oracle"
     # every row pins its critic, so the rows mean the same under any preset
-    assert all((c.ppo.critic_lr, c.ppo.critic_epochs, c.vapo.value_pretrain_critic_lr) == (3e-4, 4, None)
-               for r, c in alpha.items() if "ppo-critic" not in r)
+    assert all(
+        (c.ppo.critic_lr, c.ppo.critic_epochs, c.vapo.value_pretrain_critic_lr) == (3e-4, 4, None)
+        for r, c in alpha.items()
+        if "ppo-critic" not in r
+    )
     soft = alpha["vapo-ppo-critic6e-5"]
     assert (soft.ppo.critic_lr, soft.ppo.critic_epochs) == (6e-5, 1)
     assert (soft.vapo.value_pretrain_critic_lr, soft.vapo.value_pretrain_critic_epochs) == (3e-4, 4)
@@ -232,12 +321,16 @@ def test_a_grids_contrasts_load_checked_and_reach_the_manifest(tmp_path):
     assert long.contrasts == [("vapo-oracle", "grpo+token_level_loss+clip_higher+group_sampling")]
     assert load_grid("table1").contrasts == []
     rows = "rows:\n  - {}\n  - drop: [clip_higher]\n  - only: []\n"
-    for text, says in (("contrasts: [[vapo, nope]]", "contrast ['vapo', 'nope']: 'nope' is not a row; rows: vapo, "
-                                                     "vapo-no-clip_higher, vanilla_ppo"),
-                       ("contrasts: [[vapo, vapo]]", "compares a row with itself"),
-                       ("contrasts: [vapo]", "a contrast is a pair [row, against] of row labels; got 'vapo'"),
-                       ("contrasts: {vapo: vanilla_ppo}", "contrasts: expected a list of [row, against] pairs"),
-                       ("contrasts: [[vapo, vanilla_ppo], [vapo, vanilla_ppo]]", "is given twice")):
+    for text, says in (
+        (
+            "contrasts: [[vapo, nope]]",
+            "contrast ['vapo', 'nope']: 'nope' is not a row; rows: vapo, vapo-no-clip_higher, vanilla_ppo",
+        ),
+        ("contrasts: [[vapo, vapo]]", "compares a row with itself"),
+        ("contrasts: [vapo]", "a contrast is a pair [row, against] of row labels; got 'vapo'"),
+        ("contrasts: {vapo: vanilla_ppo}", "contrasts: expected a list of [row, against] pairs"),
+        ("contrasts: [[vapo, vanilla_ppo], [vapo, vanilla_ppo]]", "is given twice"),
+    ):
         bad = tmp_path / "bad.yaml"
         bad.write_text(rows + text + "\n")
         with pytest.raises(ValueError) as e:
@@ -257,10 +350,14 @@ def test_models_are_prepared_once_per_distinct_build_critic_free_rows_apart(tmp_
     from vapo_lit.ablate.runner import prepare_models
 
     calls = []
-    monkeypatch.setattr(vapo_lit.build, "load_models", lambda cfg, task: calls.append(cfg.advantage_estimator))
+    monkeypatch.setattr(
+        vapo_lit.build, "load_models", lambda cfg, task: calls.append(cfg.advantage_estimator)
+    )
     grid = tmp_path / "g.yaml"
-    grid.write_text("rows:\n  - {only: [group_sampling], set: {advantage_estimator: grpo}}\n  - {}\n"
-                    "  - {drop: [clip_higher]}\n")
+    grid.write_text(
+        "rows:\n  - {only: [group_sampling], set: {advantage_estimator: grpo}}\n  - {}\n"
+        "  - {drop: [clip_higher]}\n"
+    )
     base = merge(RunConfig(), PRESETS["smoke"])
     prepare_models(cells_of(load_grid(str(grid)), base, [0, 1], tmp_path / "runs"), log=lambda _: None)
     assert calls == ["grpo", "gae"]
@@ -268,12 +365,30 @@ def test_models_are_prepared_once_per_distinct_build_critic_free_rows_apart(tmp_
 
 def test_cell_identity_ignores_bookkeeping_only():
     cfg = merge(RunConfig(), PRESETS["smoke"])
-    same = merge(cfg, {"out_dir": "x", "name": "y", "wandb": "offline", "wandb_group": "g", "threads": 3,
-                       "cache_dir": "c", "checkpoint_every": 7, "wandb_job_type": "j", "wandb_project": "p"})
+    same = merge(
+        cfg,
+        {
+            "out_dir": "x",
+            "name": "y",
+            "wandb": "offline",
+            "wandb_group": "g",
+            "threads": 3,
+            "cache_dir": "c",
+            "checkpoint_every": 7,
+            "wandb_job_type": "j",
+            "wandb_project": "p",
+        },
+    )
     assert set(BOOKKEEPING) <= set(RunConfig.__dataclass_fields__)
     assert cell_identity(cfg) == cell_identity(same)
-    for delta in ({"seed": 1}, {"steps": 4}, {"vapo": {"alpha": 0.5}}, {"components": ["clip_higher"]},
-                  {"builtin_shape": "vllm"}, {"builtin_shape": "default"}):
+    for delta in (
+        {"seed": 1},
+        {"steps": 4},
+        {"vapo": {"alpha": 0.5}},
+        {"components": ["clip_higher"]},
+        {"builtin_shape": "vllm"},
+        {"builtin_shape": "default"},
+    ):
         assert cell_identity(merge(cfg, delta)) != cell_identity(cfg)
 
 
@@ -303,8 +418,14 @@ def test_a_field_at_its_neutral_value_keeps_older_identities():
     assert "value_pretrain_critic_lr" not in without_neutral(resolved)["vapo"]
     assert "value_pretrain_critic_lr" in resolved["vapo"]  # without_neutral leaves its input alone
     assert cell_identity(merge(cfg, {"vapo": {"value_pretrain_critic_lr": 1e-3}})) != cell_identity(cfg)
-    other = cache_key(merge(cfg, {"builtin_shape": "vllm"}), steps=50, min_ev=None, samples_per_prompt=16,
-                      max_new_tokens=64, task_version="v")
+    other = cache_key(
+        merge(cfg, {"builtin_shape": "vllm"}),
+        steps=50,
+        min_ev=None,
+        samples_per_prompt=16,
+        max_new_tokens=64,
+        task_version="v",
+    )
     assert other["config"]["builtin_shape"] == "vllm"
 
 
@@ -315,11 +436,18 @@ def test_the_long_presets_pretrained_critic_is_the_one_cached_before_it_had_its_
     from vapo_lit.pretrain import cache_key
 
     def key(cfg):
-        return cache_key(cfg, steps=50, min_ev=None, samples_per_prompt=16, max_new_tokens=2003, task_version="v")
+        return cache_key(
+            cfg, steps=50, min_ev=None, samples_per_prompt=16, max_new_tokens=2003, task_version="v"
+        )
 
     now = merge(RunConfig(), PRESETS["long"])
-    before = merge(now, {"ppo": {"critic_lr": 3e-4, "critic_epochs": 4},
-                         "vapo": {"value_pretrain_critic_lr": None, "value_pretrain_critic_epochs": None}})
+    before = merge(
+        now,
+        {
+            "ppo": {"critic_lr": 3e-4, "critic_epochs": 4},
+            "vapo": {"value_pretrain_critic_lr": None, "value_pretrain_critic_epochs": None},
+        },
+    )
     assert (now.ppo.critic_lr, now.vapo.value_pretrain_critic_lr) == (6e-5, 3e-4)
     assert key(now) == key(before)
     assert key(merge(now, {"vapo": {"value_pretrain_critic_epochs": 2}})) != key(now)
@@ -330,7 +458,6 @@ def test_progress_line_and_eta():
     st = Status(done=2, running=1, waiting=3, failed=1, total=7, mean_seconds=10.0)
     assert eta_seconds(st, workers=1) == pytest.approx(35.0)
     assert "2/7 done · 1 running · 3 waiting · 1 failed · ETA 35s" in line("g", st, 1)
-
 
 
 class _Terminal(io.StringIO):
@@ -351,18 +478,28 @@ def test_live_view_reads_each_running_cell_from_its_own_files(tmp_path, monkeypa
     for c in cells:
         c.run_dir.mkdir(parents=True)
     for c, events in ((busy, ["start"]), (starting, ["end", "start"]), (finished, ["start", "end"])):
-        (c.run_dir / "attempts.jsonl").write_text("".join(json.dumps({"event": e, "mode": "fresh", "start": 100.0}) + "\n"
-                                                          for e in events))
+        (c.run_dir / "attempts.jsonl").write_text(
+            "".join(json.dumps({"event": e, "mode": "fresh", "start": 100.0}) + "\n" for e in events)
+        )
     key = f"eval/avg@{cfg.eval_k}"
-    head = ["step", "train/iteration", "train/ppo_update", "train/value_pretraining", key, "perf/cumulative_seconds"]
+    head = [
+        "step",
+        "train/iteration",
+        "train/ppo_update",
+        "train/value_pretraining",
+        key,
+        "perf/cumulative_seconds",
+    ]
     rows = [[0, 1, 0, 1, 0.25, 2.0], [1, 2, 1, 0, "", 5.0], [2, 3, 2, 0, 0.5, 7.5], [3, 4, 3, 0, "", 10.0]]
     (busy.run_dir / "metrics.csv").write_text("\n".join(",".join(map(str, r)) for r in [head, *rows]) + "\n")
     view = LiveView("g", cells, stream=io.StringIO(), every=30)
     eta = f"{int(round(2.5 * (total - 4)))}s" if 2.5 * (total - 4) < 60 else None
     got = view.lines(now=165.0)
     assert len(got) == 2, got  # the finished cell is not running
-    assert got[0].startswith(f"[g] running {cfg.name}: it 4/{total} · ppo 3/{cfg.steps} · phase ppo · "
-                             f"eval avg@{cfg.eval_k} 0.50 @2 · 2.5 s/it · ETA "), got[0]
+    assert got[0].startswith(
+        f"[g] running {cfg.name}: it 4/{total} · ppo 3/{cfg.steps} · phase ppo · "
+        f"eval avg@{cfg.eval_k} 0.50 @2 · 2.5 s/it · ETA "
+    ), got[0]
     if eta:
         assert got[0].endswith(f"ETA {eta}"), got[0]
     assert got[1] == f"[g] running {starting.cfg.name}: starting (models, first rollout) · 1m05s so far"
@@ -374,11 +511,15 @@ def test_live_view_reads_each_running_cell_from_its_own_files(tmp_path, monkeypa
     drawn = tty.stream.getvalue()
     assert drawn.startswith(CLEAR) and drawn.endswith("\x1b[1F") and "\n" in drawn and tty._drawn
     tty.around(lambda text: tty.stream.write(text + "\n"))("a cell finished")
-    assert tty.stream.getvalue().endswith(CLEAR + "a cell finished\n") and not tty._drawn  # the line replaces the block
+    assert (
+        tty.stream.getvalue().endswith(CLEAR + "a cell finished\n") and not tty._drawn
+    )  # the line replaces the block
     # only the base eval logged (step 0, no train/value_pretraining value): the phase is not known yet
     (busy.run_dir / "metrics.csv").write_text(",".join(head) + "\n0,0,0,,0.25,1.0\n")
     first = LiveView("g", cells, stream=io.StringIO(), every=30).lines(now=165.0)[0]
-    assert f"it 0/{total} · ppo 0/{cfg.steps} · phase base eval done · eval avg@{cfg.eval_k} 0.25 @0" in first, first
+    assert (
+        f"it 0/{total} · ppo 0/{cfg.steps} · phase base eval done · eval avg@{cfg.eval_k} 0.25 @0" in first
+    ), first
     monkeypatch.delenv("VAPO_LIT_LIVE_EVERY", raising=False)
     assert live_every() == 30.0
     for bad in ("0", "-1", "soon", "inf"):
@@ -391,15 +532,25 @@ def test_a_grid_piped_to_a_file_says_what_its_running_cells_do(tmp_path):
     """Issue 20: vapo-ablate printed nothing between the start and the first finished cell. Into a
     pipe it prints each running cell's line every VAPO_LIT_LIVE_EVERY seconds (30 by default)."""
     env = {**os.environ, "PYTHONWARNINGS": "ignore", "VAPO_LIT_LIVE_EVERY": "0.2"}
-    proc = subprocess.run([PY, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "out", "--drop=clip_higher", "--no-report")],
-                          cwd=ROOT, env=env, capture_output=True, text=True, timeout=600)
+    proc = subprocess.run(
+        [PY, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "out", "--drop=clip_higher", "--no-report")],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert proc.returncode == 0, proc.stderr[-2000:]
-    live = re.findall(r"^\d\d:\d\d:\d\d \[drop-clip_higher\] running (\S+): it (\d+)/(\d+) · ppo \d+/\d+ · "
-                      r"phase (?:ppo|value-pretrain) · eval avg@\d+ \S+(?: @\d+)? · (?:[\d.]+|-) s/it · ETA \S+$",
-                      proc.stdout, re.M)
+    live = re.findall(
+        r"^\d\d:\d\d:\d\d \[drop-clip_higher\] running (\S+): it (\d+)/(\d+) · ppo \d+/\d+ · "
+        r"phase (?:ppo|value-pretrain) · eval avg@\d+ \S+(?: @\d+)? · (?:[\d.]+|-) s/it · ETA \S+$",
+        proc.stdout,
+        re.M,
+    )
     assert live, proc.stdout[-3000:]
     names = {name for name, *_ in live}
     assert names and all(n.startswith(("vapo-s0-", "vapo-no-clip_higher-s0-")) for n in names), names
+
 
 # ----------------------------------------------------------------------------- running
 def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
@@ -407,10 +558,20 @@ def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
     out = tmp_path / "out"
     text = capsys.readouterr().out
     assert "| VAPO (full) | 1 |" in text and "| w/o value_pretraining | 1 |" in text
-    for f in ("table.md", "table.tex", "table.csv", "score.png", "mechanisms.csv", "by_length.csv",
-              "clip_fractions.png", "loss_share.png"):
+    for f in (
+        "table.md",
+        "table.tex",
+        "table.csv",
+        "score.png",
+        "mechanisms.csv",
+        "by_length.csv",
+        "clip_fractions.png",
+        "loss_share.png",
+    ):
         assert (out / "reports" / "drop-value_pretraining" / f).is_file(), f
-    assert "## Long and short responses" in (out / "reports" / "drop-value_pretraining" / "table.md").read_text()
+    assert (
+        "## Long and short responses" in (out / "reports" / "drop-value_pretraining" / "table.md").read_text()
+    )
     assert main(flags(tmp_path, "out", "--drop", "clip_higher,positive_lm_loss")) == 0
     text = capsys.readouterr().out
     assert "1 queued, 1 already finished (reused)" in text
@@ -434,7 +595,9 @@ def test_crashing_cell_is_retried_then_failed_and_the_rest_finish(tmp_path, caps
         return real_train(cfg, **kw)
 
     monkeypatch.setattr(vapo_lit.train, "train", train)
-    grid = write_grid(tmp_path, "crashy", [{}, {"label": "broken", "only": [], "set": {"eval_k": 3}}, {"only": []}])
+    grid = write_grid(
+        tmp_path, "crashy", [{}, {"label": "broken", "only": [], "set": {"eval_k": 3}}, {"only": []}]
+    )
     rc = main(flags(tmp_path, "out", "--grid", grid, "--retries", "1", "--vapo.value_pretrain_steps", "1"))
     assert rc == 1
     text = capsys.readouterr().out
@@ -459,15 +622,27 @@ def test_a_bad_cell_refuses_the_whole_grid_before_anything_runs(tmp_path, capsys
     t0 = time.time()
     assert main(flags(tmp_path, "out", "--grid", grid)) == 2
     err = capsys.readouterr().err
-    assert "cell broken-s0-" in err and "row 'broken'" in err and "'no_such_option'" in err and "valid: min_n" in err
+    assert (
+        "cell broken-s0-" in err
+        and "row 'broken'" in err
+        and "'no_such_option'" in err
+        and "valid: min_n" in err
+    )
     assert time.time() - t0 < 10
     assert not (tmp_path / "out").exists()  # no folder, no database, nothing queued
 
 
 def _worker(tmp_path, out, *extra, **kw):
     env = {**os.environ, "PYTHONWARNINGS": "ignore"}
-    return subprocess.Popen([PY, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, out, *extra)], cwd=ROOT, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, **kw)
+    return subprocess.Popen(
+        [PY, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, out, *extra)],
+        cwd=ROOT,
+        env=env,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.STDOUT,
+        text=True,
+        **kw,
+    )
 
 
 def trials_by_cell(url) -> dict:
@@ -498,7 +673,12 @@ def assert_each_cell_ran_once(out, url, n_cells: int) -> None:
 
 @pytest.mark.slow
 def test_two_real_workers_split_a_grid_and_run_each_cell_exactly_once(tmp_path, storage_url):
-    rows = [{"only": []}, {"only": ["clip_higher"]}, {"only": ["token_level_loss"]}, {"only": ["positive_lm_loss"]}]
+    rows = [
+        {"only": []},
+        {"only": ["clip_higher"]},
+        {"only": ["token_level_loss"]},
+        {"only": ["positive_lm_loss"]},
+    ]
     grid = write_grid(tmp_path, "split", rows)
     extra = ("--grid", grid, "--seeds", "2", "--storage", storage_url, "--steps", "6", "--no-report")
     procs = [_worker(tmp_path, "out", *extra) for _ in range(2)]
@@ -559,8 +739,14 @@ def test_worker_killed_mid_enqueue_leaves_the_lock_free_and_no_duplicates(tmp_pa
         "CellStore(sys.argv[1]).enqueue(cells, 'g')"
     )
     env = {**os.environ, "VAPO_LIT_FAULT": "enqueue:2", "PYTHONWARNINGS": "ignore"}
-    r = subprocess.run([PY, "-c", script, storage_url, str(tmp_path)], cwd=ROOT, env=env, capture_output=True,
-                       text=True, timeout=120)
+    r = subprocess.run(
+        [PY, "-c", script, storage_url, str(tmp_path)],
+        cwd=ROOT,
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert r.returncode == -signal.SIGKILL, r.stderr[-2000:]
     assert sorted(len(v) for v in trials_by_cell(storage_url).values()) == [1, 1]
     t0 = time.time()
@@ -573,8 +759,22 @@ def test_worker_killed_mid_enqueue_leaves_the_lock_free_and_no_duplicates(tmp_pa
 def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path, storage_url):
     rows = [{"only": []}, {"only": ["clip_higher", "token_level_loss"]}, {"drop": ["value_pretraining"]}]
     grid = write_grid(tmp_path, "killme", rows)
-    extra = ("--grid", grid, "--steps", "12", "--eval_every", "6", "--checkpoint_every", "2",
-             "--heartbeat", "1", "--grace", "2", "--storage", storage_url)
+    extra = (
+        "--grid",
+        grid,
+        "--steps",
+        "12",
+        "--eval_every",
+        "6",
+        "--checkpoint_every",
+        "2",
+        "--heartbeat",
+        "1",
+        "--grace",
+        "2",
+        "--storage",
+        storage_url,
+    )
     out = tmp_path / "killed"
     proc = _worker(tmp_path, "killed", *extra, start_new_session=True)
     victim = None
@@ -585,8 +785,11 @@ def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path,
         if not runs.is_dir():
             continue
         done = [d for d in runs.iterdir() if (d / "summary.json").is_file()]
-        mid = [d for d in runs.iterdir() if (d / "checkpoints" / "last.ckpt").is_file()
-               and not (d / "summary.json").is_file()]
+        mid = [
+            d
+            for d in runs.iterdir()
+            if (d / "checkpoints" / "last.ckpt").is_file() and not (d / "summary.json").is_file()
+        ]
         if done and mid:
             victim = mid[0]
     assert victim is not None, "never saw a finished cell and a checkpointed unfinished one"
@@ -620,7 +823,9 @@ def test_sigkill_mid_grid_then_rerun_resumes_and_matches_uninterrupted(tmp_path,
 def test_local_workers_flag_spawns_processes(tmp_path, capsys):
     grid = write_grid(tmp_path, "pair", [{"only": []}, {"only": ["clip_higher"]}])
     # rc 0 also means the spawned worker process exited cleanly (run() checks its exit code)
-    assert main(flags(tmp_path, "out", "--grid", grid, "--seeds", "2", "--workers", "2", "--steps", "12")) == 0
+    assert (
+        main(flags(tmp_path, "out", "--grid", grid, "--seeds", "2", "--workers", "2", "--steps", "12")) == 0
+    )
     runs = starts(tmp_path / "out")
     assert len(runs) == 4 and all(len(v) == 1 for v in runs.values())
     # which process gets how many cells depends on timing (the spawned one needs seconds to import torch)
@@ -639,7 +844,9 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
     other = CellStore(url, heartbeat_interval=1, grace_period=1, retries=1)  # a second worker
     ids = [c.cell_id for c in cells]
     store.enqueue(cells, "g")
-    store.study.enqueue_trial({}, user_attrs={"cell_id": ids[0], "row": "vapo", "seed": 0})  # a racing duplicate
+    store.study.enqueue_trial(
+        {}, user_attrs={"cell_id": ids[0], "row": "vapo", "seed": 0}
+    )  # a racing duplicate
     a = store.claim(ids[:1])
     assert a is not None and a.number == 0
     assert other.claim(ids[:1]) is None  # only the duplicate was left: pruned, not run
@@ -672,9 +879,18 @@ def test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folde
     import vapo_lit.train
     from vapo_lit.ablate import worker
 
-    base = merge(merge(RunConfig(), PRESETS["smoke"]),
-                 {"model": "random", "wandb": "disabled", "threads": 1, "steps": 4, "eval_every": 0,
-                  "checkpoint_every": 1, "cache_dir": str(tmp_path / "cache")})
+    base = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "model": "random",
+            "wandb": "disabled",
+            "threads": 1,
+            "steps": 4,
+            "eval_every": 0,
+            "checkpoint_every": 1,
+            "cache_dir": str(tmp_path / "cache"),
+        },
+    )
     cell = cells_of(grid_from_drop(["value_pretraining"]), base, [0], tmp_path / "runs")[1]  # no pretraining
     url = f"sqlite:///{tmp_path / 'grid.db'}"
     mine, other = (CellStore(url, heartbeat_interval=1, grace_period=1, retries=1) for _ in range(2))
@@ -714,8 +930,13 @@ def test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folde
             seen["ckpt"] = (cell.run_dir / "checkpoints" / "last.ckpt").stat().st_mtime_ns
 
     real_train = vapo_lit.train.train
-    monkeypatch.setattr(vapo_lit.train, "train", lambda cfg, resume=False, extra_callbacks=(): real_train(
-        cfg, resume=resume, extra_callbacks=[Pause(), *extra_callbacks]))
+    monkeypatch.setattr(
+        vapo_lit.train,
+        "train",
+        lambda cfg, resume=False, extra_callbacks=(): real_train(
+            cfg, resume=resume, extra_callbacks=[Pause(), *extra_callbacks]
+        ),
+    )
     assert worker.run_cell(mine, trial, cell, url) == "lost"
     assert seen["retry"] is not None and seen["retry"].number == 1
     assert (cell.run_dir / "metrics.csv").read_text() == seen["rows"]  # step 0 and iteration 1 only
@@ -730,7 +951,18 @@ def test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folde
 @pytest.mark.slow
 def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_url):
     grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])
-    extra = ("--grid", grid, "--steps", "20", "--checkpoint_every", "2", "--grace", "600", "--storage", storage_url)
+    extra = (
+        "--grid",
+        grid,
+        "--steps",
+        "20",
+        "--checkpoint_every",
+        "2",
+        "--grace",
+        "600",
+        "--storage",
+        storage_url,
+    )
     out = tmp_path / "out"
     proc = _worker(tmp_path, "out", *extra)
     deadline = time.time() + 180

@@ -4,6 +4,7 @@ reached, and reuses finished cells.
 
     .venv/bin/python -m pytest tests/test_ablate_auto.py
 """
+
 from __future__ import annotations
 
 import json
@@ -21,11 +22,12 @@ from vapo_lit.presets import PRESETS
 from vapo_lit.seed_stats import SeedDecision
 
 ROW = "vapo-no-clip_higher"
-D = [-4.0, 0.0, -2.0, -3.0, -1.0, -2.0, -2.0]   # per-seed row - reference (points); first 3: mean -2, sd 2
+D = [-4.0, 0.0, -2.0, -3.0, -1.0, -2.0, -2.0]  # per-seed row - reference (points); first 3: mean -2, sd 2
 
 
 def _fake_run(ran: list):
     """Stands in for runner.run: 'trains' each cell without a summary.json by writing its logs."""
+
     def run(p, **kw):
         fresh = []
         for c in p.cells:
@@ -38,11 +40,14 @@ def _fake_run(ran: list):
             fresh.append((c.row, c.seed))
         ran.append(fresh)
         return 0
+
     return run
 
 
 def _plans(tmp_path, endpoint: str | None = "final"):
-    base = merge(RunConfig(), {**PRESETS["smoke"], "eval_k": 4, "out_dir": str(tmp_path), "wandb": "disabled"})
+    base = merge(
+        RunConfig(), {**PRESETS["smoke"], "eval_k": 4, "out_dir": str(tmp_path), "wandb": "disabled"}
+    )
     grid = grid_from_drop(["clip_higher"])
     grid.endpoint = endpoint
     return lambda n: runner.plan(grid, base, range(n), tmp_path / "out")
@@ -73,7 +78,9 @@ def test_logged_scores_match_the_report(tmp_path, monkeypatch, endpoint, share):
     monkeypatch.setattr(runner, "run", _fake_run([]))
     p = _plans(tmp_path, endpoint)(3)
     runner.run(p)
-    assert auto.paired_diffs(p, [ROW], "final")[ROW] == pytest.approx([share * d / 100 for d in D[:3]], abs=1e-12)
+    assert auto.paired_diffs(p, [ROW], "final")[ROW] == pytest.approx(
+        [share * d / 100 for d in D[:3]], abs=1e-12
+    )
     from vapo_lit.report import write_report
 
     runner.write_manifest(p)
@@ -94,24 +101,43 @@ def test_real_grid_auto_reuses_cells_and_validates_flags(tmp_path, monkeypatch, 
         return SeedDecision(3 if seeds == 2 else None, {r: "scripted" for r in diffs}, "scripted")
 
     monkeypatch.setattr(auto, "decide_seeds", scripted)
-    flags = ["--preset", "smoke", "--model", "random", "--threads", "1", "--cache_dir", str(tmp_path / "cache"),
-             "--out", str(tmp_path / "out"), "--vapo.value_pretrain_steps", "1", "--steps", "2", "--wandb", "disabled",
-             "--drop", "clip_higher"]
+    flags = [
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--threads",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "out"),
+        "--vapo.value_pretrain_steps",
+        "1",
+        "--steps",
+        "2",
+        "--wandb",
+        "disabled",
+        "--drop",
+        "clip_higher",
+    ]
     assert ablate(flags + ["--seeds", "auto", "--min-seeds", "2", "--max-seeds", "3"]) == 0
     assert [s for s, _ in calls] == [2, 3]
-    assert [len(d[ROW]) for _, d in calls] == [2, 3]            # paired differences read from the logs
+    assert [len(d[ROW]) for _, d in calls] == [2, 3]  # paired differences read from the logs
     runs = tmp_path / "out" / "runs"
     for d in runs.iterdir():
         events = [json.loads(x) for x in (d / "attempts.jsonl").read_text().splitlines()]
         starts = [e for e in events if e["event"] == "start"]
-        assert len(starts) == 1 and starts[0]["mode"] == "fresh", d.name   # each cell ran once
+        assert len(starts) == 1 and starts[0]["mode"] == "fresh", d.name  # each cell ran once
     assert len(list(runs.iterdir())) == 6
     table = pd.read_csv(tmp_path / "out" / "reports" / "drop-clip_higher" / "table.csv")
     assert list(table["n"]) == [3, 3]
     capsys.readouterr()
-    for bad, say in ((["--seeds", "auto", "--rows", "vanilla_ppo"], "--rows vanilla_ppo"),
-                     (["--seeds", "auto", "--min-seeds", "4", "--max-seeds", "3"], "--min-seeds"),
-                     (["--seeds", "2", "--rows", ROW], "--rows is a --seeds auto flag")):
+    for bad, say in (
+        (["--seeds", "auto", "--rows", "vanilla_ppo"], "--rows vanilla_ppo"),
+        (["--seeds", "auto", "--min-seeds", "4", "--max-seeds", "3"], "--min-seeds"),
+        (["--seeds", "2", "--rows", ROW], "--rows is a --seeds auto flag"),
+    ):
         assert ablate(flags + bad) == 2
         assert say in capsys.readouterr().err
     assert Path(tmp_path / "out").is_dir() and len(list(runs.iterdir())) == 6  # nothing new was run

@@ -1,13 +1,21 @@
 """Paths of vapo_lit/algos that the main math tests do not take (found by `make mutate`): the
 native GAE sweep split over several threads, float64 batches with a float or float32 lambda, the
 paper defaults of the lambda schedule, and input checks of the critic-free baseline."""
+
 from __future__ import annotations
 
 import pytest
 import torch
 
 import vapo_lit.algos.advantage as adv_mod
-from vapo_lit.algos import _native, decoupled_gae, gae, group_normalized_advantage, lambda_clamped, length_adaptive_lambda
+from vapo_lit.algos import (
+    _native,
+    decoupled_gae,
+    gae,
+    group_normalized_advantage,
+    lambda_clamped,
+    length_adaptive_lambda,
+)
 
 
 def batch(B: int, T: int, seed: int, dtype=torch.float32):

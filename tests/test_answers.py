@@ -1,4 +1,5 @@
 """Answer extraction, equivalence, the no-execution proof for math-verify, and the timeout path."""
+
 from __future__ import annotations
 
 import builtins
@@ -39,30 +40,33 @@ def ok(gold, response, pool, **kw):
 
 
 # ------------------------------------------------------------------------------- extraction
-@pytest.mark.parametrize("text, expected", [
-    (r"so the result is \boxed{42}.", "42"),
-    (r"\boxed{1} then, correcting myself, \boxed{2}", "2"),
-    (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
-    (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
-    (r"\fbox{7}", "7"),
-    (r"\boxed 5 is it", "5"),
-    (r"\boxed{3} and then a truncated \boxed{\frac{1}{", "3"),  # last complete one
-    ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),
-    ("#### 1,000.\nmore text", "1,000"),
-    ("Thus the final answer is $\\frac{3}{4}$.", r"\frac{3}{4}"),
-    ("The answer is 12. I am sure.", "12"),
-    ("The answer is 3.5", "3.5"),
-    ("Answer: **17**", "17"),
-    (" 42\n", "42"),
-    ("", None),
-    ("</s>", None),
-    ("<|endoftext|><|endoftext|>", None),
-    ("#### 7<|im_end|>", "7"),
-    (" 42</s>", "42"),
-    ("I am not sure what to say here, it depends on many factors really", None),
-    (r"\boxed{", None),
-    (r"\boxed{}", None),
-])
+@pytest.mark.parametrize(
+    "text, expected",
+    [
+        (r"so the result is \boxed{42}.", "42"),
+        (r"\boxed{1} then, correcting myself, \boxed{2}", "2"),
+        (r"\boxed{\frac{1}{2}}", r"\frac{1}{2}"),
+        (r"\boxed{\{1, 2\}}", r"\{1, 2\}"),
+        (r"\fbox{7}", "7"),
+        (r"\boxed 5 is it", "5"),
+        (r"\boxed{3} and then a truncated \boxed{\frac{1}{", "3"),  # last complete one
+        ("Natalia sold 48/2 = 24 clips.\n#### 72", "72"),
+        ("#### 1,000.\nmore text", "1,000"),
+        ("Thus the final answer is $\\frac{3}{4}$.", r"\frac{3}{4}"),
+        ("The answer is 12. I am sure.", "12"),
+        ("The answer is 3.5", "3.5"),
+        ("Answer: **17**", "17"),
+        (" 42\n", "42"),
+        ("", None),
+        ("</s>", None),
+        ("<|endoftext|><|endoftext|>", None),
+        ("#### 7<|im_end|>", "7"),
+        (" 42</s>", "42"),
+        ("I am not sure what to say here, it depends on many factors really", None),
+        (r"\boxed{", None),
+        (r"\boxed{}", None),
+    ],
+)
 def test_extract_answer(text, expected):
     assert extract_answer(text) == expected
 
@@ -72,13 +76,16 @@ def test_extract_boxed_ignores_escaped_braces_and_other_commands():
     assert extract_boxed(r"\boxedfoo{1}") is None
 
 
-@pytest.mark.parametrize("field, expected", [
-    ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
-    ("#### 1,234", "1,234"),
-    (r"The area is \boxed{\frac{\sqrt{3}}{4}}.", r"\frac{\sqrt{3}}{4}"),
-    ("  -5 ", "-5"),
-    (r"\frac{1}{2}", r"\frac{1}{2}"),
-])
+@pytest.mark.parametrize(
+    "field, expected",
+    [
+        ("She has 3 + 4 = 7 apples.\n#### 7", "7"),
+        ("#### 1,234", "1,234"),
+        (r"The area is \boxed{\frac{\sqrt{3}}{4}}.", r"\frac{\sqrt{3}}{4}"),
+        ("  -5 ", "-5"),
+        (r"\frac{1}{2}", r"\frac{1}{2}"),
+    ],
+)
 def test_reference_answer(field, expected):
     assert reference_answer(field) == expected
 
@@ -107,44 +114,50 @@ def test_normalize_and_numbers():
 
 
 # ------------------------------------------------------------------------------- equivalence
-@pytest.mark.parametrize("gold, response", [
-    ("42", r"\boxed{42}"),
-    ("0.5", r"\boxed{\frac{1}{2}}"),
-    (r"\frac{1}{2}", r"The answer is 0.5"),
-    ("1000", "#### 1,000"),
-    ("1,000", r"\boxed{1000}"),
-    ("50", r"\boxed{50\%}"),
-    ("0.5", r"\boxed{50\%}"),
-    ("18", r"\boxed{\$18.00}"),
-    ("72", r"\boxed{72 \text{ clips}}"),
-    ("72", "The answer is 72 clips."),
-    ("-3", r"\boxed{-3}"),
-    ("72", "Natalia sold 48 + 24 = 72 clips.\n#### 72"),
-    (r"\frac{\sqrt{2}}{2}", r"\boxed{\sqrt{2}/2}"),
-    (r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{1}{\sqrt{2}}}"),
-    ("x+1", r"\boxed{1 + x}"),
-    ("(1,2)", r"\boxed{(1, 2)}"),
-    (r"\{1,2\}", r"\boxed{\{2, 1\}}"),
-    (r"2\pi", r"\boxed{2 \pi}"),
-])
+@pytest.mark.parametrize(
+    "gold, response",
+    [
+        ("42", r"\boxed{42}"),
+        ("0.5", r"\boxed{\frac{1}{2}}"),
+        (r"\frac{1}{2}", r"The answer is 0.5"),
+        ("1000", "#### 1,000"),
+        ("1,000", r"\boxed{1000}"),
+        ("50", r"\boxed{50\%}"),
+        ("0.5", r"\boxed{50\%}"),
+        ("18", r"\boxed{\$18.00}"),
+        ("72", r"\boxed{72 \text{ clips}}"),
+        ("72", "The answer is 72 clips."),
+        ("-3", r"\boxed{-3}"),
+        ("72", "Natalia sold 48 + 24 = 72 clips.\n#### 72"),
+        (r"\frac{\sqrt{2}}{2}", r"\boxed{\sqrt{2}/2}"),
+        (r"\frac{\sqrt{2}}{2}", r"\boxed{\frac{1}{\sqrt{2}}}"),
+        ("x+1", r"\boxed{1 + x}"),
+        ("(1,2)", r"\boxed{(1, 2)}"),
+        (r"\{1,2\}", r"\boxed{\{2, 1\}}"),
+        (r"2\pi", r"\boxed{2 \pi}"),
+    ],
+)
 def test_equivalent(gold, response, pool):
     assert ok(gold, response, pool) == 1.0
 
 
-@pytest.mark.parametrize("gold, response", [
-    ("42", r"\boxed{41}"),
-    ("0.5", r"\boxed{\frac{1}{3}}"),
-    ("1000", "#### 100"),
-    (r"\frac{\sqrt{2}}{2}", r"\boxed{\sqrt{2}}"),
-    ("x+1", r"\boxed{x - 1}"),
-    ("(1,2)", r"\boxed{(2, 1)}"),
-    (r"\frac{1}{3}", r"\boxed{0.333}"),  # numeric comparison is exact
-    ("72", r"\boxed{72 \text{ or } 73}"),  # hedges
-    ("72", r"\boxed{72, 73}"),
-    ("72", "The answer is 72 or 73."),
-    ("5", r"\boxed{5 \pi}"),
-    ("5", "The answer is 5 million."),
-])
+@pytest.mark.parametrize(
+    "gold, response",
+    [
+        ("42", r"\boxed{41}"),
+        ("0.5", r"\boxed{\frac{1}{3}}"),
+        ("1000", "#### 100"),
+        (r"\frac{\sqrt{2}}{2}", r"\boxed{\sqrt{2}}"),
+        ("x+1", r"\boxed{x - 1}"),
+        ("(1,2)", r"\boxed{(2, 1)}"),
+        (r"\frac{1}{3}", r"\boxed{0.333}"),  # numeric comparison is exact
+        ("72", r"\boxed{72 \text{ or } 73}"),  # hedges
+        ("72", r"\boxed{72, 73}"),
+        ("72", "The answer is 72 or 73."),
+        ("5", r"\boxed{5 \pi}"),
+        ("5", "The answer is 5 million."),
+    ],
+)
 def test_not_equivalent(gold, response, pool):
     assert ok(gold, response, pool) == 0.0
 
@@ -162,12 +175,32 @@ def test_answer_buried_in_junk(pool):
     assert ok("42", junk + " 42 " + junk, pool) == 0.0  # no final-answer marker
 
 
-@pytest.mark.parametrize("response", [
-    "", "</s>", "<|endoftext|>", "<|im_end|>" * 50, "\x00\x01\x02\ufffd", "}}}}{{{{", r"\boxed{{{{{",
-    r"\boxed{" * 5000, "}" * 100_000 + r"\boxed{" * 1000, "#" * 10_000, "answer is " * 10_000,
-    "9" * 5000, r"\boxed{" + "9" * 5000 + "}", r"\boxed{" + "(" * 3000 + "}", r"\boxed{\frac{}{}}",
-    r"\boxed{\sqrt}", r"\boxed{\\\\}", r"\boxed{$$}", "\\" * 1000, None, 12345,
-])
+@pytest.mark.parametrize(
+    "response",
+    [
+        "",
+        "</s>",
+        "<|endoftext|>",
+        "<|im_end|>" * 50,
+        "\x00\x01\x02\ufffd",
+        "}}}}{{{{",
+        r"\boxed{{{{{",
+        r"\boxed{" * 5000,
+        "}" * 100_000 + r"\boxed{" * 1000,
+        "#" * 10_000,
+        "answer is " * 10_000,
+        "9" * 5000,
+        r"\boxed{" + "9" * 5000 + "}",
+        r"\boxed{" + "(" * 3000 + "}",
+        r"\boxed{\frac{}{}}",
+        r"\boxed{\sqrt}",
+        r"\boxed{\\\\}",
+        r"\boxed{$$}",
+        "\\" * 1000,
+        None,
+        12345,
+    ],
+)
 def test_adversarial_never_raises(response, pool):
     v = check_answer("42", response, pool=pool, timeout=5.0)
     assert v.reward == 0.0
@@ -219,9 +252,17 @@ def _payload_responses(marker: str) -> list[str]:
     out = []
     for p in PAYLOADS:
         p = p.format(marker=marker)
-        out += [p, "\\boxed{" + p + "}", "#### " + p, "The answer is " + p, "The final answer is " + p,
-                "$" + p + "$", "\\boxed{\\text{" + p + "}}", "\\boxed{\\operatorname{" + p + "}}",
-                "\\boxed{\\mathrm{" + p + "}(1)}"]
+        out += [
+            p,
+            "\\boxed{" + p + "}",
+            "#### " + p,
+            "The answer is " + p,
+            "The final answer is " + p,
+            "$" + p + "$",
+            "\\boxed{\\text{" + p + "}}",
+            "\\boxed{\\operatorname{" + p + "}}",
+            "\\boxed{\\mathrm{" + p + "}(1)}",
+        ]
     return out
 
 
@@ -259,6 +300,7 @@ class _Tripwire:
                 if not from_file and not codegen:
                     self.calls.append((name, repr(src)[:100]))
                 return real(*args, **kwargs)
+
             return f
 
         monkeypatch.setattr(builtins, "eval", fake("eval", real_eval))
@@ -282,9 +324,25 @@ def test_latex_path_of_math_verify_calls_no_eval(monkeypatch, tmp_path):
     parse_expr replaced by tripwires, over payloads (bypassing our whitelist) and ordinary answers."""
     marker = tmp_path / "pwned_latex"
     answers = [p.format(marker=marker) for p in PAYLOADS]
-    answers += [r"\frac{\sqrt{2}}{2}", r"\sqrt{2}/2", "x+1", "1+x", "(1,2)", r"\{1,2\}", "0.5", r"50\%",
-                "x=5", r"x \le 3", r"\sin(x)^2 + \cos(x)^2", r"\begin{pmatrix}1\\2\end{pmatrix}",
-                r"\operatorname{foo}(x)", r"\mathrm{eval}(1)", r"\text{import os}", r"2^{10}", "1,000"]
+    answers += [
+        r"\frac{\sqrt{2}}{2}",
+        r"\sqrt{2}/2",
+        "x+1",
+        "1+x",
+        "(1,2)",
+        r"\{1,2\}",
+        "0.5",
+        r"50\%",
+        "x=5",
+        r"x \le 3",
+        r"\sin(x)^2 + \cos(x)^2",
+        r"\begin{pmatrix}1\\2\end{pmatrix}",
+        r"\operatorname{foo}(x)",
+        r"\mathrm{eval}(1)",
+        r"\text{import os}",
+        r"2^{10}",
+        "1,000",
+    ]
 
     def run_all():
         for ans in answers:
@@ -333,8 +391,9 @@ def test_latex_number_tokens_are_numeric_literals_and_built_without_eval():
     kinds = {PSLexer.NUMBER, PSLexer.E_NOTATION, PSLexer.PERCENT_NUMBER}
     rnd = random.Random(0)
     alphabet = "0123456789" * 4 + ".,eE+-%\\{}()xa'\"_*^/ "
-    texts = [p for p in PAYLOADS] + ["".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 12)))
-                                     for _ in range(3000)]
+    texts = [p for p in PAYLOADS] + [
+        "".join(rnd.choice(alphabet) for _ in range(rnd.randint(1, 12))) for _ in range(3000)
+    ]
     for t in texts:
         lex = PSLexer(InputStream(t))
         lex.removeErrorListeners()
@@ -379,13 +438,29 @@ def test_unhardened_latex2sympy_evals_only_numeric_literals(monkeypatch, tmp_pat
     assert not marker.exists()
 
 
-@pytest.mark.parametrize("ans, safe", [
-    (r"\frac{\sqrt{2}}{2}", True), ("x+1", True), (r"\{1, 2\}", True), (r"(-\infty, 3]", True),
-    (r"50\%", True), (r"\text{east}", True),
-    ("__import__", False), ("a'b", False), ('"x"', False), ("`x`", False), ("x@y", False),
-    (r"\input{/etc/passwd}", False), (r"\def\x{1}", False), (r"\frac{1}{2", False), ("}{", False),
-    ("1" * 1000, False), ("", False), ("x#y", False),
-])
+@pytest.mark.parametrize(
+    "ans, safe",
+    [
+        (r"\frac{\sqrt{2}}{2}", True),
+        ("x+1", True),
+        (r"\{1, 2\}", True),
+        (r"(-\infty, 3]", True),
+        (r"50\%", True),
+        (r"\text{east}", True),
+        ("__import__", False),
+        ("a'b", False),
+        ('"x"', False),
+        ("`x`", False),
+        ("x@y", False),
+        (r"\input{/etc/passwd}", False),
+        (r"\def\x{1}", False),
+        (r"\frac{1}{2", False),
+        ("}{", False),
+        ("1" * 1000, False),
+        ("", False),
+        ("x#y", False),
+    ],
+)
 def test_cas_whitelist(ans, safe):
     assert cas_safe(ans) is safe
 
@@ -428,8 +503,11 @@ def test_timeout_in_a_batch_does_not_spoil_the_others():
 def test_works_off_the_main_thread(pool):
     """math-verify's own signal-based timeout raises ValueError outside the main thread."""
     out = {}
-    th = threading.Thread(target=lambda: out.update(v=check_answer(
-        r"\frac{\sqrt{2}}{2}", r"\boxed{\sqrt{2}/2}", pool=pool, timeout=10.0)))
+    th = threading.Thread(
+        target=lambda: out.update(
+            v=check_answer(r"\frac{\sqrt{2}}{2}", r"\boxed{\sqrt{2}/2}", pool=pool, timeout=10.0)
+        )
+    )
     th.start()
     th.join(30)
     assert out["v"] == A.Verdict(1.0)
@@ -475,8 +553,12 @@ def test_worker_stops_itself_when_nobody_kills_it():
     import json
     import subprocess
 
-    p = subprocess.Popen([sys.executable, "-c", "from vapo_lit.tasks.answers import _worker_main; _worker_main()"],
-                         stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
+    p = subprocess.Popen(
+        [sys.executable, "-c", "from vapo_lit.tasks.answers import _worker_main; _worker_main()"],
+        stdin=subprocess.PIPE,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.DEVNULL,
+    )
     try:
         assert json.loads(p.stdout.readline()) == {"ready": True}
         p.stdin.write((json.dumps({"gold": "1", "pred": "9^{9^{9^{9}}}", "timeout": 0.5}) + "\n").encode())

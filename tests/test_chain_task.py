@@ -1,4 +1,5 @@
 """The built-in chain task: prompts, split, tokenizer and an adversarially tested verifier."""
+
 import random
 
 import pytest
@@ -104,13 +105,25 @@ def test_demonstrations(task):
     assert toks[3] == str((4 + 3 + 1 + 3) % 10)  # and the chain goes on from the written value
     # success rate of demonstrations ~ (1 - q) ** (#hard steps)
     wins = sum(task.verify(p, task.demonstration(p, DemoConfig(), rng)).reward for _ in range(2000))
-    assert abs(wins / 2000 - 0.6 ** 6) < 0.02
+    assert abs(wins / 2000 - 0.6**6) < 0.02
 
 
-@pytest.mark.parametrize("response", [
-    "", " ", "\n\t", "<eos>", "<pad> <pad>", "<unk>", "=>", "=> 7", "7",
-    "garbage tokens here ### \x00 \u202e ☃", "chain 1 from 7:",
-])
+@pytest.mark.parametrize(
+    "response",
+    [
+        "",
+        " ",
+        "\n\t",
+        "<eos>",
+        "<pad> <pad>",
+        "<unk>",
+        "=>",
+        "=> 7",
+        "7",
+        "garbage tokens here ### \x00 \u202e ☃",
+        "chain 1 from 7:",
+    ],
+)
 def test_verifier_rejects_malformed(task, response):
     p = task.make_problem(1, 7)
     v = task.verify(p, response)
@@ -123,20 +136,22 @@ def test_verifier_adversarial(task):
     toks = sol.split()
     ans = p.answer
     bad = [
-        f"the answer is {ans} {ARROW} {ans}",                     # answer buried in junk
-        f"junk {sol}", f"{sol} junk", f"{sol} {sol}",               # extra text
-        " ".join(toks[2:]),                                         # skipped first step
-        " ".join(toks[:4] + toks[6:]),                              # skipped middle step
-        " ".join(toks[:-2]),                                        # no final answer
-        " ".join(toks[:-1] + [toks[-1], ans]),                      # two answers
-        " ".join(toks[:-2] + [ans, ARROW]),                         # right number, wrong place
-        " ".join(toks[:-2] + [ARROW, str((int(ans) + 1) % 10)]),    # wrong final answer
+        f"the answer is {ans} {ARROW} {ans}",  # answer buried in junk
+        f"junk {sol}",
+        f"{sol} junk",
+        f"{sol} {sol}",  # extra text
+        " ".join(toks[2:]),  # skipped first step
+        " ".join(toks[:4] + toks[6:]),  # skipped middle step
+        " ".join(toks[:-2]),  # no final answer
+        " ".join(toks[:-1] + [toks[-1], ans]),  # two answers
+        " ".join(toks[:-2] + [ans, ARROW]),  # right number, wrong place
+        " ".join(toks[:-2] + [ARROW, str((int(ans) + 1) % 10)]),  # wrong final answer
         " ".join(t if i != 2 else "5:" for i, t in enumerate(toks)),  # wrong counter
-        " ".join(toks[:1] + ["12"] + toks[2:]),                     # two-digit value
-        " ".join(toks[:1] + ["1", "2"] + toks[2:]),                 # two values in one step
+        " ".join(toks[:1] + ["12"] + toks[2:]),  # two-digit value
+        " ".join(toks[:1] + ["1", "2"] + toks[2:]),  # two values in one step
         sol.replace(" ", ""),
-        f"{ARROW} {ans} " * 10000,                                  # long repetition
-        "1: " * 300000 + ans,                                       # extremely long text
+        f"{ARROW} {ans} " * 10000,  # long repetition
+        "1: " * 300000 + ans,  # extremely long text
         "x" * 5_000_000,
     ]
     for r in bad:

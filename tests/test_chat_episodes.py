@@ -2,6 +2,7 @@
 tokenizer's own chat template, so an episode's token ids are the template's rendering of its
 messages. Two template families (ChatML/Qwen style with a tool-response wrapper, Llama-3 style with
 header tokens and an ipython role), each on a byte-level BPE tokenizer built here (no hub)."""
+
 from __future__ import annotations
 
 import json
@@ -22,7 +23,8 @@ CHATML = (
     "{%- if m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
     "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 LLAMA3 = (
     "{{- '<|begin_of_text|>' }}"
     "{%- if tools %}{{ '<|start_header_id|>system<|end_header_id|>\\n\\nTools:' }}{%- for t in tools %}"
@@ -31,23 +33,36 @@ LLAMA3 = (
     "{%- set role = 'ipython' if m.role == 'tool' else m.role %}"
     "{{ '<|start_header_id|>' + role + '<|end_header_id|>\\n\\n' + (m.content | trim) + '<|eot_id|>' }}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{ '<|start_header_id|>assistant<|end_header_id|>\\n\\n' }}{%- endif %}"
+)
 PLAIN = (  # ChatML with no tools block: tools= changes nothing
     "{%- for m in messages %}"
     "{%- if m.role == 'tool' %}{{ '<|im_start|>user\\n<tool_response>\\n' + m.content + '\\n</tool_response><|im_end|>\\n' }}"
     "{%- else %}{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endif %}"
     "{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
 STRICT = (  # a template with no tool role: it refuses one
     "{%- for m in messages %}{%- if m.role not in ['user', 'assistant'] %}{{ raise_exception('bad role') }}{%- endif %}"
     "{{ '<|im_start|>' + m.role + '\\n' + m.content + '<|im_end|>\\n' }}{%- endfor %}"
-    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}")
-FAMILIES = {"chatml": (CHATML, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
-            "llama3": (LLAMA3, ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
-                       "<|eot_id|>", "<|begin_of_text|>"),
-            "strict": (STRICT, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
-            "plain": (PLAIN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None)}
-ADD = {"type": "object", "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}}, "required": ["a", "b"]}
+    "{%- if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{%- endif %}"
+)
+FAMILIES = {
+    "chatml": (CHATML, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
+    "llama3": (
+        LLAMA3,
+        ["<|begin_of_text|>", "<|start_header_id|>", "<|end_header_id|>", "<|eot_id|>"],
+        "<|eot_id|>",
+        "<|begin_of_text|>",
+    ),
+    "strict": (STRICT, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
+    "plain": (PLAIN, ["<|endoftext|>", "<|im_start|>", "<|im_end|>"], "<|im_end|>", None),
+}
+ADD = {
+    "type": "object",
+    "properties": {"a": {"type": "integer"}, "b": {"type": "integer"}},
+    "required": ["a", "b"],
+}
 ADD_TOOL = {"type": "function", "function": {"name": "add", "description": "a + b", "parameters": ADD}}
 CALL = '<tool_call>\n{"name": "add", "arguments": {"a": 1, "b": 2}}\n</tool_call>'
 
@@ -61,10 +76,20 @@ def chat_tokenizer(family: str):
     template, specials, eot, bos = FAMILIES[family]
     tk = Tokenizer(models.BPE())
     tk.pre_tokenizer, tk.decoder = pre_tokenizers.ByteLevel(add_prefix_space=False), decoders.ByteLevel()
-    corpus = [CALL, "What is 1 + 2? The answer is 3.", "system user assistant ipython tool Tools", '{"type": "function"}',
-              "<tool_response>\n3\n</tool_response>", "add a b integer object properties required name description"]
-    tk.train_from_iterator(corpus * 20, trainers.BpeTrainer(vocab_size=300, special_tokens=specials,
-                                                            initial_alphabet=pre_tokenizers.ByteLevel.alphabet()))
+    corpus = [
+        CALL,
+        "What is 1 + 2? The answer is 3.",
+        "system user assistant ipython tool Tools",
+        '{"type": "function"}',
+        "<tool_response>\n3\n</tool_response>",
+        "add a b integer object properties required name description",
+    ]
+    tk.train_from_iterator(
+        corpus * 20,
+        trainers.BpeTrainer(
+            vocab_size=300, special_tokens=specials, initial_alphabet=pre_tokenizers.ByteLevel.alphabet()
+        ),
+    )
     tok = PreTrainedTokenizerFast(tokenizer_object=tk, eos_token=eot, pad_token=specials[0], bos_token=bos)
     tok.chat_template = template
     return tok
@@ -110,19 +135,32 @@ def test_episode_ids_are_the_chat_templates_rendering_of_its_messages(family):
     eot = tok.convert_tokens_to_ids(FAMILIES[family][2])
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     script = enc(CALL) + [eot] + enc("The answer is 3.") + [eot]
-    ro = generate_episodes(IdScripted([script], len(tok)), tok, env, [env.problem.prompt], temperature=0.0,
-                           max_new_tokens=env.max_new_tokens, seeds=0)
+    ro = generate_episodes(
+        IdScripted([script], len(tok)),
+        tok,
+        env,
+        [env.problem.prompt],
+        temperature=0.0,
+        max_new_tokens=env.max_new_tokens,
+        seeds=0,
+    )
     n = int(ro.lengths[0])
     episode = ro.prompt_ids[0][ro.prompt_mask[0].bool()].tolist() + ro.response_ids[0, :n].tolist()
-    messages = [*env.problem.meta["messages"], {"role": "assistant", "content": CALL},
-                {"role": "tool", "content": "3"}, {"role": "assistant", "content": "The answer is 3."}]
-    rendered = env.render_chat(messages, add_generation_prompt=False)  # (plain: the tools in a system message)
+    messages = [
+        *env.problem.meta["messages"],
+        {"role": "assistant", "content": CALL},
+        {"role": "tool", "content": "3"},
+        {"role": "assistant", "content": "The answer is 3."},
+    ]
+    rendered = env.render_chat(
+        messages, add_generation_prompt=False
+    )  # (plain: the tools in a system message)
     expected = tok(rendered, add_special_tokens=False)["input_ids"]
-    assert episode == expected[: len(episode)] and tok.decode(expected[len(episode):]).strip() == ""
+    assert episode == expected[: len(episode)] and tok.decode(expected[len(episode) :]).strip() == ""
     assert int(ro.turns[0]) == 2 and bool(ro.terminated[0])
     assert env.verify(env.problem, ro.texts[0]).reward == 1.0
     action = ro.action_mask[0, :n].bool()
-    assert action.sum() == len(script)                       # exactly the model's tokens are actions
+    assert action.sum() == len(script)  # exactly the model's tokens are actions
     assert (ro.logprobs[0, :n][~action] == 0).all() and (~action).any()
     assert "3" in tok.decode(ro.response_ids[0, :n][~action].tolist())  # the observation, rendered
 
@@ -140,7 +178,9 @@ def test_a_chat_environment_needs_a_chat_template():
     tok.chat_template = None
     env = ChatCalc.__new__(ChatCalc)
     env.tools = {}
-    with pytest.raises(ValueError, match="renders observations with the tokenizer's chat template, but the tokenizer"):
+    with pytest.raises(
+        ValueError, match="renders observations with the tokenizer's chat template, but the tokenizer"
+    ):
         ChatRenderer(tok, env)
 
 
@@ -150,10 +190,14 @@ def test_a_template_without_a_tools_block_gets_the_tools_in_a_system_message():
     the same text with tools= as without gets them as JSON schemas in a system message (the Hermes /
     Qwen format), with one warning; template and system force either."""
     plain = chat_tokenizer("plain")
-    assert plain.apply_chat_template([{"role": "user", "content": "q"}], tools=[ADD], tokenize=False) == \
-        plain.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False)
-    with pytest.warns(UserWarning, match=r"^task 'chatcalc': the tokenizer's chat template has no tools block, so "
-                                         r"the tools are described in a system message"):
+    assert plain.apply_chat_template(
+        [{"role": "user", "content": "q"}], tools=[ADD], tokenize=False
+    ) == plain.apply_chat_template([{"role": "user", "content": "q"}], tokenize=False)
+    with pytest.warns(
+        UserWarning,
+        match=r"^task 'chatcalc': the tokenizer's chat template has no tools block, so "
+        r"the tools are described in a system message",
+    ):
         prompt = ChatCalc(plain).problem.prompt
     schema = json.dumps(ADD_TOOL)
     assert prompt.startswith("<|im_start|>system\n# Tools\n") and f"<tools>\n{schema}\n</tools>" in prompt
@@ -164,10 +208,16 @@ def test_a_template_without_a_tools_block_gets_the_tools_in_a_system_message():
     with warnings.catch_warnings():
         warnings.simplefilter("error")  # a template with a tools block: no warning
         own = ChatCalc(chatml).problem.prompt
-    assert own == chatml.apply_chat_template([{"role": "user", "content": "What is 1 + 2?"}], tools=[ADD_TOOL],
-                                             tokenize=False, add_generation_prompt=True)
+    assert own == chatml.apply_chat_template(
+        [{"role": "user", "content": "What is 1 + 2?"}],
+        tools=[ADD_TOOL],
+        tokenize=False,
+        add_generation_prompt=True,
+    )
     assert ChatCalc(chatml, tools_prompt="system").problem.prompt.startswith("<|im_start|>system\n# Tools\n")
-    with pytest.raises(ValueError, match="tools_prompt='json' is not valid; choose one of: auto, template, system"):
+    with pytest.raises(
+        ValueError, match="tools_prompt='json' is not valid; choose one of: auto, template, system"
+    ):
         ChatCalc(chatml, tools_prompt="json")
 
 
@@ -186,10 +236,19 @@ def test_the_final_turn_is_the_models_own_last_turn(family):
     eot = tok.convert_tokens_to_ids(FAMILIES[family][2])
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     script = enc(CALL) + [eot] + enc("True") + [eot]
-    ro = generate_episodes(IdScripted([script], len(tok)), tok, env, [env.problem.prompt], temperature=0.0,
-                           max_new_tokens=env.max_new_tokens, seeds=0)
+    ro = generate_episodes(
+        IdScripted([script], len(tok)),
+        tok,
+        env,
+        [env.problem.prompt],
+        temperature=0.0,
+        max_new_tokens=env.max_new_tokens,
+        seeds=0,
+    )
     transcript = ro.texts[0]
-    assert "3" in transcript and transcript.rstrip().endswith("True")  # the tool's answer is in the transcript
+    assert "3" in transcript and transcript.rstrip().endswith(
+        "True"
+    )  # the tool's answer is in the transcript
     assert env.final_turn(transcript) == "True"
     assert env.final_turn("The answer is 3.") == "The answer is 3."  # no observation: the whole response
     assert env.final_turn(transcript.rsplit("True", 1)[0] + CALL) == ""  # ended on a call

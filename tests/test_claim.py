@@ -5,6 +5,7 @@ exactly one wins, and no transition happens from a state other than the one name
 Two `CellStore`s on one SQLite file play two workers; a worker's stale read is simulated by
 handing `claim()` the trial list it read before the other worker claimed.
 """
+
 from __future__ import annotations
 
 import threading
@@ -17,9 +18,14 @@ from vapo_lit.ablate.store import CellStore, worker_id
 
 def two_workers(tmp_path, n_trials: int = 1, cell: str = "c0"):
     url = f"sqlite:///{tmp_path / 'grid.db'}"
-    a, b = CellStore(url, heartbeat_interval=60, grace_period=120), CellStore(url, heartbeat_interval=60, grace_period=120)
+    a, b = (
+        CellStore(url, heartbeat_interval=60, grace_period=120),
+        CellStore(url, heartbeat_interval=60, grace_period=120),
+    )
     for i in range(n_trials):
-        a.study.enqueue_trial({}, user_attrs={"cell_id": cell if n_trials == 1 else f"c{i}", "row": "r", "seed": i})
+        a.study.enqueue_trial(
+            {}, user_attrs={"cell_id": cell if n_trials == 1 else f"c{i}", "row": "r", "seed": i}
+        )
     return a, b
 
 
@@ -68,8 +74,14 @@ def test_a_failure_is_recorded_once_and_retried_once(tmp_path):
     t = a.claim(["c0"])
     assert a.fail(t, "RuntimeError: boom")
     failed = a.rdb.get_trial(t._trial_id)
-    assert failed.state == S.FAIL and failed.datetime_complete is not None and "boom" in failed.user_attrs["error"]
-    assert not b._transition(t._trial_id, S.RUNNING, S.FAIL)  # a second worker's stale view: no second failure
+    assert (
+        failed.state == S.FAIL
+        and failed.datetime_complete is not None
+        and "boom" in failed.user_attrs["error"]
+    )
+    assert not b._transition(
+        t._trial_id, S.RUNNING, S.FAIL
+    )  # a second worker's stale view: no second failure
     retries = [x for x in a.trials() if x.state == S.WAITING]
     assert len(retries) == 1 and retries[0].user_attrs["cell_id"] == "c0"
     again = b.claim(["c0"])
@@ -79,12 +91,16 @@ def test_a_failure_is_recorded_once_and_retried_once(tmp_path):
 def test_only_the_lowest_live_trial_of_a_cell_runs(tmp_path):
     a, b = two_workers(tmp_path)
     first = a.claim(["c0"])
-    a.study.enqueue_trial({}, user_attrs={"cell_id": "c0", "row": "r", "seed": 0})  # a duplicate while it runs
+    a.study.enqueue_trial(
+        {}, user_attrs={"cell_id": "c0", "row": "r", "seed": 0}
+    )  # a duplicate while it runs
     assert b.claim(["c0"]) is None
     dup = [t for t in a.trials() if t.number == 1][0]
     assert dup.state == S.PRUNED and dup.user_attrs["duplicate_of"] == first.number
     assert a.complete(first, 0.5)
-    a.study.enqueue_trial({}, user_attrs={"cell_id": "c0", "row": "r", "seed": 0})  # a duplicate of a finished cell
+    a.study.enqueue_trial(
+        {}, user_attrs={"cell_id": "c0", "row": "r", "seed": 0}
+    )  # a duplicate of a finished cell
     assert b.claim(["c0"]) is None
     late = [t for t in a.trials() if t.number == 2][0]
     assert late.state == S.PRUNED and late.user_attrs["duplicate_of"] == first.number
@@ -139,7 +155,9 @@ def test_a_stale_trial_failed_by_another_worker_meanwhile_is_skipped(tmp_path, m
     it neither raises (Optuna refuses attributes on a finished trial) nor counts it."""
     a, b = two_workers(tmp_path)
     t = a.claim(["c0"])
-    monkeypatch.setattr(b.rdb, "_get_stale_trial_ids", lambda study_id: [t._trial_id])  # b's query saw it RUNNING
+    monkeypatch.setattr(
+        b.rdb, "_get_stale_trial_ids", lambda study_id: [t._trial_id]
+    )  # b's query saw it RUNNING
     assert a._transition(t._trial_id, S.RUNNING, S.FAIL)  # a failed it first
     assert b.fail_stale() == 0
     assert state(b, t._trial_id) == S.FAIL and len(b.trials()) == 1  # no retry added by b

@@ -3,6 +3,7 @@ command that continues, 1 runtime failure), never a traceback: a corrupt checkpo
 Ctrl-C in vapo-train, a full disk and a failing database in vapo-ablate (the claimed cell handed
 back, not left RUNNING), an unwritable --out with PostgreSQL storage (no study created first).
 """
+
 from __future__ import annotations
 
 import json
@@ -32,8 +33,24 @@ def one_line(err: str) -> str:
 
 def test_corrupt_checkpoint_on_resume_is_one_line_with_what_to_do(tmp_path, capsys):
     run = tmp_path / "runs" / "r"
-    assert train_main([*SMOKE, "--steps", "2", "--checkpoint_every", "1", "--out_dir", str(tmp_path / "runs"),
-                       "--name", "r", "--cache_dir", str(tmp_path / "c")]) == 0
+    assert (
+        train_main(
+            [
+                *SMOKE,
+                "--steps",
+                "2",
+                "--checkpoint_every",
+                "1",
+                "--out_dir",
+                str(tmp_path / "runs"),
+                "--name",
+                "r",
+                "--cache_dir",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 0
+    )
     ckpt = run / "checkpoints" / "last.ckpt"
     data = ckpt.read_bytes()
     ckpt.write_bytes(data[: len(data) // 2])  # e.g. a copy that stopped half way
@@ -46,17 +63,38 @@ def test_corrupt_checkpoint_on_resume_is_one_line_with_what_to_do(tmp_path, caps
 def test_ctrl_c_exits_130_with_the_resume_command(tmp_path):
     """A real SIGINT to a real vapo-train process, as a terminal's Ctrl-C sends it."""
     runs = tmp_path / "runs"
-    proc = subprocess.Popen([PY, "-m", "vapo_lit.cli.train", *SMOKE, "--steps", "200", "--checkpoint_every", "1",
-                             "--out_dir", str(runs), "--name", "r", "--cache_dir", str(tmp_path / "c")],
-                            cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                            env={**os.environ, "PYTHONWARNINGS": "ignore"})
+    proc = subprocess.Popen(
+        [
+            PY,
+            "-m",
+            "vapo_lit.cli.train",
+            *SMOKE,
+            "--steps",
+            "200",
+            "--checkpoint_every",
+            "1",
+            "--out_dir",
+            str(runs),
+            "--name",
+            "r",
+            "--cache_dir",
+            str(tmp_path / "c"),
+        ],
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env={**os.environ, "PYTHONWARNINGS": "ignore"},
+    )
     deadline = time.time() + 240
     while time.time() < deadline and not (runs / "r" / "checkpoints" / "last.ckpt").is_file():
         time.sleep(0.1)
     proc.send_signal(signal.SIGINT)
     _, err = proc.communicate(timeout=120)
     assert proc.returncode == 130, err[-3000:]
-    assert one_line(err) == f"vapo-train: interrupted (SIGINT); continue with: vapo-train --resume {runs / 'r'}"
+    assert (
+        one_line(err) == f"vapo-train: interrupted (SIGINT); continue with: vapo-train --resume {runs / 'r'}"
+    )
 
 
 def test_sigterm_is_treated_like_ctrl_c(tmp_path, capsys, monkeypatch):
@@ -71,20 +109,55 @@ def test_sigterm_is_treated_like_ctrl_c(tmp_path, capsys, monkeypatch):
                 os.kill(os.getpid(), signal.SIGTERM)
 
     real = vapo_lit.train.train
-    monkeypatch.setattr(vapo_lit.train, "train", lambda cfg, **kw: real(cfg, extra_callbacks=[Terminate()], **kw))
+    monkeypatch.setattr(
+        vapo_lit.train, "train", lambda cfg, **kw: real(cfg, extra_callbacks=[Terminate()], **kw)
+    )
     before = signal.getsignal(signal.SIGTERM)
     runs = tmp_path / "runs"
-    assert train_main([*SMOKE, "--steps", "50", "--checkpoint_every", "1", "--out_dir", str(runs), "--name", "r",
-                       "--cache_dir", str(tmp_path / "c")]) == 130
-    assert one_line(capsys.readouterr().err) == \
-        f"vapo-train: interrupted (SIGTERM); continue with: vapo-train --resume {runs / 'r'}"
+    assert (
+        train_main(
+            [
+                *SMOKE,
+                "--steps",
+                "50",
+                "--checkpoint_every",
+                "1",
+                "--out_dir",
+                str(runs),
+                "--name",
+                "r",
+                "--cache_dir",
+                str(tmp_path / "c"),
+            ]
+        )
+        == 130
+    )
+    assert (
+        one_line(capsys.readouterr().err)
+        == f"vapo-train: interrupted (SIGTERM); continue with: vapo-train --resume {runs / 'r'}"
+    )
     assert signal.getsignal(signal.SIGTERM) is before  # the command put the handlers back
 
 
 # ----------------------------------------------------------------------------- vapo-ablate
 def _grid(tmp_path, out="out", *extra):
-    return [*SMOKE, "--seeds", "1", "--drop", "clip_higher", "--steps", "3", "--checkpoint_every", "1", "--out", str(tmp_path / out),
-            "--cache_dir", str(tmp_path / "c"), "--no-report", *extra]
+    return [
+        *SMOKE,
+        "--seeds",
+        "1",
+        "--drop",
+        "clip_higher",
+        "--steps",
+        "3",
+        "--checkpoint_every",
+        "1",
+        "--out",
+        str(tmp_path / out),
+        "--cache_dir",
+        str(tmp_path / "c"),
+        "--no-report",
+        *extra,
+    ]
 
 
 def test_disk_full_in_a_cell_hands_it_back_and_the_rerun_resumes(tmp_path, capsys, monkeypatch):
@@ -97,18 +170,30 @@ def test_disk_full_in_a_cell_hands_it_back_and_the_rerun_resumes(tmp_path, capsy
     monkeypatch.setenv(faults.ENV, "checkpoint:3:enospc")
     assert ablate_main(_grid(tmp_path)) == 1
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("vapo-ablate: error: disk full in cell ") and "rerun the same command to continue" in line
+    assert (
+        line.startswith("vapo-ablate: error: disk full in cell ")
+        and "rerun the same command to continue" in line
+    )
     url = f"sqlite:///{tmp_path / 'out' / 'ablate.db'}"
     states = sorted(t.state.name for t in CellStore(url).trials())
     assert "RUNNING" not in states and "FAIL" not in states, states
     monkeypatch.delenv(faults.ENV)
     assert ablate_main(_grid(tmp_path)) == 0
     assert sorted(t.state.name for t in CellStore(url).trials()) == ["COMPLETE", "COMPLETE"]
-    handed = [d for d in (tmp_path / "out" / "runs").iterdir()
-              if any(json.loads(x).get("outcome") == "handed back" for x in (d / "attempts.jsonl").read_text().splitlines())]
+    handed = [
+        d
+        for d in (tmp_path / "out" / "runs").iterdir()
+        if any(
+            json.loads(x).get("outcome") == "handed back"
+            for x in (d / "attempts.jsonl").read_text().splitlines()
+        )
+    ]
     assert len(handed) == 1
-    modes = [json.loads(x)["mode"] for x in (handed[0] / "attempts.jsonl").read_text().splitlines()
-             if json.loads(x)["event"] == "start"]
+    modes = [
+        json.loads(x)["mode"]
+        for x in (handed[0] / "attempts.jsonl").read_text().splitlines()
+        if json.loads(x)["event"] == "start"
+    ]
     assert modes == ["fresh", "resume"]
 
 
@@ -116,12 +201,16 @@ def test_a_failing_database_mid_grid_is_one_line_and_the_cell_is_handed_back(tmp
     import sqlalchemy.exc
 
     def broken(self, *a, **kw):
-        raise sqlalchemy.exc.OperationalError("UPDATE trials ...", {}, Exception("server closed the connection"))
+        raise sqlalchemy.exc.OperationalError(
+            "UPDATE trials ...", {}, Exception("server closed the connection")
+        )
 
     monkeypatch.setattr(CellStore, "complete", broken)
     assert ablate_main(_grid(tmp_path)) == 1
     line = one_line(capsys.readouterr().err)
-    assert line.startswith("vapo-ablate: error: storage error in cell ") and "check the database server" in line
+    assert (
+        line.startswith("vapo-ablate: error: storage error in cell ") and "check the database server" in line
+    )
     states = [t.state.name for t in CellStore(f"sqlite:///{tmp_path / 'out' / 'ablate.db'}").trials()]
     assert sorted(states) == ["WAITING", "WAITING"]  # the claimed one handed back, the other never claimed
 
@@ -138,11 +227,23 @@ def test_unwritable_out_with_postgresql_storage_creates_no_study(tmp_path, capsy
     engine.dispose()
 
 
-@pytest.mark.parametrize("argv, needle", [
-    (["--drop", "clip_higher", "--storage-password-file", "/no/such/file", "--storage", "postgresql://u@h/d"],
-     "--storage-password-file /no/such/file: cannot read it"),
-    (["--drop", "clip_higher", "--seeds", "0"], "--seeds must be >= 1"),
-])
+@pytest.mark.parametrize(
+    "argv, needle",
+    [
+        (
+            [
+                "--drop",
+                "clip_higher",
+                "--storage-password-file",
+                "/no/such/file",
+                "--storage",
+                "postgresql://u@h/d",
+            ],
+            "--storage-password-file /no/such/file: cannot read it",
+        ),
+        (["--drop", "clip_higher", "--seeds", "0"], "--seeds must be >= 1"),
+    ],
+)
 def test_ablate_bad_input_is_exit_2(tmp_path, capsys, argv, needle):
     assert ablate_main([*SMOKE, "--out", str(tmp_path / "o"), *argv]) == 2
     assert needle in one_line(capsys.readouterr().err)
@@ -157,6 +258,8 @@ def test_a_cell_with_an_unreadable_checkpoint_starts_over_instead_of_failing_eve
     (run / "checkpoints" / "last.ckpt").write_bytes(b"PK\x03\x04 not a whole zip file")
     (run / "metrics.csv").write_text("step\n0\n")
     assert ablate_main(_grid(tmp_path)) == 0
-    starts = [a for a in map(json.loads, (run / "attempts.jsonl").read_text().splitlines()) if a["event"] == "start"]
+    starts = [
+        a for a in map(json.loads, (run / "attempts.jsonl").read_text().splitlines()) if a["event"] == "start"
+    ]
     assert [a["mode"] for a in starts] == ["fresh"]
     assert list((tmp_path / "out" / "runs" / ".partial").iterdir())  # the unreadable attempt kept aside

@@ -3,6 +3,7 @@ collective lives, decisions that steer control flow agreed across ranks, a faili
 the others down at once, explicit dtypes under a bf16 default, the cheap checkpoint read.
 
 The 2-process checks run tests/two_ranks.py twice (ranks 0 and 1) on a gloo group."""
+
 from __future__ import annotations
 
 import os
@@ -32,8 +33,16 @@ def two_ranks(case: str, tmp_path: Path, timeout: float = 600.0, env: dict | Non
     loaded 2-core machine) is killed and reported as returncode None (a hang)."""
     port = free_port()
     full_env = {**os.environ, "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1", **(env or {})}
-    procs = [subprocess.Popen([sys.executable, str(WORKER), case, str(r), port, str(tmp_path)], env=full_env,
-                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True) for r in range(2)]
+    procs = [
+        subprocess.Popen(
+            [sys.executable, str(WORKER), case, str(r), port, str(tmp_path)],
+            env=full_env,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.STDOUT,
+            text=True,
+        )
+        for r in range(2)
+    ]
     out = []
     for p in procs:
         try:
@@ -54,13 +63,20 @@ def _no_cuda():
     raise AssertionError("the current CUDA device was asked for although the tensor can stay")
 
 
-@pytest.mark.parametrize("types, where, expected", [
-    (("cuda",), "cpu", "cuda:1"),            # NCCL ("cuda:nccl") or "cuda:gloo": a CPU tensor moves to the rank's GPU
-    (("cuda",), "cuda:1", "cuda:1"),         # already there
-    (("cpu", "cuda"), "cpu", "cpu"),         # gloo: stays on the CPU
-    (("cpu", "cuda"), "cuda:0", "cuda:0"),   # gloo also serves CUDA tensors: no copy
-    (("cpu",), "meta", "cpu"),               # a group serving only the CPU
-])
+@pytest.mark.parametrize(
+    "types, where, expected",
+    [
+        (
+            ("cuda",),
+            "cpu",
+            "cuda:1",
+        ),  # NCCL ("cuda:nccl") or "cuda:gloo": a CPU tensor moves to the rank's GPU
+        (("cuda",), "cuda:1", "cuda:1"),  # already there
+        (("cpu", "cuda"), "cpu", "cpu"),  # gloo: stays on the CPU
+        (("cpu", "cuda"), "cuda:0", "cuda:0"),  # gloo also serves CUDA tensors: no copy
+        (("cpu",), "meta", "cpu"),  # a group serving only the CPU
+    ],
+)
 def test_a_collective_tensor_goes_where_the_group_has_a_backend(types, where, expected):
     cuda = _cuda(1) if expected.startswith("cuda") and not where.startswith("cuda") else _no_cuda
     assert choose_comm_device(types, torch.device(where), cuda) == torch.device(expected)
@@ -118,11 +134,23 @@ def test_the_fixed_gae_lambda_keeps_float32_under_a_bfloat16_default_dtype():
     rewards = torch.zeros(n, R)
     rewards[torch.arange(n), lengths - 1] = torch.tensor([1.0, 0.0, 1.0, 1.0])
     values = torch.rand(n, R, generator=g) * mask
-    exp = Experience(problems=[0] * n, group_size=1, prompt_ids=torch.zeros(n, 1, dtype=torch.long),
-                     prompt_mask=torch.ones(n, 1, dtype=torch.long), response_ids=torch.zeros(n, R, dtype=torch.long),
-                     mask=mask, behaviour_logprobs=torch.zeros(n, R), lengths=lengths,
-                     truncated=torch.zeros(n, dtype=torch.bool), texts=[""] * n, rewards=rewards, values=values)
-    settings = AdvantageSettings(estimator="gae", gamma=1.0, lam=0.95, alpha=None, lam_critic=1.0, whiten=False)
+    exp = Experience(
+        problems=[0] * n,
+        group_size=1,
+        prompt_ids=torch.zeros(n, 1, dtype=torch.long),
+        prompt_mask=torch.ones(n, 1, dtype=torch.long),
+        response_ids=torch.zeros(n, R, dtype=torch.long),
+        mask=mask,
+        behaviour_logprobs=torch.zeros(n, R),
+        lengths=lengths,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        texts=[""] * n,
+        rewards=rewards,
+        values=values,
+    )
+    settings = AdvantageSettings(
+        estimator="gae", gamma=1.0, lam=0.95, alpha=None, lam_critic=1.0, whiten=False
+    )
     before = torch.get_default_dtype()
     torch.set_default_dtype(torch.bfloat16)
     try:

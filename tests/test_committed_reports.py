@@ -8,6 +8,7 @@ imports torch (checked below), so torch's instruction sets (ATEN_CPU_CAPABILITY)
 NumPy's own dispatch was varied too (byte for byte under ATEN_CPU_CAPABILITY=default,
 avx2 and avx512, and under NPY_DISABLE_CPU_FEATURES="X86_V3 X86_V4 AVX512_ICL AVX512_SPR", NumPy's
 SSE4.2 baseline, and "X86_V4 AVX512_ICL AVX512_SPR", AVX2)."""
+
 from __future__ import annotations
 
 import os
@@ -22,8 +23,18 @@ from vapo_lit.cli.report import main as report
 
 ROOT = Path(__file__).resolve().parents[1]
 COMMITTED = sorted(m for m in (ROOT / "reports").glob("*/grids/*.json"))
-TEXT_FILES = ("table.md", "table.tex", "table.csv", "seeds.csv", "calibration.csv", "credit.csv", "mechanisms.csv", "critic.csv",
-              "by_length.csv", "contrasts.csv")
+TEXT_FILES = (
+    "table.md",
+    "table.tex",
+    "table.csv",
+    "seeds.csv",
+    "calibration.csv",
+    "credit.csv",
+    "mechanisms.csv",
+    "critic.csv",
+    "by_length.csv",
+    "contrasts.csv",
+)
 
 
 def test_there_is_a_committed_report():
@@ -35,11 +46,19 @@ def test_the_report_never_imports_torch(tmp_path):
     manifest = COMMITTED[0]
     copy = tmp_path / manifest.parents[1].name
     shutil.copytree(manifest.parents[1], copy)
-    code = ("import sys; from vapo_lit.cli.report import main; "
-            f"rc = main([{str(copy)!r}, '--grid', {manifest.stem!r}, '--to', {str(copy)!r}, '--no-figures']); "
-            "print('RESULT', rc, 'torch' in sys.modules)")
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300,
-                         cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    code = (
+        "import sys; from vapo_lit.cli.report import main; "
+        f"rc = main([{str(copy)!r}, '--grid', {manifest.stem!r}, '--to', {str(copy)!r}, '--no-figures']); "
+        "print('RESULT', rc, 'torch' in sys.modules)"
+    )
+    out = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=ROOT,
+        env={**os.environ, "PYTHONPATH": str(ROOT)},
+    )
     assert "RESULT 0 False" in out.stdout, (out.stdout[-1000:], out.stderr[-2000:])
 
 
@@ -70,30 +89,48 @@ def test_the_long_table_pages_numbers_come_from_its_committed_logs():
     import pandas as pd
 
     folder = ROOT / "reports" / "table1-long"
-    page = " ".join((ROOT / "docs" / "results" / "table1-long" / "index.md").read_text().split())  # lines wrap
+    page = " ".join(
+        (ROOT / "docs" / "results" / "table1-long" / "index.md").read_text().split()
+    )  # lines wrap
     index = " ".join((ROOT / "docs" / "results" / "index.md").read_text().split())
     contrast = pd.read_csv(folder / "contrasts.csv").iloc[0]
-    assert (contrast["row"], contrast["against"]) == ("vapo-oracle", "grpo+token_level_loss+clip_higher+group_sampling")
+    assert (contrast["row"], contrast["against"]) == (
+        "vapo-oracle",
+        "grpo+token_level_loss+clip_higher+group_sampling",
+    )
     for m in ("final", "auc"):
         assert _interval(contrast, m) in page, m
-    assert f"resolved over training (AUC {_interval(contrast, 'auc')}), not on the final score (final " \
+    assert (
+        f"resolved over training (AUC {_interval(contrast, 'auc')}), not on the final score (final "
         f"{_interval(contrast, 'final')})" in index
+    )
     assert f"resolved over training, AUC {_interval(contrast, 'auc')}" in page
-    assert contrast["delta_auc_ci_lo"] > 0 > contrast["delta_final_ci_lo"]  # what "resolved over training" says
+    assert (
+        contrast["delta_auc_ci_lo"] > 0 > contrast["delta_final_ci_lo"]
+    )  # what "resolved over training" says
     table = pd.read_csv(folder / "table.csv").set_index("row")
     grpo = table.loc["grpo+token_level_loss+clip_higher+group_sampling"]
     behind = {}  # full VAPO against GRPO: GRPO's row against full VAPO, negated
     for m in ("final", "auc"):
-        behind |= {f"delta_{m}": -grpo[f"delta_{m}"], f"delta_{m}_ci_lo": -grpo[f"delta_{m}_ci_hi"],
-                   f"delta_{m}_ci_hi": -grpo[f"delta_{m}_ci_lo"]}
+        behind |= {
+            f"delta_{m}": -grpo[f"delta_{m}"],
+            f"delta_{m}_ci_lo": -grpo[f"delta_{m}_ci_hi"],
+            f"delta_{m}_ci_hi": -grpo[f"delta_{m}_ci_lo"],
+        }
     assert f"final {_interval(grpo, 'final')}" in page
-    assert f"trails GRPO in all 3 pairs (final {_interval(behind, 'final')}, AUC {_interval(behind, 'auc')})" in index
+    assert (
+        f"trails GRPO in all 3 pairs (final {_interval(behind, 'final')}, AUC {_interval(behind, 'auc')})"
+        in index
+    )
     assert f"final {_interval(table.loc['vapo-oracle'], 'final')}" in page
     holm = f"Holm p {grpo['delta_final_p_holm']:.3f} (p {grpo['delta_final_p']:.3f})"
     assert holm in page and f"AUC {_interval(grpo, 'auc')}, Holm p {grpo['delta_auc_p_holm']:.3f}" in page
     vanilla = table.loc["vanilla_ppo"]  # every row has its logs: the whole grid is in the report
     assert table["n"].eq(3).all() and len(table) == 11
-    assert f"final {_interval(vanilla, 'final')}" in page and f"Holm p {vanilla['delta_final_p_holm']:.3f}" in page
+    assert (
+        f"final {_interval(vanilla, 'final')}" in page
+        and f"Holm p {vanilla['delta_final_p_holm']:.3f}" in page
+    )
     drops = table[table.index.str.startswith("vapo-no-")]
     for row, rec in drops.iterrows():
         line = f"| {rec['final_mean']:.1f} | {_interval(rec, 'final')} | {rec['delta_final_p_holm']:.3f} |"
@@ -107,16 +144,25 @@ def test_the_long_table_pages_numbers_come_from_its_committed_logs():
         run = next((ROOT / "reports" / "critic-fit" / "runs").glob(f"critic-lr3e-4-epochs4-s{seed}-*"))
         df = pd.read_csv(run / "metrics.csv")
         vp = df[df["train/value_pretraining"] == 1]
-        shares.append(vp["value/explained_variance"].iloc[-10:].median()
-                      / vp["value/oracle_ceiling"].iloc[-10:].median())
+        shares.append(
+            vp["value/explained_variance"].iloc[-10:].median()
+            / vp["value/oracle_ceiling"].iloc[-10:].median()
+        )
     assert "explains 0.67, 0.74 and 0.70" in page and [f"{x:.2f}" for x in shares] == ["0.67", "0.74", "0.70"]
     assert f"0.{round(100 * min(shares))}-0.{round(100 * max(shares))} of the ceiling" in index
 
 
 LONG = ROOT / "reports" / "table1-long" / "runs"
 GRPO = "grpo+token_level_loss+clip_higher+group_sampling"
-DROPS = ("value_pretraining", "decoupled_gae", "length_adaptive_gae", "token_level_loss", "clip_higher",
-         "positive_lm_loss", "group_sampling")
+DROPS = (
+    "value_pretraining",
+    "decoupled_gae",
+    "length_adaptive_gae",
+    "token_level_loss",
+    "clip_higher",
+    "positive_lm_loss",
+    "group_sampling",
+)
 PAPER = (-49, -27, -15, -7, -14, -6, -5)
 """The paper's Table 1 deltas (AIME24) for DROPS, as the page's table quotes them."""
 
@@ -157,9 +203,15 @@ def test_the_long_table_pages_critic_numbers_come_from_the_metrics():
 
     def share(df):  # median EV over the last 10 value-pretraining iterations / the ceiling's median there
         vp = df[df["train/value_pretraining"] == 1]
-        return vp["value/explained_variance"].iloc[-10:].median() / vp["value/oracle_ceiling"].iloc[-10:].median()
+        return (
+            vp["value/explained_variance"].iloc[-10:].median()
+            / vp["value/oracle_ceiling"].iloc[-10:].median()
+        )
 
-    fit = [share(_metrics("critic-lr3e-4-epochs4", s, ROOT / "reports" / "critic-fit" / "runs")) for s in range(3)]
+    fit = [
+        share(_metrics("critic-lr3e-4-epochs4", s, ROOT / "reports" / "critic-fit" / "runs"))
+        for s in range(3)
+    ]
     quoted = re.findall(r"explains (\S+), (\S+) and (\S+) of the ceiling", page)  # every place it is said
     assert quoted and set(quoted) == {tuple(f"{x:.2f}" for x in fit)}, quoted
     assert f"seed 2, which ran it again: the same {share(_metrics('vapo-oracle', 2)):.2f})" in page
@@ -174,16 +226,26 @@ def test_the_long_table_pages_critic_numbers_come_from_the_metrics():
     assert f"a drop of {drops[0]:.2f}, {drops[1]:.2f} and {drops[2]:.2f}" in page
     acc = [_blocks(_metrics("vapo", s), "objective/accuracy", "mean") for s in range(3)]
     first, last = [a[0] for a in acc], [a[-1] for a in acc]
-    assert (f"rises from {min(first):.2f}-{max(first):.2f} to {min(last):.2f}-{max(last):.2f} "
-            "(`objective/accuracy`, mean per block of 20)") in page
+    assert (
+        f"rises from {min(first):.2f}-{max(first):.2f} to {min(last):.2f}-{max(last):.2f} "
+        "(`objective/accuracy`, mean per block of 20)"
+    ) in page
     oracle = _blocks(_metrics("vapo-oracle", 2), "value/explained_variance_oracle")
     assert f"(seed 2: {oracle[0]:.2f} to {oracle[-1]:.2f})" in page
 
     def late(row):  # median over the last 10 PPO iterations, mean over seeds
-        return sum(_ppo(_metrics(row, s))["value/explained_variance_oracle"].dropna().iloc[-10:].median()
-                   for s in range(3)) / 3
-    assert (f"explained variance against the true values {late('vapo-no-length_adaptive_gae'):.2f} against "
-            f"{late('vapo'):.2f}") in page
+        return (
+            sum(
+                _ppo(_metrics(row, s))["value/explained_variance_oracle"].dropna().iloc[-10:].median()
+                for s in range(3)
+            )
+            / 3
+        )
+
+    assert (
+        f"explained variance against the true values {late('vapo-no-length_adaptive_gae'):.2f} against "
+        f"{late('vapo'):.2f}"
+    ) in page
 
 
 def test_the_long_table_pages_other_statements_come_from_the_logs():
@@ -198,8 +260,11 @@ def test_the_long_table_pages_other_statements_come_from_the_logs():
     import pandas as pd
 
     page = _long_page()
-    counts = {int(n) for f in LONG.glob(f"{GRPO}-s*/run_card.json")
-              for n in re.findall(r"(\d+) parameters", f.read_text())}
+    counts = {
+        int(n)
+        for f in LONG.glob(f"{GRPO}-s*/run_card.json")
+        for n in re.findall(r"(\d+) parameters", f.read_text())
+    }
     assert len(counts) == 1 and f"a {next(iter(counts)):,}-parameter policy" in page
 
     def first_at_cap(seed):
@@ -208,8 +273,10 @@ def test_the_long_table_pages_other_statements_come_from_the_logs():
 
     cap, at_cap = first_at_cap(0)
     every = next(u for u in at_cap if all(cap.loc[u:] > 0))  # from here on, every update
-    assert (f"first reach the 2,008-token cap at update {at_cap[0]} (1 of 64, `rollout/truncated_frac`), again "
-            f"at update {at_cap[1]}, and at every update from {every} on") in page
+    assert (
+        f"first reach the 2,008-token cap at update {at_cap[0]} (1 of 64, `rollout/truncated_frac`), again "
+        f"at update {at_cap[1]}, and at every update from {every} on"
+    ) in page
     assert round(cap.loc[at_cap[0]] * 64) == 1 and at_cap[2] == every  # nothing between the two and the run
     others = [first_at_cap(seed)[1][0] for seed in (1, 2)]
     assert f"(seed 1's first reach it at update {others[0]} and seed 2's at {others[1]}," in page
@@ -217,7 +284,9 @@ def test_the_long_table_pages_other_statements_come_from_the_logs():
     before = []  # tokens generated before the first PPO update: the value-pretraining phase
     for seed in range(3):
         first = _ppo(_metrics("vapo", seed)).query("`train/ppo_update` == 1").iloc[0]
-        rollout = first["rollout/response_length"] * first["rollout/prompts"] * first["rollout/samples_per_prompt"]
+        rollout = (
+            first["rollout/response_length"] * first["rollout/prompts"] * first["rollout/samples_per_prompt"]
+        )
         before.append(first["perf/cumulative_tokens"] - rollout)
     assert f"includes the {min(before) / 1e6:.2f}M-{max(before) / 1e6:.2f}M tokens" in page
 
@@ -250,6 +319,10 @@ def test_the_long_table_pages_other_statements_come_from_the_logs():
     rho = pd.Series(means).rank().corr(pd.Series(PAPER, dtype="float64").rank())
     assert f"{down} of the 7 single drops move in the paper's direction" in page
     assert f"{down} of 7 on the mean of the last 3 evals" in " ".join(
-        (ROOT / "docs" / "results" / "index.md").read_text().split())
+        (ROOT / "docs" / "results" / "index.md").read_text().split()
+    )
     assert f"deltas is {rho:+.2f}" in page and f"Spearman {rho:+.2f}" in page
-    assert f"without length-adaptive GAE is {text['length_adaptive_gae']}, an interval that includes zero" in page
+    assert (
+        f"without length-adaptive GAE is {text['length_adaptive_gae']}, an interval that includes zero"
+        in page
+    )

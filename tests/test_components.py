@@ -10,6 +10,7 @@ token, the lambdas per response (length-adaptive) and per target (decoupled), va
 optimiser and warm-up afterwards).
 The actor's and critic's gradients under each switch are in tests/test_updates.py.
 """
+
 from __future__ import annotations
 
 import ast
@@ -22,8 +23,19 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-from wiring import (N, adaptive_lambda, coin, positions, probe_run, ref_advantages, ref_logprobs, ref_values, whiten,
-                    with_weights, zero_value_head)
+from wiring import (
+    N,
+    adaptive_lambda,
+    coin,
+    positions,
+    probe_run,
+    ref_advantages,
+    ref_logprobs,
+    ref_values,
+    whiten,
+    with_weights,
+    zero_value_head,
+)
 
 from vapo_lit.build import build_module
 from vapo_lit.components import REGISTRY, Component, build_callbacks
@@ -34,19 +46,50 @@ from vapo_lit.pretrain import Plan
 
 RUNS = {
     "plain": ([], {"ppo": {"lam": 0.9, "temperature": 0.8, "top_p": 0.9, "max_new_tokens": 20}}),
-    "group": (["group_sampling", "length_adaptive_gae"],
-              {"vapo": {"samples_per_prompt": 4, "alpha": 0.1}, "truncation": "bootstrap"}),
-    "decoupled": (["length_adaptive_gae", "decoupled_gae"], {"vapo": {"alpha": 0.1, "lambda_critic": 0.6},
-                                                             "ppo": {"gamma": 0.9}}),
-    "decoupled_mc": (["decoupled_gae"], {"vapo": {"lambda_critic": 1.0}, "ppo": {"whiten_advantages": False}}),
-    "pretrain": (["value_pretraining"], {"vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": 1.0}, "steps": 2,
-                                         "ppo": {"warmup_steps": 2}, "prepare": zero_value_head}),
+    "group": (
+        ["group_sampling", "length_adaptive_gae"],
+        {"vapo": {"samples_per_prompt": 4, "alpha": 0.1}, "truncation": "bootstrap"},
+    ),
+    "decoupled": (
+        ["length_adaptive_gae", "decoupled_gae"],
+        {"vapo": {"alpha": 0.1, "lambda_critic": 0.6}, "ppo": {"gamma": 0.9}},
+    ),
+    "decoupled_mc": (
+        ["decoupled_gae"],
+        {"vapo": {"lambda_critic": 1.0}, "ppo": {"whiten_advantages": False}},
+    ),
+    "pretrain": (
+        ["value_pretraining"],
+        {
+            "vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": 1.0},
+            "steps": 2,
+            "ppo": {"warmup_steps": 2},
+            "prepare": zero_value_head,
+        },
+    ),
     # decoupled GAE asks for lambda_critic 0.5, and a warm-up longer than the phase (4 > 2 steps)
-    "pretrain_decoupled": (["value_pretraining", "decoupled_gae"],
-                           {"vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": None, "lambda_critic": 0.5},
-                            "steps": 3, "ppo": {"warmup_steps": 4}}),
-    "all": (list(ALL_COMPONENTS), {"vapo": {"value_pretrain_steps": 1, "samples_per_prompt": 4, "alpha": 0.2,
-                                            "lambda_critic": 0.9, "eps_high": 0.3, "mu": 0.2, "kl_coef": 0.1}}),
+    "pretrain_decoupled": (
+        ["value_pretraining", "decoupled_gae"],
+        {
+            "vapo": {"value_pretrain_steps": 2, "value_pretrain_min_ev": None, "lambda_critic": 0.5},
+            "steps": 3,
+            "ppo": {"warmup_steps": 4},
+        },
+    ),
+    "all": (
+        list(ALL_COMPONENTS),
+        {
+            "vapo": {
+                "value_pretrain_steps": 1,
+                "samples_per_prompt": 4,
+                "alpha": 0.2,
+                "lambda_critic": 0.9,
+                "eps_high": 0.3,
+                "mu": 0.2,
+                "kl_coef": 0.1,
+            }
+        },
+    ),
 }
 
 
@@ -76,7 +119,9 @@ def test_group_sampling_prompt_count_and_adjacency(runs):
     assert len(it.problems) == N // 4 and exp.group_size == 4
     assert exp.problems == [p for p in it.problems for _ in range(4)]  # the samples of a prompt are adjacent
     assert len({p.prompt for p in it.problems}) > 1
-    assert all(len(set(exp.texts[j:j + 4])) > 1 for j in range(0, N, 4))  # four draws, not one draw four times
+    assert all(
+        len(set(exp.texts[j : j + 4])) > 1 for j in range(0, N, 4)
+    )  # four draws, not one draw four times
     assert g.row(1)["rollout/prompts"] == 4 and g.row(1)["rollout/samples_per_prompt"] == 4
     groups = exp.scores.view(-1, 4)
     mixed = float(((groups.max(1).values > 0) & (groups.min(1).values == 0)).float().mean())
@@ -136,12 +181,20 @@ def test_sampling_settings_reach_the_engine(runs):
     actor = with_weights(run.module.actor, it.actor)
     with torch.no_grad():
         want = ref_logprobs(actor, exp, T)
-        logits = actor(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
-                       position_ids=positions(exp.attention_mask)).logits[:, exp.prompt_width - 1:-1] / T
+        logits = (
+            actor(
+                input_ids=exp.input_ids,
+                attention_mask=exp.attention_mask,
+                position_ids=positions(exp.attention_mask),
+            ).logits[:, exp.prompt_width - 1 : -1]
+            / T
+        )
     torch.testing.assert_close(exp.behaviour_logprobs, want.float() * exp.mask, rtol=0, atol=2e-5)
     probs = torch.softmax(logits.double(), -1)
     chosen = probs.gather(-1, exp.response_ids[..., None]).squeeze(-1)
-    mass_above = (probs * (probs > chosen[..., None])).sum(-1)  # of the tokens more likely than the chosen one
+    mass_above = (probs * (probs > chosen[..., None])).sum(
+        -1
+    )  # of the tokens more likely than the chosen one
     assert bool((mass_above[exp.mask.bool()] < top_p + 1e-6).all())
     assert exp.mask.shape[1] <= limit and bool(exp.truncated.any())
     assert torch.equal(exp.lengths[exp.truncated], torch.full_like(exp.lengths[exp.truncated], limit))
@@ -178,7 +231,9 @@ def test_advantages_and_targets_use_the_switched_lambdas(runs, name):
     torch.testing.assert_close(exp.mc_returns.double(), mc * exp.mask, rtol=1e-5, atol=1e-5)
     row = run.row(1)
     assert row["gae/lambda_policy_mean"] == pytest.approx(sum(lam) / N, abs=1e-6)
-    assert (row["gae/lambda_policy_min"], row["gae/lambda_policy_max"]) == pytest.approx((min(lam), max(lam)), abs=1e-6)
+    assert (row["gae/lambda_policy_min"], row["gae/lambda_policy_max"]) == pytest.approx(
+        (min(lam), max(lam)), abs=1e-6
+    )
     raw = [(1 - 1 / (0.1 * l)) / gamma for l in exp.lengths.tolist()]
     clamped = sum(1 for r in raw if not 0 <= r <= 1) if name in ("group", "decoupled") else 0
     assert row["gae/lambda_policy_clamped"] == clamped
@@ -202,7 +257,9 @@ def test_value_pretraining_trains_the_critic_alone_on_monte_carlo_targets(runs):
     for it in its[:2]:  # lambda = 1 although decoupled_gae is off (ppo.lam = 0.95)
         outcome = it.exp.scores[:, None] * it.exp.mask
         torch.testing.assert_close(it.exp.returns.float(), outcome, rtol=0, atol=1e-5)
-    assert not torch.allclose(its[2].exp.returns.float(), its[2].exp.scores[:, None] * its[2].exp.mask, atol=1e-2)
+    assert not torch.allclose(
+        its[2].exp.returns.float(), its[2].exp.scores[:, None] * its[2].exp.mask, atol=1e-2
+    )
     assert sorted({s.iteration for s in run.probe.of("actor")}) == [2, 3]  # no actor step while pretraining
     assert sorted(s.iteration for s in run.probe.of("critic")) == [0, 1, 2, 3]
     assert all(torch.equal(its[2].actor[n], its[0].actor[n]) for n in its[0].actor)  # bit-identical
@@ -210,7 +267,10 @@ def test_value_pretraining_trains_the_critic_alone_on_monte_carlo_targets(runs):
     rows = [run.row(i) for i in (1, 2, 3, 4)]
     assert [r["train/value_pretraining"] for r in rows] == [1.0, 1.0, 0.0, 0.0]
     assert [r["train/ppo_update"] for r in rows] == [0, 0, 1, 2]
-    assert rows[2]["value_pretrain/steps"] == 2 and rows[2]["value_pretrain/final_ev"] == rows[1]["value/explained_variance"]
+    assert (
+        rows[2]["value_pretrain/steps"] == 2
+        and rows[2]["value_pretrain/final_ev"] == rows[1]["value/explained_variance"]
+    )
     assert run.module.pretrain.finished and not run.module.pretrain.active
     assert run.probe.weight_loads == [2, 3]  # the engine gets the actor after each actor update, only then
     assert (run.module.actor_steps, run.module.critic_steps) == (2, 4)
@@ -245,7 +305,9 @@ def test_value_pretraining_targets_are_monte_carlo_whatever_decoupled_gae_says(r
         torch.testing.assert_close(exp.returns.double(), want, rtol=1e-5, atol=1e-5, msg=f"iteration {k}")
         torch.testing.assert_close(exp.mc_returns.double(), mc, rtol=1e-5, atol=1e-5)
     for i in (1, 2):  # logged: the critic against its own targets is the critic against MC returns
-        assert run.row(i)["value/explained_variance_target"] == pytest.approx(run.row(i)["value/explained_variance"])
+        assert run.row(i)["value/explained_variance_target"] == pytest.approx(
+            run.row(i)["value/explained_variance"]
+        )
 
 
 def test_after_value_pretraining_a_long_warmup_starts_over(runs):
@@ -256,15 +318,19 @@ def test_after_value_pretraining_a_long_warmup_starts_over(runs):
     run = runs("pretrain_decoupled")
     lr_c, lr_a = run.cfg.ppo.critic_lr, run.cfg.ppo.actor_lr
     assert [s.lr for s in run.probe.of("critic")] == pytest.approx(
-        [lr_c / 4, lr_c / 2, lr_c / 4, lr_c / 2, 3 * lr_c / 4])
+        [lr_c / 4, lr_c / 2, lr_c / 4, lr_c / 2, 3 * lr_c / 4]
+    )
     assert [s.lr for s in run.probe.of("actor")] == pytest.approx([lr_a / 4, lr_a / 2, 3 * lr_a / 4])
     # logged after each iteration's updates (before the phase ends): the rate of the next critic step
     assert [run.row(i)["train/critic_lr"] for i in (1, 2, 3, 4, 5)] == pytest.approx(
-        [lr_c / 2, 3 * lr_c / 4, lr_c / 2, 3 * lr_c / 4, lr_c])
+        [lr_c / 2, 3 * lr_c / 4, lr_c / 2, 3 * lr_c / 4, lr_c]
+    )
     (step,) = run.probe.of("critic", 2)
     after = run.probe.iterations[3].critic
     for n, g in step.grads.items():  # a first Adam step: -lr * g / (|g| + eps)
-        torch.testing.assert_close(after[n] - step.weights[n], -step.lr * g / (g.abs() + 1e-8), rtol=1e-3, atol=1e-7)
+        torch.testing.assert_close(
+            after[n] - step.weights[n], -step.lr * g / (g.abs() + 1e-8), rtol=1e-3, atol=1e-7
+        )
 
 
 def test_value_pretraining_ends_by_its_rule(runs):
@@ -275,16 +341,28 @@ def test_value_pretraining_ends_by_its_rule(runs):
     assert pre.row(1)["value/explained_variance"] == 0.0
     assert max(pre.row(i)["value/explained_variance"] for i in (1, 2)) < 1.0
     assert [it.pretraining for it in pre.probe.iterations][:3] == [True, True, False]
-    run = runs("pretrain_ev", ["value_pretraining"], prepare=zero_value_head,
-               vapo={"value_pretrain_steps": 4, "value_pretrain_min_ev": 0.0})
+    run = runs(
+        "pretrain_ev",
+        ["value_pretraining"],
+        prepare=zero_value_head,
+        vapo={"value_pretrain_steps": 4, "value_pretrain_min_ev": 0.0},
+    )
     assert [it.pretraining for it in run.probe.iterations] == [True, False]
     assert run.row(2)["value_pretrain/steps"] == 1 and run.row(2)["value_pretrain/final_ev"] == 0.0
 
 
-@pytest.mark.parametrize("steps_done,ev,target,budget,end", [
-    (1, 0.5, None, 2, False), (2, float("nan"), None, 2, True), (3, -5.0, 0.2, 4, False), (1, 0.2, 0.2, 4, True),
-    (1, 0.1999, 0.2, 4, False), (1, float("nan"), 0.2, 4, False), (4, float("nan"), 0.2, 4, True),
-])
+@pytest.mark.parametrize(
+    "steps_done,ev,target,budget,end",
+    [
+        (1, 0.5, None, 2, False),
+        (2, float("nan"), None, 2, True),
+        (3, -5.0, 0.2, 4, False),
+        (1, 0.2, 0.2, 4, True),
+        (1, 0.1999, 0.2, 4, False),
+        (1, float("nan"), 0.2, 4, False),
+        (4, float("nan"), 0.2, 4, True),
+    ],
+)
 def test_value_pretraining_stopping_rule(steps_done, ev, target, budget, end):
     rule = REGISTRY["value_pretraining"](value_pretrain_steps=budget, value_pretrain_min_ev=target)
     assert rule.should_end(steps_done, ev) is end
@@ -308,7 +386,9 @@ def test_value_pretraining_target_reads_the_median_of_the_last_window_iterations
     for _ in range(95):  # the whole history is kept: a long window is reachable
         phase.record(0.6)
     assert phase.recent_ev_median(100) == 0.6 and math.isnan(phase.recent_ev_median(101))
-    rule = REGISTRY["value_pretraining"](value_pretrain_steps=50, value_pretrain_min_ev=0.35, value_pretrain_ev_window=5)
+    rule = REGISTRY["value_pretraining"](
+        value_pretrain_steps=50, value_pretrain_min_ev=0.35, value_pretrain_ev_window=5
+    )
 
     class Module:
         pretrain = PretrainPhase(active=True, steps_done=5, recent_ev=[0.1, 0.2, 0.9, 0.3, 0.2])
@@ -331,24 +411,40 @@ def test_every_component_sets_its_switches_in_trainer_setup(runs):
     sw, values = run.module.switches, run.cfg.vapo
     for name in COMPONENTS:
         assert getattr(sw, name) is True, name
-    for key in ("value_pretrain_steps", "value_pretrain_min_ev", "lambda_critic", "alpha", "eps_high", "mu",
-                "samples_per_prompt", "kl_coef"):
+    for key in (
+        "value_pretrain_steps",
+        "value_pretrain_min_ev",
+        "lambda_critic",
+        "alpha",
+        "eps_high",
+        "mu",
+        "samples_per_prompt",
+        "kl_coef",
+    ):
         assert getattr(sw, key) == getattr(values, key), key
     assert sorted(c.name for c in run.module.components) == sorted(ALL_COMPONENTS)  # every one joined, once
     assert [it.pretraining for it in run.probe.iterations] == [True, False]
     assert run.probe.iterations[0].exp.extras == {}  # no iteration hooks while the critic is pretrained
     exp = run.probe.iterations[1].exp
     assert exp.group_size == 4 and "ref_logprobs" in exp.extras
-    assert exp.lam_policy.tolist() == pytest.approx([adaptive_lambda(int(l), 0.2) for l in exp.lengths.tolist()],
-                                                    abs=1e-6)
+    assert exp.lam_policy.tolist() == pytest.approx(
+        [adaptive_lambda(int(l), 0.2) for l in exp.lengths.tolist()], abs=1e-6
+    )
     assert "policy/kl_initial" in run.row(2) and run.row(2)["loss/nll"] > 0
 
 
 def _trainer_setup(tmp_path, callback, **delta):
     cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path), **delta})
     module = build_module(cfg)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, callbacks=[callback], enable_checkpointing=False,
-                        enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=-1,
+        logger=False,
+        callbacks=[callback],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module)
 
 
@@ -366,19 +462,32 @@ def test_one_rule_one_place_config_and_callback_ask_the_same_check(tmp_path, mon
     from vapo_lit import config
 
     cfg = merge(RunConfig(), {"components": ["clip_higher"], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}})
-    with pytest.raises(ValueError, match=r"^vapo\.eps_high=0.25 is below eps_low=ppo.eps=0.3; valid: eps_high >= eps_low$"):
+    with pytest.raises(
+        ValueError, match=r"^vapo\.eps_high=0.25 is below eps_low=ppo.eps=0.3; valid: eps_high >= eps_low$"
+    ):
         config.validate(cfg)
     with pytest.raises(ValueError, match=r"^clip_higher\.eps_high=0.25 is below eps_low=ppo.eps=0.3; valid"):
-        REGISTRY["clip_higher"](eps_high=0.25).check(build_module(merge(merge(RunConfig(), PRESETS["smoke"]), {
-            "model": "random", "out_dir": str(tmp_path), "ppo": {"eps": 0.3}})))
+        REGISTRY["clip_higher"](eps_high=0.25).check(
+            build_module(
+                merge(
+                    merge(RunConfig(), PRESETS["smoke"]),
+                    {"model": "random", "out_dir": str(tmp_path), "ppo": {"eps": 0.3}},
+                )
+            )
+        )
     monkeypatch.setitem(config.COMPONENT_CHECKS, "clip_higher", lambda values, c: "eps_high=changed rule")
     ok = merge(RunConfig(), {"components": ["clip_higher"]})
     with pytest.raises(ValueError, match="vapo.eps_high=changed rule"):
         config.validate(ok)
     with pytest.raises(ValueError, match="clip_higher.eps_high=changed rule"):
-        REGISTRY["clip_higher"]().check(build_module(merge(merge(RunConfig(), PRESETS["smoke"]), {
-            "model": "random", "out_dir": str(tmp_path)})))
-    config.validate(merge(RunConfig(), {"components": [], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}}))  # off: no rule
+        REGISTRY["clip_higher"]().check(
+            build_module(
+                merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path)})
+            )
+        )
+    config.validate(
+        merge(RunConfig(), {"components": [], "ppo": {"eps": 0.3}, "vapo": {"eps_high": 0.25}})
+    )  # off: no rule
 
 
 def test_a_component_joins_the_module_once(tmp_path):
@@ -397,10 +506,20 @@ def test_a_component_joins_the_module_once(tmp_path):
 
 
 # ----------------------------------------------------------------------------- each component holds its behaviour
-HOOK_VALUES = ComponentValues(alpha=0.7, lambda_critic=0.9, eps_high=0.33, mu=0.3, samples_per_prompt=4,
-                              value_pretrain_steps=7, value_pretrain_min_ev=0.2, value_pretrain_ev_window=3,
-                              value_pretrain_critic_lr=1e-3, value_pretrain_critic_epochs=2, kl_coef=0.2,
-                              dynamic_max_rounds=5)
+HOOK_VALUES = ComponentValues(
+    alpha=0.7,
+    lambda_critic=0.9,
+    eps_high=0.33,
+    mu=0.3,
+    samples_per_prompt=4,
+    value_pretrain_steps=7,
+    value_pretrain_min_ev=0.2,
+    value_pretrain_ev_window=3,
+    value_pretrain_critic_lr=1e-3,
+    value_pretrain_critic_epochs=2,
+    kl_coef=0.2,
+    dynamic_max_rounds=5,
+)
 CHANGES = {  # component -> what its hooks change of vanilla PPO's settings, and the iteration hooks it has
     "value_pretraining": {"before_ppo": Plan(7, 0.2, 3, 1e-3, 2)},
     "decoupled_gae": {"advantage_settings": {"lam_critic": 0.9}},
@@ -417,15 +536,32 @@ CHANGES = {  # component -> what its hooks change of vanilla PPO's settings, and
 def _changes(c) -> dict:
     """What component `c`'s hooks change of vanilla PPO's settings (field -> value), and which
     iteration hooks it overrides."""
-    def diff(new, old):
-        return {f.name: getattr(new, f.name) for f in dataclasses.fields(old) if getattr(new, f.name) != getattr(old, f.name)}
 
-    out = {"advantage_settings": diff(c.advantage_settings(AdvantageSettings()), AdvantageSettings()),
-           "loss_settings": diff(c.loss_settings(LossSettings()), LossSettings()),
-           "samples_per_prompt": c.samples_per_prompt(1), "before_ppo": c.before_ppo(None),
-           "iteration": [h for h in ("on_rollout", "on_experience", "loss_term")
-                         if getattr(type(c), h) is not getattr(Component, h)]}
-    vanilla = {"advantage_settings": {}, "loss_settings": {}, "samples_per_prompt": 1, "before_ppo": None, "iteration": []}
+    def diff(new, old):
+        return {
+            f.name: getattr(new, f.name)
+            for f in dataclasses.fields(old)
+            if getattr(new, f.name) != getattr(old, f.name)
+        }
+
+    out = {
+        "advantage_settings": diff(c.advantage_settings(AdvantageSettings()), AdvantageSettings()),
+        "loss_settings": diff(c.loss_settings(LossSettings()), LossSettings()),
+        "samples_per_prompt": c.samples_per_prompt(1),
+        "before_ppo": c.before_ppo(None),
+        "iteration": [
+            h
+            for h in ("on_rollout", "on_experience", "loss_term")
+            if getattr(type(c), h) is not getattr(Component, h)
+        ],
+    }
+    vanilla = {
+        "advantage_settings": {},
+        "loss_settings": {},
+        "samples_per_prompt": 1,
+        "before_ppo": None,
+        "iteration": [],
+    }
     return {k: v for k, v in out.items() if v != vanilla[k]}
 
 
@@ -444,8 +580,16 @@ def test_the_components_hooks_fold_in_any_order(tmp_path):
     settings = []
     for names in (ALL_COMPONENTS, ALL_COMPONENTS[::-1]):
         module.components = build_callbacks(names, HOOK_VALUES)
-        settings.append((module.samples_per_prompt, module.advantage_settings(False), module.advantage_settings(True),
-                         module.loss_settings, module.pretrain_plan, module.critic_schedule(True)))
+        settings.append(
+            (
+                module.samples_per_prompt,
+                module.advantage_settings(False),
+                module.advantage_settings(True),
+                module.loss_settings,
+                module.pretrain_plan,
+                module.critic_schedule(True),
+            )
+        )
     assert settings[0] == settings[1]
     k, adv, warm, loss, plan, critic = settings[0]
     assert (k, adv.lam_critic, adv.alpha, warm.lam_critic, warm.alpha) == (4, 0.9, 0.7, 1.0, 0.7)
@@ -480,10 +624,15 @@ def test_the_module_never_asks_which_component_is_on():
 
 def test_the_module_check_sees_a_switch_or_a_name():
     """The check above can fail: what module.py did before the hooks (read a switch, compare a name)."""
-    old = ('eps_high = sw.eps_high if sw.clip_higher else p.eps\n'
-           'if "value_pretraining" in self.cfg.components and getattr(sw, "group_sampling"):\n    pass\n')
-    assert component_references(old) == ["line 1: .clip_higher", "line 2: 'value_pretraining'",
-                                         "line 2: 'group_sampling'"]
+    old = (
+        "eps_high = sw.eps_high if sw.clip_higher else p.eps\n"
+        'if "value_pretraining" in self.cfg.components and getattr(sw, "group_sampling"):\n    pass\n'
+    )
+    assert component_references(old) == [
+        "line 1: .clip_higher",
+        "line 2: 'value_pretraining'",
+        "line 2: 'group_sampling'",
+    ]
 
 
 # ----------------------------------------------------------------------------- the docs' worked example
@@ -493,16 +642,20 @@ def test_the_docs_worked_example_is_one_file_and_runs_as_written(tmp_path, monke
     text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "extending.md").read_text()
     for name in ("mc_policy.py", "test_mc_policy.py"):
         start = text.index(f"```python\n# {name}\n") + len("```python\n")
-        (tmp_path / name).write_text(text[start:text.index("```", start)])
+        (tmp_path / name).write_text(text[start : text.index("```", start)])
     monkeypatch.syspath_prepend(str(tmp_path))
     for name in ("mc_policy", "test_mc_policy"):
         monkeypatch.delitem(sys.modules, name, raising=False)
     importlib.import_module("test_mc_policy").test_mc_policy_gives_the_actor_monte_carlo_advantages()
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path), "components": []})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "out_dir": str(tmp_path), "components": []}
+    )
     module = build_module(cfg)
     importlib.import_module("mc_policy").MCPolicy().setup(None, module, "fit")
     exp = module.rollout(module.task.train_problems(module.prompts_per_step, 0))
     score(exp, module.task.verify_batch(exp.problems, exp.texts))
     exp, _ = module.values(exp)
     fill_advantages(exp, module.advantage_settings(pretraining=False))
-    assert exp.lam_policy.tolist() == [1.0] * exp.n and module.loss_settings == LossSettings(cfg.ppo.eps, cfg.ppo.eps)
+    assert exp.lam_policy.tolist() == [1.0] * exp.n and module.loss_settings == LossSettings(
+        cfg.ppo.eps, cfg.ppo.eps
+    )

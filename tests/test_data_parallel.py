@@ -9,6 +9,7 @@ On any CPU: the ranks and the reference run are processes of this machine under 
 (the ranks inherit the environment, ATEN_CPU_CAPABILITY included), and they are compared in float64
 within 1e-9 relative (history) / 1e-10 (parameters), never exactly: what differs between them is
 the order of the all-reduce sums. It passes under ATEN_CPU_CAPABILITY=default, avx2 and avx512."""
+
 from __future__ import annotations
 
 import csv
@@ -25,6 +26,7 @@ import torch
 
 from vapo_lit import faults
 from vapo_lit.config import RunConfig, merge, validate
+from vapo_lit.rng import Stream
 
 TASK = {"min_n": 2, "max_n": 7, "n_buckets": 2, "eval_per_bucket": 3}
 
@@ -37,21 +39,69 @@ def model_dir(tmp_path_factory):
 
     path = tmp_path_factory.mktemp("dp") / "model"
     task = get_task("chain", **TASK)
-    actor = train_sft(task, TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                            intermediate_size=64, max_position_embeddings=64),
-                      SFTConfig(steps=150, batch_size=16, lr=1e-2, warmup_steps=5), seed=0)
+    actor = train_sft(
+        task,
+        TinyModelConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+        SFTConfig(steps=150, batch_size=16, lr=1e-2, warmup_steps=5),
+        seed=0,
+    )
     actor.save_pretrained(path)
     task.tokenizer.save_pretrained(path)
     return path
 
 
 def flags(model_dir, out, name, cache, *extra):
-    return ["--preset", "smoke", "--model", str(model_dir), "--task", "chain", "--task_options", json.dumps(TASK),
-            "--precision", "32-true", "--model_dtype", "float64", "--accelerator", "cpu", "--wandb", "disabled", "--threads", "1", "--steps", "3",
-            "--eval_every", "1", "--checkpoint_every", "1", "--ppo.responses_per_step", "16",
-            "--ppo.mini_batch_size", "8", "--ppo.micro_batch_size", "2", "--ppo.ppo_epochs", "2",
-            "--vapo.samples_per_prompt", "4", "--vapo.value_pretrain_steps", "1", "--out_dir", str(out),
-            "--name", name, "--cache_dir", str(cache), *extra]
+    return [
+        "--preset",
+        "smoke",
+        "--model",
+        str(model_dir),
+        "--task",
+        "chain",
+        "--task_options",
+        json.dumps(TASK),
+        "--precision",
+        "32-true",
+        "--model_dtype",
+        "float64",
+        "--accelerator",
+        "cpu",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--steps",
+        "3",
+        "--eval_every",
+        "1",
+        "--checkpoint_every",
+        "1",
+        "--ppo.responses_per_step",
+        "16",
+        "--ppo.mini_batch_size",
+        "8",
+        "--ppo.micro_batch_size",
+        "2",
+        "--ppo.ppo_epochs",
+        "2",
+        "--vapo.samples_per_prompt",
+        "4",
+        "--vapo.value_pretrain_steps",
+        "1",
+        "--out_dir",
+        str(out),
+        "--name",
+        name,
+        "--cache_dir",
+        str(cache),
+        *extra,
+    ]
 
 
 @pytest.fixture(scope="module")
@@ -68,8 +118,14 @@ def single(tmp_path_factory, model_dir):
 
 def run_cli(args, **kw):
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, "-m", "vapo_lit.cli.train", *args], capture_output=True, text=True,
-                          env=env, timeout=600, **kw)
+    return subprocess.run(
+        [sys.executable, "-m", "vapo_lit.cli.train", *args],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+        **kw,
+    )
 
 
 def rows(run) -> list[dict]:
@@ -86,7 +142,10 @@ def assert_same_history(a, b, rel=1e-9):
             if x[k] == y[k]:
                 continue
             fx, fy = float(x[k]), float(y[k])
-            assert (math.isnan(fx) and math.isnan(fy)) or fx == pytest.approx(fy, rel=rel, abs=1e-12), (x["step"], k)
+            assert (math.isnan(fx) and math.isnan(fy)) or fx == pytest.approx(fy, rel=rel, abs=1e-12), (
+                x["step"],
+                k,
+            )
 
 
 def assert_same_parameters(a, b, rel=1e-10):
@@ -122,12 +181,24 @@ def test_two_ddp_processes_equal_one(tmp_path, model_dir, single):
 def test_two_processes_killed_and_resumed_equal_one_uninterrupted(tmp_path, model_dir, single, strategy):
     # Rank 0 SIGKILLs the launcher and its rank-1 child at once right after its second last.ckpt: a
     # fixed point between two iterations, never a race with a run that may finish first on a fast machine.
-    env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1",
-           faults.ENV: "last_saved:2:killgroup"}
-    proc = subprocess.Popen([sys.executable, "-m", "vapo_lit.cli.train",
-                             *flags(model_dir, tmp_path, "ddp", tmp_path / "c2", "--devices", "2",
-                                    "--strategy", strategy)],
-                            stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, env=env, start_new_session=True)
+    env = {
+        **os.environ,
+        "PYTHONPATH": str(Path(__file__).resolve().parents[1]),
+        "OMP_NUM_THREADS": "1",
+        faults.ENV: "last_saved:2:killgroup",
+    }
+    proc = subprocess.Popen(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lit.cli.train",
+            *flags(model_dir, tmp_path, "ddp", tmp_path / "c2", "--devices", "2", "--strategy", strategy),
+        ],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+        env=env,
+        start_new_session=True,
+    )
     try:
         proc.wait(timeout=300)
     finally:
@@ -153,19 +224,21 @@ def test_each_rank_takes_an_equal_contiguous_slice_of_every_minibatch(monkeypatc
     import vapo_lit.module as module_mod
     from vapo_lit.module import VapoModule
 
-    cfg = merge(RunConfig(), {"ppo": {"responses_per_step": 24, "mini_batch_size": 12, "micro_batch_size": 2}})
+    cfg = merge(
+        RunConfig(), {"ppo": {"responses_per_step": 24, "mini_batch_size": 12, "micro_batch_size": 2}}
+    )
 
     class Fake:
         pass
 
     fake = Fake()
     fake.cfg, fake.iteration = cfg, 5
-    one = list(VapoModule._minibatches(fake, 24, salt=10))
+    one = list(VapoModule._minibatches(fake, 24, Stream.CRITIC_MINIBATCH))
     for world in (2, 3, 6):
         parts = []
         for rank in range(world):
             monkeypatch.setattr(module_mod, "rank_and_world", lambda r=rank, w=world: (r, w))
-            parts.append(list(VapoModule._minibatches(fake, 24, salt=10)))
+            parts.append(list(VapoModule._minibatches(fake, 24, Stream.CRITIC_MINIBATCH)))
         for j, (idx, _) in enumerate(one):
             assert all(torch.equal(p[j][0], idx) for p in parts)  # the same mini-batch everywhere
             mine = [torch.cat(p[j][1]) for p in parts]
@@ -174,8 +247,18 @@ def test_each_rank_takes_an_equal_contiguous_slice_of_every_minibatch(monkeypatc
 
 
 # ----------------------------------------------------------------------------- the gathered batch
-GATHERED = ("lengths", "truncated", "scores", "rewards", "values", "bootstrap", "lam_policy", "advantages", "returns",
-            "mc_returns")
+GATHERED = (
+    "lengths",
+    "truncated",
+    "scores",
+    "rewards",
+    "values",
+    "bootstrap",
+    "lam_policy",
+    "advantages",
+    "returns",
+    "mc_returns",
+)
 
 
 def _stub_critic(ids, attn):
@@ -198,13 +281,21 @@ def _batch():
     prompt_ids, prompt_mask = torch.zeros(8, P, dtype=torch.long), torch.zeros(8, P, dtype=torch.long)
     response_ids, mask = torch.zeros(8, R, dtype=torch.long), torch.zeros(8, R)
     for i, (p, r) in enumerate(zip(plen, rlen)):
-        prompt_ids[i, P - p:], prompt_mask[i, P - p:] = torch.randint(1, 30, (p,), generator=g), 1
+        prompt_ids[i, P - p :], prompt_mask[i, P - p :] = torch.randint(1, 30, (p,), generator=g), 1
         response_ids[i, :r], mask[i, :r] = torch.randint(1, 30, (r,), generator=g), 1.0
     lengths = torch.tensor(rlen)
-    exp = Experience(problems=list(range(8)), group_size=2, prompt_ids=prompt_ids, prompt_mask=prompt_mask,
-                     response_ids=response_ids, mask=mask, behaviour_logprobs=-mask.double(), lengths=lengths,
-                     truncated=torch.tensor([False, True, True, False, False, False, True, False]),
-                     texts=[str(i) for i in range(8)])
+    exp = Experience(
+        problems=list(range(8)),
+        group_size=2,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        mask=mask,
+        behaviour_logprobs=-mask.double(),
+        lengths=lengths,
+        truncated=torch.tensor([False, True, True, False, False, False, True, False]),
+        texts=[str(i) for i in range(8)],
+    )
     score(exp, [Verdict(float(i % 3 == 0)) for i in range(8)])
     return exp
 
@@ -222,14 +313,21 @@ def _gather_rank(rank: int, tmp: str) -> None:
     from vapo_lit.distributed import gather_experience
     from vapo_lit.experience import AdvantageSettings, fill_advantages, fill_values
 
-    dist.init_process_group("gloo", init_method=f"file://{tmp}/rendezvous", rank=rank, world_size=2,
-                            timeout=datetime.timedelta(seconds=120))
+    dist.init_process_group(
+        "gloo",
+        init_method=f"file://{tmp}/rendezvous",
+        rank=rank,
+        world_size=2,
+        timeout=datetime.timedelta(seconds=120),
+    )
     try:
         mine = _batch().select(torch.arange(4 * rank, 4 * rank + 4), trim=True)
         fill_values(mine, _stub_critic, truncation="bootstrap")
         whole = gather_experience(mine, pad_id=0)
         fill_advantages(whole, AdvantageSettings(**SETTINGS))
-        torch.save({f: getattr(whole, f) for f in GATHERED} | {"problems": whole.problems}, f"{tmp}/rank{rank}.pt")
+        torch.save(
+            {f: getattr(whole, f) for f in GATHERED} | {"problems": whole.problems}, f"{tmp}/rank{rank}.pt"
+        )
     finally:
         dist.destroy_process_group()
 
@@ -252,7 +350,9 @@ def test_two_ranks_keep_the_bootstrap_values_of_truncated_responses(tmp_path):
     assert (ref.advantages - terminal.advantages).abs().max() > 0.1
 
     # forked (as DataLoader workers are): the children start with this process's imports, in a second
-    torch.multiprocessing.start_processes(_gather_rank, args=(str(tmp_path),), nprocs=2, join=True, start_method="fork")
+    torch.multiprocessing.start_processes(
+        _gather_rank, args=(str(tmp_path),), nprocs=2, join=True, start_method="fork"
+    )
     for rank in (0, 1):
         got = torch.load(tmp_path / f"rank{rank}.pt")
         assert got["problems"] == list(range(8))  # rows in global order
@@ -262,13 +362,21 @@ def test_two_ranks_keep_the_bootstrap_values_of_truncated_responses(tmp_path):
 
 
 def test_global_batch_must_split_evenly_across_processes():
-    cfg = merge(RunConfig(), {"devices": "2", "ppo": {"responses_per_step": 48, "mini_batch_size": 16, "micro_batch_size": 4},
-                              "vapo": {"samples_per_prompt": 16}})
+    cfg = merge(
+        RunConfig(),
+        {
+            "devices": "2",
+            "ppo": {"responses_per_step": 48, "mini_batch_size": 16, "micro_batch_size": 4},
+            "vapo": {"samples_per_prompt": 16},
+        },
+    )
     with pytest.raises(ValueError, match="prompts per step .* = 3 must be a multiple of the 2 processes"):
         validate(cfg)
     validate(merge(cfg, {"ppo": {"responses_per_step": 64}}))
     with pytest.raises(ValueError, match="ppo.mini_batch_size = 15"):
-        validate(merge(cfg, {"ppo": {"responses_per_step": 64, "mini_batch_size": 15, "micro_batch_size": 5}}))
+        validate(
+            merge(cfg, {"ppo": {"responses_per_step": 64, "mini_batch_size": 15, "micro_batch_size": 5}})
+        )
     with pytest.raises(ValueError, match="devices='x' is not valid"):
         validate(merge(RunConfig(), {"devices": "x"}))
 
@@ -279,7 +387,7 @@ def _cell_flags(model_dir, cache):
     f = flags(model_dir, "X", "X", cache)
     for flag in ("--out_dir", "--name"):
         i = f.index(flag)
-        del f[i:i + 2]
+        del f[i : i + 2]
     return f
 
 
@@ -292,8 +400,22 @@ def test_a_grid_cell_on_two_devices_equals_the_single_process_run(tmp_path, mode
 
     grid = tmp_path / "one.yaml"
     grid.write_text("name: one\nrows:\n  - {label: full}\n")
-    code = main(["--grid", str(grid), "--seeds", "1", "--out", str(tmp_path / "out"), "--devices-per-cell", "2",
-                 "--strategy", "ddp", "--no-report", *_cell_flags(model_dir, tmp_path / "cache")])
+    code = main(
+        [
+            "--grid",
+            str(grid),
+            "--seeds",
+            "1",
+            "--out",
+            str(tmp_path / "out"),
+            "--devices-per-cell",
+            "2",
+            "--strategy",
+            "ddp",
+            "--no-report",
+            *_cell_flags(model_dir, tmp_path / "cache"),
+        ]
+    )
     assert code == 0, [p.read_text()[-2000:] for p in (tmp_path / "out").glob("runs/*/cell.log")]
     (run,) = [p for p in (tmp_path / "out" / "runs").iterdir() if not p.name.startswith(".")]
     card = json.loads((run / "run_card.json").read_text())
@@ -308,15 +430,24 @@ def test_devices_per_cell_input_is_checked_before_anything_is_written(tmp_path, 
     from vapo_lit.cli.ablate import main
 
     out = tmp_path / "out"
-    for extra, msg in ((["--devices-per-cell", "0"], "give a number of devices >= 1"),
-                       (["--devices-per-cell", "2", "--devices", "2"], "give only --devices-per-cell"),
-                       (["--devices-per-cell", "2", "--num_nodes", "2"], "a grid cell runs on one machine"),
-                       (["--devices-per-cell", "2", "--workers", "2", "--accelerator", "gpu",
-                         "--precision", "32-true"], "needs 4 GPUs; 0 visible")):
+    for extra, msg in (
+        (["--devices-per-cell", "0"], "give a number of devices >= 1"),
+        (["--devices-per-cell", "2", "--devices", "2"], "give only --devices-per-cell"),
+        (["--devices-per-cell", "2", "--num_nodes", "2"], "a grid cell runs on one machine"),
+        (
+            ["--devices-per-cell", "2", "--workers", "2", "--accelerator", "gpu", "--precision", "32-true"],
+            "needs 4 GPUs; 0 visible",
+        ),
+    ):
         env_before = os.environ.get("CUDA_VISIBLE_DEVICES")
         os.environ["CUDA_VISIBLE_DEVICES"] = ""
         try:
-            assert main(["--seeds", "1", "--drop", "clip_higher", "--preset", "smoke", "--out", str(out), *extra]) == 2
+            assert (
+                main(
+                    ["--seeds", "1", "--drop", "clip_higher", "--preset", "smoke", "--out", str(out), *extra]
+                )
+                == 2
+            )
         finally:
             if env_before is None:
                 os.environ.pop("CUDA_VISIBLE_DEVICES")

@@ -5,6 +5,7 @@ every image they show exists in the built site, and wide tables can scroll.
 Two levels: the formula pages rendered with the `markdown` library and the Markdown extensions of
 mkdocs.yml (fast), and one `mkdocs build` of the whole site into a temporary folder (module
 fixture) for what only the site shows (the hooks, the generated pages, the API pages)."""
+
 from __future__ import annotations
 
 import html
@@ -48,7 +49,9 @@ def render(page: str) -> str:
         if config:
             configs[name] = dict(config)
     if "pymdownx.snippets" in configs:  # its base_path is relative to the repository root
-        configs["pymdownx.snippets"]["base_path"] = [str(ROOT / p) for p in configs["pymdownx.snippets"]["base_path"]]
+        configs["pymdownx.snippets"]["base_path"] = [
+            str(ROOT / p) for p in configs["pymdownx.snippets"]["base_path"]
+        ]
     return markdown.Markdown(extensions=names, extension_configs=configs).convert((DOCS / page).read_text())
 
 
@@ -80,7 +83,9 @@ def rendered_formulas(page_html: str) -> tuple[list[str], list[str]]:
 
 
 def emphasis(page_html: str) -> list[str]:
-    return [html.unescape(re.sub(r"<[^>]+>", "", m)) for m in re.findall(r"<em>(.*?)</em>", page_html, flags=re.S)]
+    return [
+        html.unescape(re.sub(r"<[^>]+>", "", m)) for m in re.findall(r"<em>(.*?)</em>", page_html, flags=re.S)
+    ]
 
 
 @pytest.mark.parametrize("page", MATH_PAGES)
@@ -96,8 +101,14 @@ def test_every_formula_reaches_mathjax_intact(page):
     bad = [e for e in emphasis(out) if FORMULA_IN_EM.search(e)]
     assert not bad, f"{page}: formulas turned into emphasis: {bad}"
     # A display formula inside a list item must not end the list or swallow the next item.
-    items = [line for line in without_code((DOCS / page).read_text()).splitlines() if re.match(r"[ \t]*[-*] ", line)]
-    assert out.count("<li>") == len(items), f"{page}: {len(items)} list items in the source, {out.count('<li>')} rendered"
+    items = [
+        line
+        for line in without_code((DOCS / page).read_text()).splitlines()
+        if re.match(r"[ \t]*[-*] ", line)
+    ]
+    assert out.count("<li>") == len(items), (
+        f"{page}: {len(items)} list items in the source, {out.count('<li>')} rendered"
+    )
 
 
 @pytest.mark.parametrize("page", MATH_PAGES)
@@ -107,7 +118,9 @@ def test_formula_pages_use_one_notation(page):
     text = without_code((DOCS / page).read_text())
     text = re.sub(r"\$\$.+?\$\$|\$[^$]+\$", "", text, flags=re.S)
     text = re.sub(r"\]\([^)]*\)", "]", text)  # link targets (results/critic-alpha/...)
-    hits = [line.strip() for line in text.splitlines() if ASCII_MATH.search(line) or re.search(r"[²∑∏√≤≥≠]", line)]
+    hits = [
+        line.strip() for line in text.splitlines() if ASCII_MATH.search(line) or re.search(r"[²∑∏√≤≥≠]", line)
+    ]
     assert not hits, f"{page}: formulas outside LaTeX notation:\n" + "\n".join(hits)
 
 
@@ -120,8 +133,10 @@ def load_hooks():
 
 def test_an_included_report_is_demoted_below_the_page_heading_and_shows_its_figures():
     hooks = load_hooks()
-    report = ("# Ablation `x`\n\ntext\n\n## Paired deltas\n\n```text\n# not a heading\n```\n\n"
-              "Figures: [score](score.png), [entropy](entropy.png); value bias in `calibration.csv`.\n")
+    report = (
+        "# Ablation `x`\n\ntext\n\n## Paired deltas\n\n```text\n# not a heading\n```\n\n"
+        "Figures: [score](score.png), [entropy](entropy.png); value bias in `calibration.csv`.\n"
+    )
     page = "# Study\n\n## The committed report\n\n"
     assert hooks.heading_level_before(page, len(page)) == 2
     out = hooks.fit_report(report, 2)
@@ -144,9 +159,14 @@ def site(tmp_path_factory):
     out = tmp_path_factory.mktemp("site")
     # --no-strict so that the other tests can look at a site that a warning would fail; the first
     # test below asserts there is none.
-    proc = subprocess.run([sys.executable, "-m", "mkdocs", "build", "--no-strict", "--site-dir", str(out)],
-                          cwd=ROOT, capture_output=True, text=True, timeout=600,
-                          env={**os.environ, "NO_MKDOCS_2_WARNING": "1"})
+    proc = subprocess.run(
+        [sys.executable, "-m", "mkdocs", "build", "--no-strict", "--site-dir", str(out)],
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+        env={**os.environ, "NO_MKDOCS_2_WARNING": "1"},
+    )
     assert proc.returncode == 0, proc.stderr[-3000:]
     return out, proc.stderr
 
@@ -165,7 +185,9 @@ def test_the_site_builds_without_warnings(site):
 
 def test_every_page_has_one_h1(site):
     site_dir, _ = site
-    counts = {str(p.relative_to(site_dir)): len(re.findall(r"<h1[\s>]", p.read_text())) for p in pages(site_dir)}
+    counts = {
+        str(p.relative_to(site_dir)): len(re.findall(r"<h1[\s>]", p.read_text())) for p in pages(site_dir)
+    }
     assert len(counts) > 20
     assert {k: v for k, v in counts.items() if v != 1} == {}
 
@@ -177,8 +199,14 @@ def test_results_pages_show_their_report_figures_and_every_image_exists(site):
     for study in studies:
         page = site_dir / "results" / study / "index.html"
         shown = re.findall(r'<img[^>]*\bsrc="([^"]+)"', page.read_text())
-        figures_line = next((line for line in (ROOT / "reports" / study / "table.md").read_text().splitlines()
-                             if line.startswith("Figures:")), "")
+        figures_line = next(
+            (
+                line
+                for line in (ROOT / "reports" / study / "table.md").read_text().splitlines()
+                if line.startswith("Figures:")
+            ),
+            "",
+        )
         listed = re.findall(r"\]\(([^)]+\.png)\)", figures_line)
         assert listed, f"reports/{study}/table.md has no Figures: line"
         missing = [f for f in listed if f not in shown]
@@ -191,8 +219,11 @@ def test_no_formula_turns_into_emphasis_anywhere(site):
     """Generated pages (CLI, configuration) and API pages included: an ASCII formula with two
     asterisks (i*K..(i+1)*K-1) must not become <em>."""
     site_dir, _ = site
-    bad = {str(p.relative_to(site_dir)): hits for p in pages(site_dir)
-           if (hits := [e for e in emphasis(p.read_text()) if FORMULA_IN_EM.search(e)])}
+    bad = {
+        str(p.relative_to(site_dir)): hits
+        for p in pages(site_dir)
+        if (hits := [e for e in emphasis(p.read_text()) if FORMULA_IN_EM.search(e)])
+    }
     assert bad == {}
 
 

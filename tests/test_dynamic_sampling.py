@@ -3,6 +3,7 @@ round loop against a plain reference of DAPO's procedure on random group scores;
 keeps every row; real runs (the golden tiny SFT'd float64 policy) train on mixed groups only, count
 every sampled token, equal the switch-off run when one round is allowed, and resume to the same
 history; the rule that it needs group_sampling; two data-parallel processes equal one (slow)."""
+
 from __future__ import annotations
 
 import csv
@@ -17,7 +18,7 @@ from golden import CONFIG
 from golden import factory as golden_factory
 from lightning.pytorch.callbacks import Callback
 
-from vapo_lit import dynamic_sampling as dyn
+from vapo_lit import group_filter
 from vapo_lit.config import COMPONENTS, RunConfig, merge, validate
 from vapo_lit.train import train
 
@@ -34,7 +35,7 @@ def dapo_reference(rounds: list[list[float]], k: int, target: int, max_rounds: i
         used += 1
         scores = rounds[r]
         for g in range(len(scores) // k):
-            group = scores[g * k:(g + 1) * k]
+            group = scores[g * k : (g + 1) * k]
             if max(group) != min(group):
                 kept.append(index)
             else:
@@ -42,7 +43,7 @@ def dapo_reference(rounds: list[list[float]], k: int, target: int, max_rounds: i
             index += 1
         if len(kept) >= target:
             return used, kept[:target], 0
-    fill = uniform[:target - len(kept)]
+    fill = uniform[: target - len(kept)]
     return used, sorted(kept + fill), len(fill)
 
 
@@ -50,7 +51,9 @@ def dapo_reference(rounds: list[list[float]], k: int, target: int, max_rounds: i
 def test_the_round_loop_matches_a_plain_dapo_reference(block):
     seen = [_check_against_reference(random.Random(trial)) for trial in range(block * 100, (block + 1) * 100)]
     assert any(used > 1 and not filled for used, filled in seen)  # extra rounds that filled the batch
-    assert any(filled for _, filled in seen) and any(used == 1 for used, _ in seen)  # the cap; one round enough
+    assert any(filled for _, filled in seen) and any(
+        used == 1 for used, _ in seen
+    )  # the cap; one round enough
 
 
 def _check_against_reference(rng: random.Random):
@@ -76,32 +79,40 @@ def _check_against_reference(rng: random.Random):
         calls.append(r)
         return SimpleNamespace(scores=torch.tensor(rounds[r], dtype=torch.float32))
 
-    parts, sel = dyn.run_rounds(sample_round, k, target, max_rounds)
+    parts, sel = group_filter.run_rounds(sample_round, k, target, max_rounds)
     used, kept, filled = dapo_reference(rounds, k, target, max_rounds)
     assert calls == list(range(used)) and len(parts) == used
     assert sel.kept == kept and sel.filled == filled and len(sel.kept) == target
-    mixed_in_pool = sum(max(rounds[r][g * k:(g + 1) * k]) != min(rounds[r][g * k:(g + 1) * k])
-                        for r in range(used) for g in range(target))
+    mixed_in_pool = sum(
+        max(rounds[r][g * k : (g + 1) * k]) != min(rounds[r][g * k : (g + 1) * k])
+        for r in range(used)
+        for g in range(target)
+    )
     assert sel.mixed == mixed_in_pool
-    rows = dyn.group_rows(sel.kept, k)
+    rows = group_filter.group_rows(sel.kept, k)
     assert rows.tolist() == [g * k + j for g in kept for j in range(k)]
     return used, filled
 
 
 def test_group_is_mixed_and_its_refusals():
-    assert dyn.group_is_mixed(torch.tensor([0., 0, 1, 0, 1, 1, 0.5, 0.25]), 2) == [False, True, False, True]
+    assert group_filter.group_is_mixed(torch.tensor([0.0, 0, 1, 0, 1, 1, 0.5, 0.25]), 2) == [
+        False,
+        True,
+        False,
+        True,
+    ]
     with pytest.raises(ValueError, match="groups of at least 2"):
-        dyn.group_is_mixed(torch.tensor([0., 1.]), 1)
+        group_filter.group_is_mixed(torch.tensor([0.0, 1.0]), 1)
     with pytest.raises(ValueError, match="do not split into groups of 3"):
-        dyn.group_is_mixed(torch.tensor([0., 1., 1., 0.]), 3)
+        group_filter.group_is_mixed(torch.tensor([0.0, 1.0, 1.0, 0.0]), 3)
     with pytest.raises(ValueError, match="max_rounds=0"):
-        dyn.run_rounds(lambda r: None, 2, 1, 0)
+        group_filter.run_rounds(lambda r: None, 2, 1, 0)
 
 
 def test_a_rank_takes_its_contiguous_share_of_the_kept_groups():
     kept, k, world = [1, 4, 5, 9], 3, 2
-    shares = [dyn.group_rows(kept, k, slice(r * 2, (r + 1) * 2)) for r in range(world)]
-    assert torch.cat(shares).tolist() == dyn.group_rows(kept, k).tolist()
+    shares = [group_filter.group_rows(kept, k, slice(r * 2, (r + 1) * 2)) for r in range(world)]
+    assert torch.cat(shares).tolist() == group_filter.group_rows(kept, k).tolist()
     assert shares[1].tolist() == [15, 16, 17, 27, 28, 29]
 
 
@@ -114,14 +125,29 @@ def _part(n_rows: int, P: int, R: int, seed: int):
     prompt_ids, prompt_mask = torch.full((n_rows, P), 99), torch.zeros(n_rows, P, dtype=torch.long)
     response_ids, mask = torch.full((n_rows, R), 99), torch.zeros(n_rows, R)
     for i in range(n_rows):
-        prompt_ids[i, P - plen[i]:], prompt_mask[i, P - plen[i]:] = torch.randint(1, 50, (int(plen[i]),), generator=g), 1
-        response_ids[i, :rlen[i]], mask[i, :rlen[i]] = torch.randint(1, 50, (int(rlen[i]),), generator=g), 1.0
-    return Experience(problems=[f"p{seed}-{i}" for i in range(n_rows)], group_size=2, prompt_ids=prompt_ids,
-                      prompt_mask=prompt_mask, response_ids=response_ids, mask=mask,
-                      behaviour_logprobs=-torch.rand(n_rows, R, generator=g, dtype=torch.float64) * mask,
-                      lengths=rlen, truncated=rlen == R, texts=[f"t{seed}-{i}" for i in range(n_rows)],
-                      scores=torch.randint(0, 2, (n_rows,), generator=g).float(),
-                      rewards=torch.zeros(n_rows, R), verdicts=list(range(n_rows)))
+        prompt_ids[i, P - plen[i] :], prompt_mask[i, P - plen[i] :] = (
+            torch.randint(1, 50, (int(plen[i]),), generator=g),
+            1,
+        )
+        response_ids[i, : rlen[i]], mask[i, : rlen[i]] = (
+            torch.randint(1, 50, (int(rlen[i]),), generator=g),
+            1.0,
+        )
+    return Experience(
+        problems=[f"p{seed}-{i}" for i in range(n_rows)],
+        group_size=2,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        mask=mask,
+        behaviour_logprobs=-torch.rand(n_rows, R, generator=g, dtype=torch.float64) * mask,
+        lengths=rlen,
+        truncated=rlen == R,
+        texts=[f"t{seed}-{i}" for i in range(n_rows)],
+        scores=torch.randint(0, 2, (n_rows,), generator=g).float(),
+        rewards=torch.zeros(n_rows, R),
+        verdicts=list(range(n_rows)),
+    )
 
 
 def test_the_pool_of_rounds_keeps_every_row_as_it_was():
@@ -129,7 +155,7 @@ def test_the_pool_of_rounds_keeps_every_row_as_it_was():
     log-probs, scores and texts are those of its round (padding 99 on the prompt's left, the
     response's right)."""
     parts = [_part(4, 3, 5, 0), _part(6, 5, 2, 1), _part(2, 2, 7, 2)]
-    pool = dyn.concat_experiences(parts, pad_id=99)
+    pool = group_filter.concat_experiences(parts, pad_id=99)
     assert pool.n == 12 and pool.prompt_width == 5 and pool.mask.shape[1] == 7 and pool.group_size == 2
     row = 0
     for part in parts:
@@ -143,7 +169,7 @@ def test_the_pool_of_rounds_keeps_every_row_as_it_was():
             assert pool.scores[row] == part.scores[i] and pool.texts[row] == part.texts[i]
             assert pool.problems[row] == part.problems[i] and pool.verdicts[row] == part.verdicts[i]
             row += 1
-    sel = pool.select(dyn.group_rows([1, 4], 2), trim=True)
+    sel = pool.select(group_filter.group_rows([1, 4], 2), trim=True)
     assert sel.texts == ["t0-2", "t0-3", "t1-4", "t1-5"]
 
 
@@ -154,7 +180,9 @@ def test_dynamic_sampling_needs_group_sampling():
         validate(cfg)
     validate(merge(RunConfig(), {"components": [*GRPO, "dynamic_sampling"], "advantage_estimator": "grpo"}))
     with pytest.raises(ValueError, match=r"dynamic_max_rounds=0 is out of range; valid range: >= 1"):
-        validate(merge(RunConfig(), {"components": [*GRPO, "dynamic_sampling"], "vapo": {"dynamic_max_rounds": 0}}))
+        validate(
+            merge(RunConfig(), {"components": [*GRPO, "dynamic_sampling"], "vapo": {"dynamic_max_rounds": 0}})
+        )
 
 
 def test_the_cli_refuses_it_without_group_sampling_in_one_line(capsys):
@@ -171,7 +199,10 @@ def test_the_labels_name_the_row_for_what_it_is():
 
     label = run_label([*GRPO, "dynamic_sampling"], "grpo")
     assert label == "grpo+token_level_loss+clip_higher+group_sampling-with-dynamic_sampling"
-    assert pretty(label) == "critic-free GRPO (token_level_loss, clip_higher, group_sampling) with dynamic_sampling"
+    assert (
+        pretty(label)
+        == "critic-free GRPO (token_level_loss, clip_higher, group_sampling) with dynamic_sampling"
+    )
     assert pretty("vapo-with-kl_penalty") == "VAPO (full) with kl_penalty"
 
 
@@ -182,16 +213,32 @@ def test_the_critic_free_grid_has_a_dapo_row_and_table1_is_unchanged():
     dapo = rows["grpo+token_level_loss+clip_higher+group_sampling-with-dynamic_sampling"]
     assert dapo.components == [*GRPO, "dynamic_sampling"] and dapo.delta == {"advantage_estimator": "grpo"}
     table1 = [r.label for r in load_grid("table1").rows]
-    committed = ["vapo", "vapo-no-value_pretraining", "vapo-no-decoupled_gae", "vapo-no-length_adaptive_gae",
-                 "vapo-no-token_level_loss", "vapo-no-clip_higher", "vapo-no-positive_lm_loss",
-                 "vapo-no-group_sampling", "vanilla_ppo", "grpo+token_level_loss+clip_higher+group_sampling"]
+    committed = [
+        "vapo",
+        "vapo-no-value_pretraining",
+        "vapo-no-decoupled_gae",
+        "vapo-no-length_adaptive_gae",
+        "vapo-no-token_level_loss",
+        "vapo-no-clip_higher",
+        "vapo-no-positive_lm_loss",
+        "vapo-no-group_sampling",
+        "vanilla_ppo",
+        "grpo+token_level_loss+clip_higher+group_sampling",
+    ]
     assert table1 == committed
 
 
 # ----------------------------------------------------------------------------- real runs
 def cfg_of(tmp_path: Path, name: str, components, **delta) -> RunConfig:
-    base = {**CONFIG, "components": list(components), "out_dir": str(tmp_path / "runs"), "name": name,
-            "cache_dir": str(tmp_path / f"cache-{name}"), "steps": 3, "eval_every": 0}
+    base = {
+        **CONFIG,
+        "components": list(components),
+        "out_dir": str(tmp_path / "runs"),
+        "name": name,
+        "cache_dir": str(tmp_path / f"cache-{name}"),
+        "steps": 3,
+        "eval_every": 0,
+    }
     return merge(RunConfig(), {**base, **delta})
 
 
@@ -232,7 +279,8 @@ def test_a_dynamic_grpo_run_trains_on_mixed_groups_and_counts_every_sampled_toke
         assert float(r["rollout/mixed_groups_frac"]) == pytest.approx((target - filled) / target)
         kept = float(r["rollout/response_length"]) * cfg.ppo.responses_per_step
         assert float(r["perf/cumulative_tokens"]) - tokens_before == pytest.approx(
-            kept + float(r["rollout/dynamic_discarded_tokens"]), abs=1e-6)
+            kept + float(r["rollout/dynamic_discarded_tokens"]), abs=1e-6
+        )
         assert (float(r["rollout/dynamic_discarded_tokens"]) > 0) == (rounds > 1)
         tokens_before = float(r["perf/cumulative_tokens"])
     assert extra_rounds >= 1, "no iteration needed a second round: the test does not exercise the loop"
@@ -242,7 +290,9 @@ def test_one_round_allowed_equals_the_switch_off_run_for_a_critic_row(tmp_path):
     """With dynamic_max_rounds = 1 the batch is the step's own (filled with its uniform groups when
     any): the history equals the run without the component, every non-perf column but the
     component's own; value pretraining (2 iterations here) is not touched by it."""
-    on = cfg_of(tmp_path, "on", [*COMPONENTS, "dynamic_sampling"], vapo={**CONFIG["vapo"], "dynamic_max_rounds": 1})
+    on = cfg_of(
+        tmp_path, "on", [*COMPONENTS, "dynamic_sampling"], vapo={**CONFIG["vapo"], "dynamic_max_rounds": 1}
+    )
     off = cfg_of(tmp_path, "off", COMPONENTS)
     with pytest.warns(UserWarning, match="dynamic sampling's 1 rounds"):
         train(on, module_factory=factory)
@@ -253,8 +303,9 @@ def test_one_round_allowed_equals_the_switch_off_run_for_a_critic_row(tmp_path):
         dynamic = {k for k in x if k.startswith(DYNAMIC) and x[k] != ""}
         pretraining = x.get("train/value_pretraining") == "1.0"
         assert not dynamic if (pretraining or x["step"] == "0") else dynamic
-        assert {k: v for k, v in x.items() if not k.startswith(("perf/", *DYNAMIC))} == \
-               {k: v for k, v in y.items() if not k.startswith(("perf/", *DYNAMIC))}
+        assert {k: v for k, v in x.items() if not k.startswith(("perf/", *DYNAMIC))} == {
+            k: v for k, v in y.items() if not k.startswith(("perf/", *DYNAMIC))
+        }
         assert x.get("perf/cumulative_tokens") == y.get("perf/cumulative_tokens")
 
 
@@ -276,9 +327,12 @@ def test_a_resumed_dynamic_run_samples_what_the_uninterrupted_one_did(tmp_path):
     assert len(rows_of(tmp_path, "broken")) == 3  # the base eval and iterations 1, 2
     train(broken, resume=True, module_factory=factory)
     a, b = rows_of(tmp_path, "full"), rows_of(tmp_path, "broken")
-    assert any(float(r.get("rollout/dynamic_rounds") or 1) > 1 for r in a[3:]), "no extra round after the restart"
-    assert [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in a] == \
-           [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in b]
+    assert any(float(r.get("rollout/dynamic_rounds") or 1) > 1 for r in a[3:]), (
+        "no extra round after the restart"
+    )
+    assert [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in a] == [
+        {k: v for k, v in r.items() if not k.startswith("perf/")} for r in b
+    ]
     assert [r["perf/cumulative_tokens"] for r in a] == [r["perf/cumulative_tokens"] for r in b]
 
 
@@ -297,18 +351,35 @@ def test_two_processes_sample_and_train_what_one_does(tmp_path):
 
     model_dir = tmp_path / "model"
     task = get_task("chain", **TASK)
-    actor = train_sft(task, TinyModelConfig(hidden_size=32, num_hidden_layers=1, num_attention_heads=2,
-                                            intermediate_size=64, max_position_embeddings=64),
-                      SFTConfig(steps=150, batch_size=16, lr=1e-2, warmup_steps=5), seed=0)
+    actor = train_sft(
+        task,
+        TinyModelConfig(
+            hidden_size=32,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=64,
+        ),
+        SFTConfig(steps=150, batch_size=16, lr=1e-2, warmup_steps=5),
+        seed=0,
+    )
     actor.save_pretrained(model_dir)
     task.tokenizer.save_pretrained(model_dir)
     extra = ("--add", "dynamic_sampling")
-    train(config_from_args(build_parser().parse_args(flags(model_dir, tmp_path, "single", tmp_path / "c1", *extra))))
-    ddp = run_cli(flags(model_dir, tmp_path, "ddp", tmp_path / "c2", *extra, "--devices", "2", "--strategy", "ddp"))
+    train(
+        config_from_args(
+            build_parser().parse_args(flags(model_dir, tmp_path, "single", tmp_path / "c1", *extra))
+        )
+    )
+    ddp = run_cli(
+        flags(model_dir, tmp_path, "ddp", tmp_path / "c2", *extra, "--devices", "2", "--strategy", "ddp")
+    )
     assert ddp.returncode == 0, ddp.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in ddp.stderr
     rows = list(csv.DictReader(open(tmp_path / "single" / "metrics.csv")))
-    assert any(float(r.get("rollout/dynamic_rounds") or 1) > 1 for r in rows), "no extra round: the test is weak"
+    assert any(float(r.get("rollout/dynamic_rounds") or 1) > 1 for r in rows), (
+        "no extra round: the test is weak"
+    )
     assert_same_history(tmp_path / "single", tmp_path / "ddp")
     assert_same_parameters(tmp_path / "single", tmp_path / "ddp")
     assert math.isfinite(float(rows[-1]["perf/cumulative_tokens"]))
@@ -322,10 +393,19 @@ def test_multi_turn_episodes_pool_like_single_turn_ones(tmp_path):
     from vapo_lit.components import build_callbacks
     from vapo_lit.presets import PRESETS
 
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "task": "toolchain", "task_options": {"max_n": 3}, "model": "random", "wandb": "disabled",
-        "out_dir": str(tmp_path), "components": [*GRPO, "dynamic_sampling"], "advantage_estimator": "grpo",
-        "vapo": {"samples_per_prompt": 4, "dynamic_max_rounds": 2}})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "task": "toolchain",
+            "task_options": {"max_n": 3},
+            "model": "random",
+            "wandb": "disabled",
+            "out_dir": str(tmp_path),
+            "components": [*GRPO, "dynamic_sampling"],
+            "advantage_estimator": "grpo",
+            "vapo": {"samples_per_prompt": 4, "dynamic_max_rounds": 2},
+        },
+    )
     module = build_module(cfg)
     for cb in build_callbacks(cfg.components, cfg.vapo):  # what their setup does, without a Trainer
         cb.attach(module)
@@ -333,7 +413,10 @@ def test_multi_turn_episodes_pool_like_single_turn_ones(tmp_path):
     own = module.sample(problems)
     with pytest.warns(UserWarning, match="filled with 4 groups"):
         exp = module.rollout(problems)
-    assert module._carry["rollout/dynamic_rounds"] == 2.0 and module._carry["rollout/dynamic_filled_groups"] == 4.0
+    assert (
+        module._carry["rollout/dynamic_rounds"] == 2.0
+        and module._carry["rollout/dynamic_filled_groups"] == 4.0
+    )
     assert exp.obs_mask is not None and float(exp.obs_mask.sum()) > 0
     assert exp.texts == own.texts and torch.equal(exp.lengths, own.lengths)
     R = int(own.lengths.max())

@@ -7,6 +7,7 @@ and weight updates visible after load_weights. Backend-specific checks follow th
 Every equality here compares two computations in this process (same kernels, so it holds on any CPU;
 it passes under ATEN_CPU_CAPABILITY=default, avx2 and avx512); the one against a recorded
 history, the cb golden, shares tests/golden.py's float64 runs and tolerance."""
+
 import collections
 import dataclasses
 
@@ -17,8 +18,13 @@ from test_rollout import PROMPTS, check_invariants, tiny_model
 from vapo_lit import passes
 from vapo_lit.config import RunConfig
 from vapo_lit.engines import ENGINES, RolloutEngine, SamplingParams, make_engine
-from vapo_lit.engines.continuous import (ContinuousBatchingEngine, _import_cb, bits_to_uniform, unavailable,
-                                         uniform_bits)
+from vapo_lit.engines.continuous import (
+    ContinuousBatchingEngine,
+    _import_cb,
+    bits_to_uniform,
+    unavailable,
+    uniform_bits,
+)
 from vapo_lit.rng import sample_seed, uniforms
 from vapo_lit.tasks import get_task
 
@@ -42,7 +48,9 @@ def task():
 
 # "vllm" samples with its own kernels, in float32 (vLLM has no float64) and only on models whose head
 # size its backend runs: tests/test_vllm.py holds its contract tests, on such a model, with its tolerances.
-@pytest.fixture(params=[pytest.param(b, marks=NEEDS_CB) if b == "cb" else b for b in sorted(ENGINES) if b != "vllm"])
+@pytest.fixture(
+    params=[pytest.param(b, marks=NEEDS_CB) if b == "cb" else b for b in sorted(ENGINES) if b != "vllm"]
+)
 def backend(request):
     return request.param
 
@@ -74,11 +82,14 @@ def test_behaviour_logprobs_equal_the_training_recomputation(task, backend, temp
     tok = task.tokenizer
     model = tiny_model("llama", len(tok), tok).double()
     engine = make(backend, model, tok)
-    ro = engine.generate(PROMPTS * 3, SamplingParams(max_new_tokens=14, temperature=temperature, top_p=top_p), 4)
+    ro = engine.generate(
+        PROMPTS * 3, SamplingParams(max_new_tokens=14, temperature=temperature, top_p=top_p), 4
+    )
     check_invariants(ro, len(PROMPTS) * 3, 14, tok)
     P = ro.prompt_ids.shape[1]
-    logp, _ = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
-                                       temperature=temperature)
+    logp, _ = passes.response_logprobs(
+        model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=temperature
+    )
     m = ro.response_mask.bool()
     # behaviour log-probs are kept in float32 (sampling precision), the recomputation is float64
     torch.testing.assert_close(ro.logprobs[m].double(), logp[m], rtol=0, atol=1e-5)
@@ -109,13 +120,19 @@ def test_every_eos_id_of_the_generation_config_ends_a_response(task, backend):
     free = make(backend, model, tok).generate(prompts, s, seeds)  # the tokenizer's one EOS
     stop = set_extra_eos_ids(model, tok, free)
     ro = make(backend, model, tok).generate(prompts, s, seeds)
-    assert cut_at_stop_ids(ro, free, stop, tok.pad_token_id, atol=1e-9) >= 4  # the extra ids did end responses early
+    assert (
+        cut_at_stop_ids(ro, free, stop, tok.pad_token_id, atol=1e-9) >= 4
+    )  # the extra ids did end responses early
 
 
 def set_extra_eos_ids(model, tok, free) -> set:
     """The two tokens `free`'s responses sample most often inside them, added to the model's EOS ids;
     returns every stop id."""
-    inner = [t for i in range(free.response_ids.shape[0]) for t in free.response_ids[i, :int(free.lengths[i]) - 1].tolist()]
+    inner = [
+        t
+        for i in range(free.response_ids.shape[0])
+        for t in free.response_ids[i, : int(free.lengths[i]) - 1].tolist()
+    ]
     extra = [t for t, _ in collections.Counter(inner).most_common(2)]
     model.generation_config.eos_token_id = [tok.eos_token_id, *extra]
     return {tok.eos_token_id, *extra}
@@ -127,7 +144,7 @@ def cut_at_stop_ids(ro, free, stop: set, pad_id: int, atol: float) -> int:
     `atol`); returns how many were cut short."""
     cut_short = 0
     for i in range(free.response_ids.shape[0]):
-        full = free.response_ids[i, :int(free.lengths[i])].tolist()
+        full = free.response_ids[i, : int(free.lengths[i])].tolist()
         end = next((k + 1 for k, t in enumerate(full) if t in stop), len(full))
         L = int(ro.lengths[i])
         assert ro.response_ids[i, :L].tolist() == full[:end], i
@@ -219,16 +236,19 @@ def test_config_engine_names_are_the_registry():
     assert {f.name: f for f in dataclasses.fields(RunConfig)}["rollout_engine"].default in ENGINES
     for name in ENGINES:
         validate(merge(RunConfig(), {"rollout_engine": name}))
-    with pytest.raises(ValueError, match=r"^rollout_engine='sglang' is not valid; choose one of: hf, cb, vllm$"):
+    with pytest.raises(
+        ValueError, match=r"^rollout_engine='sglang' is not valid; choose one of: hf, cb, vllm$"
+    ):
         validate(merge(RunConfig(), {"rollout_engine": "sglang"}))
 
 
 # ---- the continuous-batching backend ("cb") -------------------------------------------------
 
+
 @NEEDS_CB
 @pytest.mark.parametrize("temperature,top_p", [(1.0, 1.0), (0.8, 0.7), (0.0, 1.0)])
 def test_cb_draws_the_hf_engines_responses(task, temperature, top_p):
-    """"cb" draws token t of response i with the same counter-based uniform (rounded down to 32
+    """ "cb" draws token t of response i with the same counter-based uniform (rounded down to 32
     bits) and inverse CDF as "hf": on a float64 model the two engines give the same responses."""
     tok = task.tokenizer
     model = tiny_model("llama", len(tok), tok).double()
@@ -253,7 +273,9 @@ def test_cb_pre_empted_requests_keep_their_streams(task):
         page_size = 4
 
         def cache_pages(self, inputs, max_new_tokens):
-            return 3 * (max(len(x) for x in inputs) + max_new_tokens) // self.page_size  # room for ~3 requests
+            return (
+                3 * (max(len(x) for x in inputs) + max_new_tokens) // self.page_size
+            )  # room for ~3 requests
 
     s = SamplingParams(max_new_tokens=24)
     small = SmallCache(model, tok).generate(PROMPTS * 4, s, 2)
@@ -263,7 +285,11 @@ def test_cb_pre_empted_requests_keep_their_streams(task):
 
 
 def _tensor_fields(ro):
-    return {f.name: getattr(ro, f.name) for f in dataclasses.fields(ro) if isinstance(getattr(ro, f.name), torch.Tensor)}
+    return {
+        f.name: getattr(ro, f.name)
+        for f in dataclasses.fields(ro)
+        if isinstance(getattr(ro, f.name), torch.Tensor)
+    }
 
 
 @NEEDS_CB
@@ -274,9 +300,13 @@ def test_cb_returns_its_rollout_with_the_hf_engines_devices_and_dtypes(task):
     for dtype in (torch.float32, torch.float64):
         model = tiny_model("llama", len(tok), tok).to(dtype)
         s = SamplingParams(max_new_tokens=6)
-        a, b = (_tensor_fields(make_engine(name, model, tok).generate(PROMPTS, s, 1)) for name in ("cb", "hf"))
+        a, b = (
+            _tensor_fields(make_engine(name, model, tok).generate(PROMPTS, s, 1)) for name in ("cb", "hf")
+        )
         assert a.keys() == b.keys()
-        assert {k: (v.device, v.dtype) for k, v in a.items()} == {k: (v.device, v.dtype) for k, v in b.items()}
+        assert {k: (v.device, v.dtype) for k, v in a.items()} == {
+            k: (v.device, v.dtype) for k, v in b.items()
+        }
 
 
 @NEEDS_CB
@@ -288,20 +318,37 @@ def test_cb_places_its_rollout_on_the_models_device(task, monkeypatch):
     tok = task.tokenizer
     engine = ContinuousBatchingEngine(tiny_model("llama", len(tok), tok), tok)
     engine.model = torch.nn.Linear(1, 1, device="meta")  # where the rollout must land
-    monkeypatch.setattr(engine, "_behaviour_logprobs", lambda ids, mask, resp, rmask, t: torch.zeros(resp.shape))
+    monkeypatch.setattr(
+        engine, "_behaviour_logprobs", lambda ids, mask, resp, rmask, t: torch.zeros(resp.shape)
+    )
     prompt_ids, prompt_mask = encode_prompts(tok, PROMPTS[:2])
     eos = tok.eos_token_id
     ro = engine._rollout(prompt_ids, prompt_mask, [[5, eos], [6]], [eos], SamplingParams(max_new_tokens=2))
     fields = _tensor_fields(ro)
-    assert len(fields) == 8 and {v.device.type for v in fields.values()} == {"meta"}, \
-        {k: v.device for k, v in fields.items()}
+    assert len(fields) == 8 and {v.device.type for v in fields.values()} == {"meta"}, {
+        k: v.device for k, v in fields.items()
+    }
     from vapo_lit.engines.continuous import on_device
 
     cpu = encode_prompts(tok, PROMPTS[:2])
-    moved = on_device(ro.__class__(*cpu, torch.zeros(2, 1, dtype=torch.long), torch.ones(2, 1), torch.zeros(2, 1),
-                                   torch.ones(2, dtype=torch.long), torch.ones(2, dtype=torch.bool),
-                                   torch.zeros(2, dtype=torch.bool), ["a", "b"]), torch.device("meta"))
-    assert moved.texts == ["a", "b"] and moved.prompt_ids.dtype == torch.long and moved.terminated.dtype == torch.bool
+    moved = on_device(
+        ro.__class__(
+            *cpu,
+            torch.zeros(2, 1, dtype=torch.long),
+            torch.ones(2, 1),
+            torch.zeros(2, 1),
+            torch.ones(2, dtype=torch.long),
+            torch.ones(2, dtype=torch.bool),
+            torch.zeros(2, dtype=torch.bool),
+            ["a", "b"],
+        ),
+        torch.device("meta"),
+    )
+    assert (
+        moved.texts == ["a", "b"]
+        and moved.prompt_ids.dtype == torch.long
+        and moved.terminated.dtype == torch.bool
+    )
     assert {v.device.type for v in _tensor_fields(moved).values()} == {"meta"}
 
 
@@ -309,9 +356,9 @@ def test_cb_uniform_bits_round_down_the_stream():
     seeds = torch.tensor([sample_seed(1, i) for i in range(5000)])
     steps = torch.arange(5000) % 7
     got = bits_to_uniform(uniform_bits(seeds, steps))
-    want = torch.cat([uniforms(seeds[i:i + 1], int(steps[i])) for i in range(0, 5000, 97)])
+    want = torch.cat([uniforms(seeds[i : i + 1], int(steps[i])) for i in range(0, 5000, 97)])
     got_rows = got[::97]
-    assert bool((got_rows <= want).all()) and bool((want - got_rows < 2.0 ** -32).all())
+    assert bool((got_rows <= want).all()) and bool((want - got_rows < 2.0**-32).all())
     assert float(got.min()) >= 0 and float(got.max()) < 1 and got.dtype == torch.float64
 
 
@@ -349,10 +396,13 @@ def test_cb_refuses_a_continuous_batching_config_without_the_fields_it_sets(monk
         seed: int | None = None
 
     monkeypatch.setattr(cu, "ContinuousBatchingConfig", Bare)
-    with pytest.raises(ImportError, match=r"rollout engine 'cb' needs ContinuousBatchingConfig fields that "
-                                          r"transformers \S+ lacks: page_size or block_size, max_batch_tokens, "
-                                          r"max_requests_per_batch, use_async_batching, allow_block_sharing "
-                                          r"\(use rollout_engine=hf\)"):
+    with pytest.raises(
+        ImportError,
+        match=r"rollout engine 'cb' needs ContinuousBatchingConfig fields that "
+        r"transformers \S+ lacks: page_size or block_size, max_batch_tokens, "
+        r"max_requests_per_batch, use_async_batching, allow_block_sharing "
+        r"\(use rollout_engine=hf\)",
+    ):
         _import_cb()
 
 
@@ -369,14 +419,18 @@ def test_cb_refuses_a_machine_whose_memory_transformers_reads_as_zero(task, monk
         pytest.skip("transformers measures a CUDA machine's memory directly")
     for name in ("utils", "requests"):
         mod = importlib.import_module(f"transformers.generation.continuous_batching.{name}")
-        monkeypatch.setattr(mod, "get_device_and_memory_breakdown", lambda: (torch.device("cpu"), 0, 0, 0),
-                            raising=False)
+        monkeypatch.setattr(
+            mod, "get_device_and_memory_breakdown", lambda: (torch.device("cpu"), 0, 0, 0), raising=False
+        )
     continuous.memory_unmeasured.cache_clear()
     try:
-        with pytest.raises(RuntimeError, match=r"^rollout engine 'cb': transformers \S+ reads this machine's cpu "
-                                               r"memory as 0 \(it needs psutil for that\), so its continuous batching "
-                                               r"would refuse every request; pip install psutil, or use "
-                                               r"rollout_engine=hf$"):
+        with pytest.raises(
+            RuntimeError,
+            match=r"^rollout engine 'cb': transformers \S+ reads this machine's cpu "
+            r"memory as 0 \(it needs psutil for that\), so its continuous batching "
+            r"would refuse every request; pip install psutil, or use "
+            r"rollout_engine=hf$",
+        ):
             make_engine("cb", tiny_model("llama", len(task.tokenizer), task.tokenizer), task.tokenizer)
     finally:
         continuous.memory_unmeasured.cache_clear()
@@ -417,9 +471,10 @@ def test_vllm_auto_kv_cache_is_split_among_the_processes_of_a_machine(monkeypatc
 
     monkeypatch.setattr(V, "available_memory_gib", lambda device_type: 16.0)
     per_token, max_len = 4096, 512
-    assert 2000 * 1000 * per_token > 4 * 2 ** 30  # more than a quarter of 16 GiB
-    assert V.auto_kv_bytes(per_token, 2000, 1000, max_len, "cpu") == 4 * 2 ** 30
-    assert V.auto_kv_bytes(per_token, 2000, 1000, max_len, "cpu", share=2) == 2 * 2 ** 30
+    assert 2000 * 1000 * per_token > 4 * 2**30  # more than a quarter of 16 GiB
+    assert V.auto_kv_bytes(per_token, 2000, 1000, max_len, "cpu") == 4 * 2**30
+    assert V.auto_kv_bytes(per_token, 2000, 1000, max_len, "cpu", share=2) == 2 * 2**30
     assert V.auto_kv_bytes(per_token, 500, 1000, max_len, "cpu", share=2) == 500 * 1000 * per_token
-    assert V.auto_kv_bytes(per_token, 1, 10, max_len, "cpu", share=2) == max(V.one_sequence_bytes(max_len, per_token),
-                                                                              V.MIN_KV_BYTES)
+    assert V.auto_kv_bytes(per_token, 1, 10, max_len, "cpu", share=2) == max(
+        V.one_sequence_bytes(max_len, per_token), V.MIN_KV_BYTES
+    )

@@ -2,6 +2,7 @@
 and one before every slow step (also in a grid cell's log); checkpoints whose size follows the
 documented formula, with or without the optimizers' moments, earlier ones kept on request, and a
 run folder holding what getting-started lists; vLLM's start-up kept quiet unless asked."""
+
 from __future__ import annotations
 
 import csv
@@ -29,14 +30,23 @@ SMOKE = ["--preset", "smoke", "--model", "random", "--wandb", "disabled", "--thr
 
 
 def smoke_cfg(tmp_path, **delta) -> RunConfig:
-    base = {"model": "random", "out_dir": str(tmp_path / "runs"), "wandb": "disabled",
-            "cache_dir": str(tmp_path / "cache")}
+    base = {
+        "model": "random",
+        "out_dir": str(tmp_path / "runs"),
+        "wandb": "disabled",
+        "cache_dir": str(tmp_path / "cache"),
+    }
     return merge(merge(RunConfig(), PRESETS["smoke"]), {**base, **delta})
 
 
 def env_of(tmp_path, **extra) -> dict:
-    return {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1",
-            "PYTHONPATH": str(ROOT), **extra}
+    return {
+        "PATH": "/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "OMP_NUM_THREADS": "1",
+        "PYTHONPATH": str(ROOT),
+        **extra,
+    }
 
 
 # ----------------------------------------------------------------------------- status lines
@@ -71,8 +81,19 @@ def stamped_lines(cmd, env, timeout=300) -> list[tuple[float, str]]:
 
 def test_vapo_train_says_what_it_loads_before_each_slow_step(tmp_path):
     runs = tmp_path / "runs"
-    lines = stamped_lines([sys.executable, "-c", WRAPPER, *SMOKE, "--out_dir", str(runs), "--cache_dir",
-                           str(tmp_path / "cache")], env_of(tmp_path))
+    lines = stamped_lines(
+        [
+            sys.executable,
+            "-c",
+            WRAPPER,
+            *SMOKE,
+            "--out_dir",
+            str(runs),
+            "--cache_dir",
+            str(tmp_path / "cache"),
+        ],
+        env_of(tmp_path),
+    )
     texts = [text for _, text in lines]
     first_at, first = lines[0]
     # the first line comes before torch is even imported, within a moment of the start, and names what loads
@@ -80,8 +101,14 @@ def test_vapo_train_says_what_it_loads_before_each_slow_step(tmp_path):
     assert "loading torch and Lightning" in first
     assert texts.index(TORCH_MARKER) == 1, texts
     assert first_at < 10, lines[:2]
-    steps = ["run folder " + str(runs / "vapo-s0"), "task: chain", "policy: an untrained tiny Llama",
-             "models ready in", "evaluating the initial policy: 8 problems x 2 samples", "iteration 1/5: sampling 16"]
+    steps = [
+        "run folder " + str(runs / "vapo-s0"),
+        "task: chain",
+        "policy: an untrained tiny Llama",
+        "models ready in",
+        "evaluating the initial policy: 8 problems x 2 samples",
+        "iteration 1/5: sampling 16",
+    ]
     where = [next(i for i, text in enumerate(texts) if step in text) for step in steps]
     assert where == sorted(where), texts  # in the order they happen
     first_progress = next(i for i, text in enumerate(texts) if text.startswith("vapo-s0  it "))
@@ -96,7 +123,9 @@ def test_vapo_train_says_what_it_loads_before_each_slow_step(tmp_path):
         rel = path.relative_to(runs / "vapo-s0")
         if len(rel.parts) == 1 or rel.parts[0] == "checkpoints":
             name = rel.as_posix() + ("/" if path.is_dir() else "")
-            assert documented_as(name, documented), f"{name} is in the run folder but not in getting-started's list"
+            assert documented_as(name, documented), (
+                f"{name} is in the run folder but not in getting-started's list"
+            )
 
 
 def run_folder_names() -> set[str]:
@@ -120,12 +149,23 @@ def test_a_grid_cell_writes_its_status_lines_into_its_log(tmp_path):
     cell.write_text(json.dumps(to_dict(cfg)))
     log = tmp_path / "cell.log"
     with open(log, "wb") as f:
-        done = subprocess.run([sys.executable, "-m", "vapo_lit.ablate.cell", str(cell)], stdout=f,
-                              stderr=subprocess.STDOUT, env=env_of(tmp_path), timeout=300)
+        done = subprocess.run(
+            [sys.executable, "-m", "vapo_lit.ablate.cell", str(cell)],
+            stdout=f,
+            stderr=subprocess.STDOUT,
+            env=env_of(tmp_path),
+            timeout=300,
+        )
     text = log.read_text()
     assert done.returncode == 0, text[-3000:]
-    for step in ("run folder", "task: chain", "policy: an untrained tiny Llama", "models ready in",
-                 "evaluating the initial policy", "iteration 1/3"):
+    for step in (
+        "run folder",
+        "task: chain",
+        "policy: an untrained tiny Llama",
+        "models ready in",
+        "evaluating the initial policy",
+        "iteration 1/3",
+    ):
         assert step in text, text
     assert " it 1/3 " not in text  # no per-iteration status line in a grid
 
@@ -153,7 +193,9 @@ def test_the_builtin_models_build_line_names_the_cache_folder_and_the_time_it_ta
 
     used = []
 
-    def cached_build(name, config, build, *, cache_dir=None, load=None):  # where it would build, without building
+    def cached_build(
+        name, config, build, *, cache_dir=None, load=None
+    ):  # where it would build, without building
         used.append(cache.cache_root(cache_dir) / f"{name}-{cache.config_key(config)}")
         return used[-1]
 
@@ -161,21 +203,34 @@ def test_the_builtin_models_build_line_names_the_cache_folder_and_the_time_it_ta
     monkeypatch.setattr(cache, "cached_build", cached_build)
     monkeypatch.setattr(builtin, "_load_policy_dir", lambda path: (tiny.actor, tiny.tokenizer))
     monkeypatch.setattr(ValueModel, "from_pretrained", lambda path, **kw: tiny.critic)
-    deltas = [{}, {"builtin_shape": "vllm"}, {"critic_model": {"hidden_size": 32}}, {"critic_init": "actor"},
-              {"advantage_estimator": "grpo"}]
+    deltas = [
+        {},
+        {"builtin_shape": "vllm"},
+        {"critic_model": {"hidden_size": 32}},
+        {"critic_init": "actor"},
+        {"advantage_estimator": "grpo"},
+    ]
     configs = [smoke_cfg(tmp_path, model="builtin", **delta) for delta in deltas]
-    for cfg in [*configs, merge(RunConfig(), {"cache_dir": str(tmp_path / "cache")})]:  # the smoke task, the default
+    for cfg in [
+        *configs,
+        merge(RunConfig(), {"cache_dir": str(tmp_path / "cache")}),
+    ]:  # the smoke task, the default
         task = get_task(cfg.task, **cfg.task_options)
         used.clear()
         lines = []
         load_models(cfg, task, log=lines.append)
         dirs = builtin_cache_dirs(cfg, task)
         assert set(used) == set(dirs.values()), (cfg, used, dirs)
-        assert lines[0].startswith(f"policy: building the built-in base policy into {dirs['policy']} ("), lines
+        assert lines[0].startswith(f"policy: building the built-in base policy into {dirs['policy']} ("), (
+            lines
+        )
         minutes = "about 1 min on a 2-core CPU" if cfg.task_options else "about 5 min on a 2-core CPU"
         assert minutes in lines[0] and "cached for later runs" in lines[0]
         if "reward model" in dirs:
-            assert lines[1].startswith("critic: building the built-in ") and str(dirs["reward model"]) in lines[1]
+            assert (
+                lines[1].startswith("critic: building the built-in ")
+                and str(dirs["reward model"]) in lines[1]
+            )
     assert models.resolve_critic_init("auto", "builtin") == "reward_model"
 
 
@@ -243,7 +298,9 @@ def rows(run_dir) -> list[dict]:
 def test_a_run_resumes_from_a_checkpoint_with_or_without_the_optimizers_moments(tmp_path, keep):
     """With the moments the resumed run is the uninterrupted one; without them it resumes, warns, and
     its optimizers start afresh (step 0) where the checkpoint left off, so what follows differs."""
-    base = dict(steps=4, eval_every=2, checkpoint_every=1, checkpoint_optimizer=keep, vapo={"value_pretrain_steps": 1})
+    base = dict(
+        steps=4, eval_every=2, checkpoint_every=1, checkpoint_optimizer=keep, vapo={"value_pretrain_steps": 1}
+    )
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "c1"), **base)
     train(full)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "c2"), **base)
@@ -253,26 +310,36 @@ def test_a_run_resumes_from_a_checkpoint_with_or_without_the_optimizers_moments(
     if keep:
         train(broken, resume=True, extra_callbacks=[steps])
     else:
-        with pytest.warns(RuntimeWarning, match="checkpoint_optimizer=false: the actor's and the critic's AdamW moments"):
+        with pytest.warns(
+            RuntimeWarning, match="checkpoint_optimizer=false: the actor's and the critic's AdamW moments"
+        ):
             train(broken, resume=True, extra_callbacks=[steps])
     a, b = rows(tmp_path / "runs" / "full"), rows(tmp_path / "runs" / "broken")
     assert [r["step"] for r in a] == [r["step"] for r in b] == [str(i) for i in range(6)]
     assert a[:4] == b[:4]  # the base eval and iterations 1-3, written before the crash
-    p = broken.ppo  # before the crash: iterations 2 and 3 updated the actor (iteration 1 was value pretraining)
+    p = (
+        broken.ppo
+    )  # before the crash: iterations 2 and 3 updated the actor (iteration 1 was value pretraining)
     assert steps.step == (2 * p.ppo_epochs * p.responses_per_step // p.mini_batch_size if keep else 0)
     assert (a[4:] == b[4:]) is keep
 
 
 def test_checkpoint_keep_keeps_the_earlier_checkpoints_besides_last(tmp_path):
-    cfg = smoke_cfg(tmp_path, name="kept", steps=3, eval_every=0, checkpoint_keep=2)  # iterations 1-5, one save each
+    cfg = smoke_cfg(
+        tmp_path, name="kept", steps=3, eval_every=0, checkpoint_keep=2
+    )  # iterations 1-5, one save each
     train(cfg)
     folder = Path(cfg.out_dir) / "kept" / "checkpoints"
     assert sorted(p.name for p in folder.iterdir()) == ["iter-000003.ckpt", "iter-000004.ckpt", "last.ckpt"]
     for name, iteration in (("iter-000003.ckpt", 3), ("iter-000004.ckpt", 4), ("last.ckpt", 5)):
         check_checkpoint(folder / name)
         assert checkpoint_progress(folder / name)["iteration"] == iteration
-    assert len({(folder / n).stat().st_ino for n in ("iter-000003.ckpt", "iter-000004.ckpt", "last.ckpt")}) == 3
-    (folder / "last.ckpt").write_bytes(b"not a checkpoint")  # a damaged last.ckpt points at the newest kept one
+    assert (
+        len({(folder / n).stat().st_ino for n in ("iter-000003.ckpt", "iter-000004.ckpt", "last.ckpt")}) == 3
+    )
+    (folder / "last.ckpt").write_bytes(
+        b"not a checkpoint"
+    )  # a damaged last.ckpt points at the newest kept one
     with pytest.raises(ValueError, match=r"continue from iter-000004\.ckpt instead"):
         check_checkpoint(folder / "last.ckpt")
 
@@ -280,11 +347,17 @@ def test_checkpoint_keep_keeps_the_earlier_checkpoints_besides_last(tmp_path):
 def test_checkpoint_settings_are_checked_in_one_line(tmp_path):
     from vapo_lit.cli.train import main
 
-    for flag, value, message in (("--checkpoint_keep", "-1", "checkpoint_keep=-1 is out of range; valid range: >= 0"),
-                                 ("--checkpoint_optimizer", "maybe", "expected true/false")):
-        done = subprocess.run([sys.executable, "-m", "vapo_lit.cli.train", flag, value, "--out_dir",
-                               str(tmp_path / "runs")], capture_output=True, text=True, env=env_of(tmp_path),
-                              timeout=120)
+    for flag, value, message in (
+        ("--checkpoint_keep", "-1", "checkpoint_keep=-1 is out of range; valid range: >= 0"),
+        ("--checkpoint_optimizer", "maybe", "expected true/false"),
+    ):
+        done = subprocess.run(
+            [sys.executable, "-m", "vapo_lit.cli.train", flag, value, "--out_dir", str(tmp_path / "runs")],
+            capture_output=True,
+            text=True,
+            env=env_of(tmp_path),
+            timeout=120,
+        )
         assert done.returncode == 2 and message in done.stderr and len(done.stderr.strip().splitlines()) == 1
     assert not (tmp_path / "runs").exists()
     assert main  # imported: the CLI module loads without torch (the first status line's premise)
@@ -342,8 +415,11 @@ def test_vllm_starts_quietly_unless_asked(tmp_path, verbose):
     (tmp_path / "fake" / "vllm").mkdir(parents=True)
     (tmp_path / "fake" / "vllm" / "__init__.py").write_text(FAKE_VLLM)
     (tmp_path / "fake" / "vllm" / "inputs.py").write_text("TokensPrompt = dict\n")
-    env = env_of(tmp_path, PYTHONPATH=f"{tmp_path / 'fake'}{os.pathsep}{ROOT}",
-                 **({"VAPO_LIT_VLLM_VERBOSE": "1"} if verbose else {}))
+    env = env_of(
+        tmp_path,
+        PYTHONPATH=f"{tmp_path / 'fake'}{os.pathsep}{ROOT}",
+        **({"VAPO_LIT_VLLM_VERBOSE": "1"} if verbose else {}),
+    )
     done = subprocess.run([sys.executable, "-c", BUILD], capture_output=True, text=True, env=env, timeout=300)
     assert done.returncode == 0, done.stderr[-3000:]
     seen = json.loads(done.stdout.strip().splitlines()[-1])
@@ -352,7 +428,12 @@ def test_vllm_starts_quietly_unless_asked(tmp_path, verbose):
     real = ["a line vLLM writes that is not known to be harmless", "an error vLLM reports"]
     if verbose:
         assert seen["level"] is None and seen["logger"] == 0  # vLLM's own defaults
-        for text in ("Disabling Triton.", "FutureWarning: `torch.distributed.reduce_op`", "NUMA binding", *real):
+        for text in (
+            "Disabling Triton.",
+            "FutureWarning: `torch.distributed.reduce_op`",
+            "NUMA binding",
+            *real,
+        ):
             assert any(text in line for line in err), (text, err)
     else:
         assert seen["level"] == "ERROR" and seen["logger"] == 40  # set before vLLM was imported

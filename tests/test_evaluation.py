@@ -1,4 +1,5 @@
 """avg@k evaluation: metric arithmetic on scripted responses, and a real (tiny) run."""
+
 import math
 
 import pytest
@@ -29,9 +30,17 @@ def scripted_generate(script):
         trunc = torch.tensor(["TRUNC" in t for t in texts])
         R = int(lengths.max())
         mask = (torch.arange(R)[None] < lengths[:, None]).float()
-        return Rollout(prompt_ids=torch.ones(n, 3, dtype=torch.long), prompt_mask=torch.ones(n, 3, dtype=torch.long),
-                       response_ids=torch.zeros(n, R, dtype=torch.long), response_mask=mask,
-                       logprobs=torch.zeros(n, R), lengths=lengths, terminated=~trunc, truncated=trunc, texts=texts)
+        return Rollout(
+            prompt_ids=torch.ones(n, 3, dtype=torch.long),
+            prompt_mask=torch.ones(n, 3, dtype=torch.long),
+            response_ids=torch.zeros(n, R, dtype=torch.long),
+            response_mask=mask,
+            logprobs=torch.zeros(n, R),
+            lengths=lengths,
+            terminated=~trunc,
+            truncated=trunc,
+            texts=texts,
+        )
 
     class Scripted:
         generate = staticmethod(fake)
@@ -82,7 +91,8 @@ def test_verifier_errors_counted(task):
     flaky = Flaky(task.config)
     problems = flaky.eval_problems()[:2]
     engine = scripted_generate(
-        lambda prompt, i: "boom" if i % 2 else flaky.solution(next(p for p in problems if p.prompt == prompt)))
+        lambda prompt, i: "boom" if i % 2 else flaky.solution(next(p for p in problems if p.prompt == prompt))
+    )
     m = evaluate(engine, flaky, problems, k=2)
     assert m["eval/verifier_errors"] == 2 and m["eval/avg@2"] == pytest.approx(0.5)
 
@@ -104,22 +114,41 @@ def test_real_tiny_model_is_deterministic(task):
 
     tok = task.tokenizer
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
-                                         num_attention_heads=2, intermediate_size=32,
-                                         eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    )
     probs = task.eval_problems()
     a = evaluate(model, task, probs, k=3, max_new_tokens=12, batch_size=7, seed=1)
     b = evaluate(model, task, probs, k=3, max_new_tokens=12, batch_size=7, seed=1)
     assert a == b or all((a[k] == b[k]) or (math.isnan(a[k]) and math.isnan(b[k])) for k in a)
-    for key in ("eval/avg@3", "eval/strict_avg@3", "eval/response_length", "eval/distinct_per_prompt",
-                "eval/verifier_errors", "eval/truncated_frac"):
+    for key in (
+        "eval/avg@3",
+        "eval/strict_avg@3",
+        "eval/response_length",
+        "eval/distinct_per_prompt",
+        "eval/verifier_errors",
+        "eval/truncated_frac",
+    ):
         assert key in a
     assert 1 <= a["eval/distinct_per_prompt"] <= 3
     assert a["eval/response_length"] <= 12
     samples = sample_responses(model, task, probs[:2], k=2, max_new_tokens=5)
     assert len(samples) == 4 and samples[0].problem == probs[0] and samples[3].problem == probs[1]
-    got, want = summarize(task, probs[:2], samples, 2).log(), evaluate(model, task, probs[:2], k=2, max_new_tokens=5)
-    assert got.keys() == want.keys() and all(got[k] == want[k] or math.isnan(got[k]) and math.isnan(want[k]) for k in got)
+    got, want = (
+        summarize(task, probs[:2], samples, 2).log(),
+        evaluate(model, task, probs[:2], k=2, max_new_tokens=5),
+    )
+    assert got.keys() == want.keys() and all(
+        got[k] == want[k] or math.isnan(got[k]) and math.isnan(want[k]) for k in got
+    )
 
 
 def test_bad_arguments(task):

@@ -13,6 +13,7 @@ ATEN_CPU_CAPABILITY included); it passes under default, avx2 and avx512.
 
     .venv/bin/python -m pytest tests/test_faults.py
 """
+
 from __future__ import annotations
 
 import csv
@@ -27,20 +28,40 @@ from pathlib import Path
 
 import pytest
 
-from vapo_lit.logs import ResumableCSVLogger, read_rows
+from vapo_lit.loggers import ResumableCSVLogger, read_rows
 
 ROOT = Path(__file__).resolve().parents[1]
 PY = sys.executable
-STEPS, PRETRAIN = 6, 2          # smoke preset: 2 value-pretraining iterations, then 6 PPO iterations
-ITERATIONS = STEPS + PRETRAIN   # metrics rows: base eval (step 0) + 8 iterations
+STEPS, PRETRAIN = 6, 2  # smoke preset: 2 value-pretraining iterations, then 6 PPO iterations
+ITERATIONS = STEPS + PRETRAIN  # metrics rows: base eval (step 0) + 8 iterations
 FAULT_SEED = int(os.environ.get("VAPO_LIT_FAULT_SEED", "8"))
 RNG = random.Random(FAULT_SEED)
 
 
 def args(tmp_path, name, *extra):
-    return ["--preset", "smoke", "--model", "random", "--steps", str(STEPS), "--checkpoint_every", "1",
-            "--eval_every", "2", "--wandb", "disabled", "--threads", "1", "--out_dir", str(tmp_path / "runs"),
-            "--name", name, "--cache_dir", str(tmp_path / f"cache-{name}"), *extra]
+    return [
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--steps",
+        str(STEPS),
+        "--checkpoint_every",
+        "1",
+        "--eval_every",
+        "2",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--name",
+        name,
+        "--cache_dir",
+        str(tmp_path / f"cache-{name}"),
+        *extra,
+    ]
 
 
 def cmd(tmp_path, name, *extra):
@@ -122,18 +143,24 @@ def test_a_damaged_row_in_the_middle_is_an_error_naming_file_and_line(tmp_path):
 
 # ----------------------------------------------------------------------------- kills
 KILLS = [
-    ("csv_append", RNG.randint(1, 6)),            # 6 appends (rows that bring new columns rewrite the file instead)
-    ("checkpoint", RNG.randint(2, ITERATIONS)),   # one per iteration; the first has no earlier one to resume from
-    ("cache_write", 1),                           # the pretrained critic goes into the cache once
+    ("csv_append", RNG.randint(1, 6)),  # 6 appends (rows that bring new columns rewrite the file instead)
+    (
+        "checkpoint",
+        RNG.randint(2, ITERATIONS),
+    ),  # one per iteration; the first has no earlier one to resume from
+    ("cache_write", 1),  # the pretrained critic goes into the cache once
 ]
 
 
 @pytest.mark.parametrize("point, n", KILLS, ids=[f"{p}:{n}" for p, n in KILLS])
-def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(tmp_path, capsys, monkeypatch, reference, point, n):
+def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(
+    tmp_path, capsys, monkeypatch, reference, point, n
+):
     name = point
     r = run(cmd(tmp_path, name), fault=f"{point}:{n}")
-    assert r.returncode == -signal.SIGKILL, f"FAULT_SEED={FAULT_SEED}: the run was not killed at {point}:{n}\n" \
-                                            + r.stderr[-2000:]
+    assert r.returncode == -signal.SIGKILL, (
+        f"FAULT_SEED={FAULT_SEED}: the run was not killed at {point}:{n}\n" + r.stderr[-2000:]
+    )
     run_dir = tmp_path / "runs" / name
     text = (run_dir / "metrics.csv").read_text()
     if point == "csv_append":
@@ -147,11 +174,15 @@ def test_killed_mid_write_then_resumed_equals_the_uninterrupted_run(tmp_path, ca
         assert "dropped a partial last row" in err
     assert history(run_dir) == reference, f"FAULT_SEED={FAULT_SEED} {point}:{n}"
     assert not list(run_dir.rglob(".*.tmp")), "a temporary file survived the resume"
-    assert not list((tmp_path / f"cache-{name}").glob(".*.tmp-*")), "a dead builder's cache directory survived"
+    assert not list((tmp_path / f"cache-{name}").glob(".*.tmp-*")), (
+        "a dead builder's cache directory survived"
+    )
 
 
 # ----------------------------------------------------------------------------- full disk
-def test_disk_full_is_one_line_with_the_resume_command_and_loses_nothing(tmp_path, capsys, monkeypatch, reference):
+def test_disk_full_is_one_line_with_the_resume_command_and_loses_nothing(
+    tmp_path, capsys, monkeypatch, reference
+):
     """ENOSPC in the middle of a metrics.csv row (injected; the real full disk is the test below)."""
     from vapo_lit.cli.train import main
 
@@ -172,17 +203,22 @@ def small_disk(tmp_path):
     disk.mkdir()
     if shutil.which("mount") is None:
         pytest.skip("no mount command: cannot make a small disk to fill")
-    r = subprocess.run(["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], capture_output=True, text=True)
+    r = subprocess.run(
+        ["mount", "-t", "tmpfs", "-o", "size=20m", "tmpfs", str(disk)], capture_output=True, text=True
+    )
     if r.returncode != 0:
-        pytest.skip(f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}); needs root/CAP_SYS_ADMIN")
+        pytest.skip(
+            f"cannot mount a tmpfs here ({r.stderr.strip() or r.returncode}); needs root/CAP_SYS_ADMIN"
+        )
     try:
         yield disk
     finally:
         subprocess.run(["umount", "-l", str(disk)], capture_output=True)
 
 
-def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(tmp_path, capsys, monkeypatch, reference,
-                                                                           small_disk):
+def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(
+    tmp_path, capsys, monkeypatch, reference, small_disk
+):
     """Fill a real file system so that the run's second checkpoint does not fit."""
     from vapo_lit.cli.train import main
 
@@ -193,7 +229,11 @@ def test_a_real_full_disk_mid_run_then_resume_equals_the_uninterrupted_run(tmp_p
     code, err = here(main, args(tmp_path, "real", "--out_dir", str(out)), capsys, monkeypatch)
     assert code == 1, err[-3000:]
     line = [x for x in err.splitlines() if x.startswith("vapo-train")]
-    assert len(line) == 1 and line[0].startswith("vapo-train: error: disk full (") and f"--resume {out / 'real'}" in line[0]
+    assert (
+        len(line) == 1
+        and line[0].startswith("vapo-train: error: disk full (")
+        and f"--resume {out / 'real'}" in line[0]
+    )
     assert (out / "real" / "checkpoints" / "last.ckpt").is_file()  # what was done is kept
     filler.unlink()
     resume(out / "real", capsys, monkeypatch)
@@ -207,16 +247,38 @@ def test_a_real_full_disk_under_a_grid_hands_the_cell_back(tmp_path, capsys, mon
     from vapo_lit.ablate.store import CellStore
     from vapo_lit.cli.ablate import main
 
-    argv = ["--seeds", "1", "--preset", "smoke", "--model", "random", "--wandb", "disabled", "--threads", "1", "--drop",
-            "clip_higher", "--steps", "6", "--checkpoint_every", "1", "--no-report", "--out", str(small_disk / "out"),
-            "--cache_dir", str(tmp_path / "cache")]
+    argv = [
+        "--seeds",
+        "1",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--drop",
+        "clip_higher",
+        "--steps",
+        "6",
+        "--checkpoint_every",
+        "1",
+        "--no-report",
+        "--out",
+        str(small_disk / "out"),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+    ]
     filler = small_disk / "filler"
     with open(filler, "wb") as f:
         f.write(b"\0" * (shutil.disk_usage(small_disk).free - 700 * 1024))
     code, err = here(main, argv, capsys, monkeypatch)
     assert code == 1, err[-3000:]
     line = [x for x in err.splitlines() if x.startswith("vapo-ablate")]
-    assert len(line) == 1 and line[0].startswith("vapo-ablate: error: disk full") and "Traceback" not in err, err
+    assert (
+        len(line) == 1 and line[0].startswith("vapo-ablate: error: disk full") and "Traceback" not in err
+    ), err
     url = f"sqlite:///{small_disk / 'out' / 'ablate.db'}"
     assert "RUNNING" not in [t.state.name for t in CellStore(url).trials()]
     filler.unlink()
@@ -241,4 +303,6 @@ def test_disk_full_is_recognised_in_what_the_libraries_raise():
     except StorageInternalError as e:
         assert is_disk_full(e) and is_storage_error(e)
     assert is_disk_full(OSError(errno.ENOSPC, "No space left on device"))
-    assert not is_disk_full(OSError(errno.EACCES, "Permission denied")) and not is_storage_error(ValueError("x"))
+    assert not is_disk_full(OSError(errno.EACCES, "Permission denied")) and not is_storage_error(
+        ValueError("x")
+    )

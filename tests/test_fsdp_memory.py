@@ -3,6 +3,7 @@ and reduces gradients in float32 over float32 master shards, with the value head
 sampling runs on the bf16 gathered copy; kl_penalty's reference model is sharded like the actor
 (1/W per rank) and gives the unsharded reference's log-probs; a 2-process bf16-mixed FSDP run starts
 every update at ratio 1 exactly (slow)."""
+
 from __future__ import annotations
 
 import copy
@@ -47,7 +48,9 @@ def _checks(rank: int) -> None:
     # bf16-mixed: bf16 all-gathers, float32 gradient reduction and master shards; the value head float32
     actor = shard_model(ActorScorer(model), "bf16-mixed")
     critic = ValueModel.from_causal_lm(initial)
-    unsharded = copy.deepcopy(critic).to(torch.bfloat16)  # what the policy computes with: bf16 weights, float32 head
+    unsharded = copy.deepcopy(critic).to(
+        torch.bfloat16
+    )  # what the policy computes with: bf16 weights, float32 head
     unsharded.head.float()
     shard_model(critic, "bf16-mixed")
     q = model.model.layers[0].self_attn.q_proj
@@ -56,6 +59,7 @@ def _checks(rank: int) -> None:
     def record(name):
         def hook(module, args):
             seen.setdefault(name, module.weight.dtype)
+
         return hook
 
     q.register_forward_pre_hook(record("q"))
@@ -65,7 +69,9 @@ def _checks(rank: int) -> None:
         v = critic(ro.input_ids, ro.attention_mask)
     ((lp * mask).sum() + v.sum()).backward()
     assert seen == {"q": torch.bfloat16, "head": torch.float32}, seen
-    assert v.dtype == torch.float32 and q.weight.dtype == torch.float32 and q.weight.grad.dtype == torch.float32
+    assert (
+        v.dtype == torch.float32 and q.weight.dtype == torch.float32 and q.weight.grad.dtype == torch.float32
+    )
     assert is_sharded(critic.head) and q.weight.to_local().numel() * WORLD == q.weight.numel()
     # the same data on both ranks: the reduced gradient is one rank's (within bf16 noise: the copy's
     # rotary tables are bf16 too; a dropped hook or a wrong reduction is off by 50% or more)
@@ -87,15 +93,28 @@ def _checks(rank: int) -> None:
     # kl_penalty's reference: sharded under FSDP, the unsharded reference's log-probs
     kl = KLPenalty()
     trainer = SimpleNamespace(strategy=SimpleNamespace(strategy_name="vapo_fsdp"), precision="32-true")
-    kl.setup(trainer, SimpleNamespace(actor=initial, switches=Switches(), components=[], cfg=RunConfig()), "fit")
+    kl.setup(
+        trainer, SimpleNamespace(actor=initial, switches=Switches(), components=[], cfg=RunConfig()), "fit"
+    )
     assert kl.sharded and _local_numel(kl.reference) < 0.6 * sum(p.numel() for p in initial.parameters())
-    exp = SimpleNamespace(input_ids=ro.input_ids, attention_mask=ro.attention_mask, prompt_width=P,
-                          response_ids=ro.response_ids, n=len(PROMPTS), mask=mask, extras={})
+    exp = SimpleNamespace(
+        input_ids=ro.input_ids,
+        attention_mask=ro.attention_mask,
+        prompt_width=P,
+        response_ids=ro.response_ids,
+        n=len(PROMPTS),
+        mask=mask,
+        extras={},
+    )
     cfg = RunConfig()  # as a module holds it: ppo's 'auto' pass sizes resolved (here: no chunking)
-    cfg = dataclasses.replace(cfg, ppo=dataclasses.replace(cfg.ppo, logits_chunk=None, rollout_batch_size=None))
+    cfg = dataclasses.replace(
+        cfg, ppo=dataclasses.replace(cfg.ppo, logits_chunk=None, rollout_batch_size=None)
+    )
     kl.on_experience(SimpleNamespace(cfg=cfg), exp)
     with torch.no_grad():
-        want, _ = response_logprobs(initial, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0)
+        want, _ = response_logprobs(
+            initial, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0
+        )
     torch.testing.assert_close(exp.extras["ref_logprobs"], want, rtol=0, atol=1e-6)
     assert all(p.to_local().numel() < p.numel() for p in kl.reference.parameters()), "resharded after use"
 
@@ -123,15 +142,52 @@ def test_two_fsdp_processes_under_bf16_mixed_start_every_update_at_ratio_one(tmp
     recomputes the behaviour log-probs of its own micro-batches at the gathered batch's padding,
     so every update's (single) mini-batch starts at ratio 1 exactly."""
     env = {**os.environ, "PYTHONPATH": str(Path(__file__).resolve().parents[1]), "OMP_NUM_THREADS": "1"}
-    out = subprocess.run([sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--model", "random",
-                          "--precision", "bf16-mixed", "--accelerator", "cpu", "--devices", "2", "--strategy", "fsdp",
-                          "--add", "kl_penalty", "--steps", "2", "--eval_every", "1", "--wandb", "disabled",
-                          "--threads", "1", "--ppo.mini_batch_size", "16", "--out_dir", str(tmp_path),
-                          "--cache_dir", str(tmp_path / "c"), "--name", "fsdp"],
-                         capture_output=True, text=True, env=env, timeout=600)
+    out = subprocess.run(
+        [
+            sys.executable,
+            "-m",
+            "vapo_lit.cli.train",
+            "--preset",
+            "smoke",
+            "--model",
+            "random",
+            "--precision",
+            "bf16-mixed",
+            "--accelerator",
+            "cpu",
+            "--devices",
+            "2",
+            "--strategy",
+            "fsdp",
+            "--add",
+            "kl_penalty",
+            "--steps",
+            "2",
+            "--eval_every",
+            "1",
+            "--wandb",
+            "disabled",
+            "--threads",
+            "1",
+            "--ppo.mini_batch_size",
+            "16",
+            "--out_dir",
+            str(tmp_path),
+            "--cache_dir",
+            str(tmp_path / "c"),
+            "--name",
+            "fsdp",
+        ],
+        capture_output=True,
+        text=True,
+        env=env,
+        timeout=600,
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in out.stderr
-    updates = [r for r in csv.DictReader(open(tmp_path / "fsdp" / "metrics.csv")) if r.get("policy/ratio_mean")]
+    updates = [
+        r for r in csv.DictReader(open(tmp_path / "fsdp" / "metrics.csv")) if r.get("policy/ratio_mean")
+    ]
     assert len(updates) == 2
     for r in updates:
         assert float(r["policy/ratio_mean"]) == 1.0 and float(r["policy/ratio_max"]) == 1.0, r

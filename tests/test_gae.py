@@ -1,5 +1,6 @@
 """GAE and the length-adaptive lambda against an independent float64 loop, docs/algorithm.md numbers and
 invariants. Every case runs on both backends (native C sweep and pure-torch scan)."""
+
 from __future__ import annotations
 
 import math
@@ -52,18 +53,22 @@ def random_batch(B, T, seed, gaps=True, dtype=torch.float32):
     for b in range(B):
         start = int(torch.randint(0, max(1, T // 4), (1,), generator=g))
         length = int(torch.randint(1, T - start + 1, (1,), generator=g))
-        mask[b, start:start + length] = 1
+        mask[b, start : start + length] = 1
         if gaps and length > 4:  # tool/environment observations inside the response
             for _ in range(int(torch.randint(0, 3, (1,), generator=g))):
                 a = start + int(torch.randint(1, length - 1, (1,), generator=g))
-                mask[b, a:a + int(torch.randint(1, 4, (1,), generator=g))] = 0
+                mask[b, a : a + int(torch.randint(1, 4, (1,), generator=g))] = 0
         mask[b, start + length - 1] = 1  # the last response token is the policy's own
     values = torch.randn(B, T, generator=g, dtype=dtype)
     rewards = torch.zeros(B, T, dtype=dtype)
     last = (mask * torch.arange(T, dtype=dtype)).argmax(1)
     rewards[torch.arange(B), last] = (torch.rand(B, generator=g) < 0.5).to(dtype)
     # a few dense rewards too (the functions must not assume sparsity)
-    rewards += mask * (torch.rand(B, T, generator=g, dtype=dtype) < 0.05) * torch.randn(B, T, generator=g, dtype=dtype)
+    rewards += (
+        mask
+        * (torch.rand(B, T, generator=g, dtype=dtype) < 0.05)
+        * torch.randn(B, T, generator=g, dtype=dtype)
+    )
     lam = torch.rand(B, generator=g, dtype=dtype)
     lam[0] = 0.0
     if B > 1:
@@ -87,7 +92,7 @@ def test_lambda_spec_numbers():
     assert lam[0].item() == 0.0  # formula value exactly 0 at l = 1/alpha
     assert lam[1].item() == pytest.approx(0.8, abs=1e-7)
     assert 1 / (1 - lam[1].item()) == pytest.approx(5.0, rel=1e-6)  # window alpha*l
-    assert 0.95 ** 100 == pytest.approx(0.0059205, rel=1e-4)  # what the fixed lambda decays to
+    assert 0.95**100 == pytest.approx(0.0059205, rel=1e-4)  # what the fixed lambda decays to
 
 
 def test_lambda_against_formula_and_clamp():
@@ -134,9 +139,14 @@ def test_gae_matches_reference(backend, seed, shape):
         for gamma in (1.0, 0.9):
             for b in (boot, None):
                 adv, ret = gae(r, v, m, lam_arg, gamma=gamma, bootstrap_values=b)
-                ref_adv, ref_ret = reference_gae(r.tolist(), v.tolist(), m.tolist(),
-                                                 lam_arg.tolist() if torch.is_tensor(lam_arg) else lam_arg,
-                                                 gamma, None if b is None else b.tolist())
+                ref_adv, ref_ret = reference_gae(
+                    r.tolist(),
+                    v.tolist(),
+                    m.tolist(),
+                    lam_arg.tolist() if torch.is_tensor(lam_arg) else lam_arg,
+                    gamma,
+                    None if b is None else b.tolist(),
+                )
                 assert adv.dtype == torch.float32 and adv.shape == r.shape
                 scale = max(v.abs().max().item(), r.abs().max().item())
                 assert rel_err(adv, ref_adv, scale) <= TOL, (lam_arg, gamma, b is None)
@@ -201,7 +211,7 @@ def test_seed_minimal_example(backend):
     torch.testing.assert_close(critic_adv[0, 32:], torch.zeros(32))
     torch.testing.assert_close(critic_ret, critic_adv)  # V = 0
     # with lambda = 1 - 1/(0.05*32) = 0.375 the first token sees the reward as 0.375^31
-    assert actor_adv[0, 0].item() == pytest.approx(0.375 ** 31, rel=1e-5)
+    assert actor_adv[0, 0].item() == pytest.approx(0.375**31, rel=1e-5)
 
 
 def test_fixed_lambda_decay_spec_number(backend):
@@ -306,6 +316,7 @@ def test_padding_never_changes_valid_results(batch, pad_at):
     r2, v2, m2 = ins(r, torch.zeros(B, width)), ins(v, junk_v), ins(m, torch.zeros(B, width))
     for backend in ("native", "torch"):
         import os
+
         os.environ["VAPO_LIT_GAE_BACKEND"] = backend
         try:
             a, ret = gae(r, v, m, lam, bootstrap_values=boot)
@@ -313,7 +324,7 @@ def test_padding_never_changes_valid_results(batch, pad_at):
         finally:
             del os.environ["VAPO_LIT_GAE_BACKEND"]
         keep = torch.ones(T + width, dtype=torch.bool)
-        keep[where:where + width] = False
+        keep[where : where + width] = False
         torch.testing.assert_close(a2[:, keep], a, atol=1e-5, rtol=1e-5)
         torch.testing.assert_close(ret2[:, keep], ret, atol=1e-5, rtol=1e-5)
         assert bool((a2[:, ~keep] == 0).all())

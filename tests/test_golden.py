@@ -6,6 +6,7 @@ The histories must hold on every CPU a user or a CI machine may have, so they ar
 under the other instruction sets this machine offers (torch's `ATEN_CPU_CAPABILITY`, read once when
 torch loads: hence a subprocess each). A golden that depends on one instruction set's rounding fails
 here on any machine with more than one (every x86-64 with AVX2; aarch64 with SVE)."""
+
 from __future__ import annotations
 
 import os
@@ -35,14 +36,31 @@ def test_metric_history_matches_the_recorded_one(tmp_path, label):
     assert not diffs, diffs[:5]
 
 
-@pytest.mark.parametrize("capability", other_capabilities() or [pytest.param("default", marks=pytest.mark.skip(
-    reason="torch runs its default kernels here: no other instruction set to compare"))])
+@pytest.mark.parametrize(
+    "capability",
+    other_capabilities()
+    or [
+        pytest.param(
+            "default",
+            marks=pytest.mark.skip(
+                reason="torch runs its default kernels here: no other instruction set to compare"
+            ),
+        )
+    ],
+)
 def test_metric_histories_hold_under_another_instruction_set(capability):
     env = {**os.environ, "ATEN_CPU_CAPABILITY": capability}
-    proc = subprocess.run([sys.executable, str(HERE / "golden.py"), "--check"], env=env, capture_output=True,
-                          text=True, timeout=600)
+    proc = subprocess.run(
+        [sys.executable, str(HERE / "golden.py"), "--check"],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     out = proc.stdout + proc.stderr[-3000:]
-    names = {"default": ("DEFAULT", "NO AVX")}.get(capability, (capability.upper(),))  # older torch says "NO AVX"
+    names = {"default": ("DEFAULT", "NO AVX")}.get(
+        capability, (capability.upper(),)
+    )  # older torch says "NO AVX"
     assert any(f"capability {n}" in proc.stdout for n in names), out  # torch took the setting
     assert proc.returncode == 0, out
 

@@ -1,6 +1,7 @@
 """tools/keep_report.py (keeping a grid's study under reports/): it copies the manifest and each
 cell's logs, never checkpoints; the kept folder gives back the committed report byte for byte; a
 cell without a log is left out and named; bad input writes nothing."""
+
 from __future__ import annotations
 
 import shutil
@@ -48,7 +49,9 @@ def test_a_cell_without_a_log_is_left_out_and_named(tmp_path, capsys):
 def test_bad_input_writes_nothing(tmp_path, capsys):
     out, to = output_folder(tmp_path), tmp_path / "kept"
     assert main([str(out), "--grid", "nope", "--to", str(to)]) == 2
-    assert f"no grid manifest {out / 'grids' / 'nope.json'}; grids in {out}: {GRID}" in capsys.readouterr().err
+    assert (
+        f"no grid manifest {out / 'grids' / 'nope.json'}; grids in {out}: {GRID}" in capsys.readouterr().err
+    )
     assert not to.exists()
     to.mkdir()
     (to / "notes.md").write_text("kept")

@@ -1,6 +1,7 @@
 """The length diagnostics against independent float64 loops: each token's weight in the
 policy loss (token- vs sample-level), the share of the policy-gradient weight by response length,
 and the advantage's bias and variance against Monte-Carlo by length bucket."""
+
 from __future__ import annotations
 
 import math
@@ -63,7 +64,9 @@ def test_token_level_weight_grows_with_length_sample_level_does_not():
     mask[0, :10], mask[1, :90] = 1, 1
     a, group = torch.ones_like(mask), torch.tensor([0, 1])
     assert weight_share(aggregation_weights(mask, "token"), a, group, 2).tolist() == pytest.approx([0.1, 0.9])
-    assert weight_share(aggregation_weights(mask, "sample"), a, group, 2).tolist() == pytest.approx([0.5, 0.5])
+    assert weight_share(aggregation_weights(mask, "sample"), a, group, 2).tolist() == pytest.approx(
+        [0.5, 0.5]
+    )
 
 
 def test_weight_share_without_weight_is_nan():
@@ -78,8 +81,12 @@ def test_advantage_error_matches_loop(seed):
     edges = (5, 12, 20)
     bias, var, var_ref, counts = advantage_error(a, ref, mask, edges)
     for k in range(len(edges) + 1):
-        toks = [(float(a[b, t]), float(ref[b, t])) for b in range(len(mask)) for t in range(mask.shape[1])
-                if mask[b, t] and length_bucket(int(mask[b].sum()), edges) == k]
+        toks = [
+            (float(a[b, t]), float(ref[b, t]))
+            for b in range(len(mask))
+            for t in range(mask.shape[1])
+            if mask[b, t] and length_bucket(int(mask[b].sum()), edges) == k
+        ]
         assert int(counts[k]) == len(toks)
         if not toks:
             assert math.isnan(bias[k]) and math.isnan(var[k]) and math.isnan(var_ref[k])
@@ -87,8 +94,12 @@ def test_advantage_error_matches_loop(seed):
         n = len(toks)
         mean_a, mean_r = sum(x for x, _ in toks) / n, sum(r for _, r in toks) / n
         assert float(bias[k]) == pytest.approx(sum(x - r for x, r in toks) / n, rel=1e-12, abs=1e-14)
-        assert float(var[k]) == pytest.approx(sum((x - mean_a) ** 2 for x, _ in toks) / n, rel=1e-9, abs=1e-12)
-        assert float(var_ref[k]) == pytest.approx(sum((r - mean_r) ** 2 for _, r in toks) / n, rel=1e-9, abs=1e-12)
+        assert float(var[k]) == pytest.approx(
+            sum((x - mean_a) ** 2 for x, _ in toks) / n, rel=1e-9, abs=1e-12
+        )
+        assert float(var_ref[k]) == pytest.approx(
+            sum((r - mean_r) ** 2 for _, r in toks) / n, rel=1e-9, abs=1e-12
+        )
 
 
 def test_advantage_error_of_the_reference_itself_is_zero():

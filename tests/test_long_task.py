@@ -2,6 +2,7 @@
 n, log buckets, disjoint split), the built-in models' positions for it, and the two ways its base
 policy and reward model are trained in length-sorted micro-batches without a mask, each equal (in
 float64) to the one masked pass over the whole batch that the default build uses."""
+
 from __future__ import annotations
 
 import math
@@ -12,8 +13,17 @@ import pytest
 import torch
 
 from vapo_lit.models import builtin
-from vapo_lit.models.builtin import (DemoConfig, TinyModelConfig, batch_from_texts, default_model, lm_loss,
-                                     sample_weights, sequence_errors, value_loss, value_loss_micro)
+from vapo_lit.models.builtin import (
+    DemoConfig,
+    TinyModelConfig,
+    batch_from_texts,
+    default_model,
+    lm_loss,
+    sample_weights,
+    sequence_errors,
+    value_loss,
+    value_loss_micro,
+)
 from vapo_lit.models.value import ValueModel
 from vapo_lit.tasks import get_task
 from vapo_lit.tasks.chain import bucket_edges
@@ -32,7 +42,11 @@ def test_longchain_shape(long_task):
     assert len(long_task.tokenizer(long_task.solution(short))["input_ids"]) - 1 + 1 == 23  # + EOS, - BOS
     assert len(long_task.solution(long).split()) + 1 == 2003
     assert long_task.max_new_tokens == 2008
-    assert all(task.is_eval_prompt(p.meta["x0"], p.meta["n"]) for task in [long_task] for p in long_task.eval_problems())
+    assert all(
+        task.is_eval_prompt(p.meta["x0"], p.meta["n"])
+        for task in [long_task]
+        for p in long_task.eval_problems()
+    )
     assert len(long_task.eval_problems()) == 32
     assert long_task.name == "longchain" and get_task("longchain", max_n=50).config.max_n == 50
 
@@ -85,8 +99,13 @@ def tiny_llama(task, seed=0):
     from transformers import LlamaForCausalLM
 
     torch.manual_seed(seed)
-    cfg = TinyModelConfig(hidden_size=16, num_hidden_layers=2, num_attention_heads=2, intermediate_size=32,
-                          max_position_embeddings=256)
+    cfg = TinyModelConfig(
+        hidden_size=16,
+        num_hidden_layers=2,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=256,
+    )
     return LlamaForCausalLM(builtin.llama_config(task, cfg)).double()
 
 
@@ -98,8 +117,9 @@ def test_sft_micro_batches_equal_the_masked_pass():
     task = get_task("chain", min_n=3, max_n=40, n_sampling="log")
     rng = random.Random(0)
     probs = task.train_problems(7, seed=1)
-    ids, mask, lm = batch_from_texts(task.tokenizer, [p.prompt for p in probs],
-                                     [task.demonstration(p, DemoConfig(), rng) for p in probs])
+    ids, mask, lm = batch_from_texts(
+        task.tokenizer, [p.prompt for p in probs], [task.demonstration(p, DemoConfig(), rng) for p in probs]
+    )
     assert len(set(mask.sum(1).tolist())) > 3  # lengths differ: padding to cut
     model = tiny_llama(task)
     tokens = lm[:, 1:].sum()
@@ -119,9 +139,19 @@ def test_sft_micro_batches_equal_the_masked_pass():
     for name, sft in (("micro", sft_one), ("all", sft_all)):
         torch.set_default_dtype(torch.float64)
         try:
-            model = builtin.train_sft(task, TinyModelConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                                            intermediate_size=32, max_position_embeddings=128),
-                                      sft, seed=0, log=lambda m, n=name: seen.setdefault(n, m))
+            model = builtin.train_sft(
+                task,
+                TinyModelConfig(
+                    hidden_size=16,
+                    num_hidden_layers=1,
+                    num_attention_heads=2,
+                    intermediate_size=32,
+                    max_position_embeddings=128,
+                ),
+                sft,
+                seed=0,
+                log=lambda m, n=name: seen.setdefault(n, m),
+            )
         finally:
             torch.set_default_dtype(torch.float32)
     loss = {k: float(v.split("loss ")[1].split()[0]) for k, v in seen.items()}
@@ -141,10 +171,10 @@ def test_reward_model_micro_batches_equal_the_masked_pass():
     mask = torch.zeros(n, width, dtype=torch.long)
     vmask = torch.zeros(n, width, dtype=torch.float64)
     for i in range(n):
-        mask[i, pad[i]:length[i]] = 1
-        vmask[i, pad[i] + 2:length[i] - 1] = 1
-        ids[i, :pad[i]] = task.tokenizer.pad_token_id
-        ids[i, length[i]:] = task.tokenizer.pad_token_id
+        mask[i, pad[i] : length[i]] = 1
+        vmask[i, pad[i] + 2 : length[i] - 1] = 1
+        ids[i, : pad[i]] = task.tokenizer.pad_token_id
+        ids[i, length[i] :] = task.tokenizer.pad_token_id
     reward = torch.tensor([1.0, 0.0, 0.0, 1.0, 0.0, 0.0], dtype=torch.float64)
     last = length - 1
     for all_tokens in (False, True):
@@ -159,8 +189,12 @@ def test_reward_model_micro_batches_equal_the_masked_pass():
             assert torch.allclose(a, b, rtol=1e-10, atol=1e-13)
     w = sample_weights(reward, True)
     assert float(w[reward > 0].sum()) == pytest.approx(float(w[reward == 0].sum()))
-    assert sequence_errors(torch.zeros(n, width, dtype=torch.float64), vmask, reward, last, all_tokens=False).tolist() \
+    assert (
+        sequence_errors(
+            torch.zeros(n, width, dtype=torch.float64), vmask, reward, last, all_tokens=False
+        ).tolist()
         == reward.tolist()
+    )
 
 
 def test_chain_reward_needs_every_step(long_task):
@@ -174,7 +208,10 @@ def test_chain_reward_needs_every_step(long_task):
             lucky[j] = str((int(lucky[j]) + 1) % 10)
     assert lucky[-1] == right[-1] and lucky != right
     answer_task = get_task("longchain", reward="answer")
-    assert answer_task.verify(p, " ".join(lucky)).reward == 1.0 and not answer_task.verify(p, " ".join(lucky)).strict
+    assert (
+        answer_task.verify(p, " ".join(lucky)).reward == 1.0
+        and not answer_task.verify(p, " ".join(lucky)).strict
+    )
     assert long_task.verify(p, " ".join(lucky)).reward == 0.0
     for task in (answer_task, long_task):
         v = task.verify(p, " ".join(right))

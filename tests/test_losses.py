@@ -1,5 +1,6 @@
 """Losses and statistics against independent float64 loops, plus the exactness properties the
 module relies on (global token mean across micro-batches, empty positive set)."""
+
 from __future__ import annotations
 
 import math
@@ -98,15 +99,29 @@ def test_global_denominator_makes_micro_batches_exact(mode):
     full, _ = policy_loss(logp, old, adv, mask, aggregation=mode)
     (g_full,) = torch.autograd.grad(full, logp)
     den = mask.sum() if mode == "token" else (mask.sum(1) > 0).sum()
-    parts = [policy_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3],
-                         aggregation=mode, denominator=den)[0] for i in (0, 3, 6)]
+    parts = [
+        policy_loss(
+            logp[i : i + 3],
+            old[i : i + 3],
+            adv[i : i + 3],
+            mask[i : i + 3],
+            aggregation=mode,
+            denominator=den,
+        )[0]
+        for i in (0, 3, 6)
+    ]
     total = sum(parts)
     (g_parts,) = torch.autograd.grad(total, logp)
     assert total.item() == pytest.approx(full.item(), rel=1e-12)
     torch.testing.assert_close(g_parts, g_full)
     # and the naive per-micro-batch mean is NOT exact (the bug the denominator prevents)
-    naive = sum(policy_loss(logp[i:i + 3], old[i:i + 3], adv[i:i + 3], mask[i:i + 3], aggregation=mode)[0]
-                for i in (0, 3, 6)) / 3
+    naive = (
+        sum(
+            policy_loss(logp[i : i + 3], old[i : i + 3], adv[i : i + 3], mask[i : i + 3], aggregation=mode)[0]
+            for i in (0, 3, 6)
+        )
+        / 3
+    )
     assert abs(naive.item() - full.item()) > 1e-6
 
 
@@ -272,7 +287,7 @@ def test_group_normalized_advantage_matches_loop():
         mask[13, 2:] = 0
         adv = group_normalized_advantage(scores, mask, group_size=4)
         for b in range(20):
-            grp = [float(x) for x in scores[(b // 4) * 4:(b // 4) * 4 + 4].tolist()]
+            grp = [float(x) for x in scores[(b // 4) * 4 : (b // 4) * 4 + 4].tolist()]
             mean = sum(grp) / 4
             std = math.sqrt(sum((x - mean) ** 2 for x in grp) / 3)  # Bessel's correction
             expect = 0.0 if max(grp) == min(grp) else (float(scores[b]) - mean) / (std + 1e-6)
@@ -285,6 +300,7 @@ def test_group_normalized_advantage_matches_loop():
 
 
 # ---- a sampler with its own kernels: truncated importance sampling and the sampler-trainer gap ----
+
 
 @pytest.mark.parametrize("seed", range(3))
 @pytest.mark.parametrize("mode", ["token", "sample"])
@@ -300,7 +316,9 @@ def test_truncated_importance_sampling_matches_reference(seed, mode, cap):
     w = truncated_is_weights(old, sampler, cap)
     for b in range(len(old)):
         for t in range(old.shape[1]):
-            assert w[b, t].item() == pytest.approx(min(math.exp(old[b, t].item() - sampler[b, t].item()), cap), rel=1e-12)
+            assert w[b, t].item() == pytest.approx(
+                min(math.exp(old[b, t].item() - sampler[b, t].item()), cap), rel=1e-12
+            )
     assert 0 < float(w.max()) <= cap and bool((w < cap).any())
     logp = logp.clone().requires_grad_(True)
     loss, _ = policy_loss(logp, old, adv, mask, eps_low=0.2, eps_high=0.28, aggregation=mode, is_weights=w)
@@ -352,8 +370,12 @@ def test_sampler_mismatch_matches_reference(seed):
     trainer = old.float()
     sampler[mask == 0] = 5.0  # padding never counts
     st = sampler_mismatch(trainer, sampler, mask)
-    diffs = [float(trainer[b, t].double() - sampler[b, t].double())
-             for b in range(len(old)) for t in range(old.shape[1]) if mask[b, t] == 1]
+    diffs = [
+        float(trainer[b, t].double() - sampler[b, t].double())
+        for b in range(len(old))
+        for t in range(old.shape[1])
+        if mask[b, t] == 1
+    ]
     assert st.mean_abs.item() == pytest.approx(sum(map(abs, diffs)) / len(diffs), rel=1e-12)
     assert st.max_abs.item() == pytest.approx(max(map(abs, diffs)), rel=1e-12)
     kl = sum(math.expm1(d) - d for d in diffs) / len(diffs)

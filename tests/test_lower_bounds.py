@@ -1,5 +1,6 @@
 """tools/lower_bounds.py (the constraints of `make test-lower`) pins every `>=` bound of
 pyproject.toml, read independently here with tomllib; and the bounds known to matter."""
+
 from __future__ import annotations
 
 import re
@@ -35,12 +36,22 @@ def test_every_lower_bound_is_pinned(extras):
 
 
 def test_the_cli_prints_constraints_and_refuses_an_unknown_extra():
-    out = subprocess.run([sys.executable, str(ROOT / "tools" / "lower_bounds.py"), "dev", "postgres"],
-                         capture_output=True, text=True, check=True).stdout.splitlines()
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "lower_bounds.py"), "dev", "postgres"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.splitlines()
     assert out and all(re.fullmatch(r"[a-z0-9_.\-]+==[0-9][0-9.]*", x) for x in out), out
     assert "sqlalchemy==2.1" in out  # the postgres extra and the base list agree on 2.1
-    bad = subprocess.run([sys.executable, str(ROOT / "tools" / "lower_bounds.py"), "gpu"], capture_output=True, text=True)
-    assert bad.returncode != 0 and "unknown extra(s) ['gpu']; valid: ['bench', 'dev', 'docs', 'postgres', 'vllm', 'vllm-cpu', 'workspace']" in bad.stderr
+    bad = subprocess.run(
+        [sys.executable, str(ROOT / "tools" / "lower_bounds.py"), "gpu"], capture_output=True, text=True
+    )
+    assert (
+        bad.returncode != 0
+        and "unknown extra(s) ['gpu']; valid: ['bench', 'dev', 'docs', 'postgres', 'vllm', 'vllm-cpu', 'workspace']"
+        in bad.stderr
+    )
 
 
 def test_lightning_before_2_6_is_excluded():
@@ -50,7 +61,9 @@ def test_lightning_before_2_6_is_excluded():
 
 
 def test_extras_with_brackets_and_the_higher_of_two_bounds():
-    text = ('[project]\nname = "x"\ndependencies = ["b[fast]>=0.5",\n    "a>=1.0,<2",  # why [sic]\n]\n'
-            '[project.optional-dependencies]\npg = ["c[binary]>=3.2,<4", "a>=1.2,<2"]\nother = ["d>=9"]\n')
+    text = (
+        '[project]\nname = "x"\ndependencies = ["b[fast]>=0.5",\n    "a>=1.0,<2",  # why [sic]\n]\n'
+        '[project.optional-dependencies]\npg = ["c[binary]>=3.2,<4", "a>=1.2,<2"]\nother = ["d>=9"]\n'
+    )
     assert lower_bounds([], text) == {"a": "1.0", "b": "0.5"}
     assert lower_bounds(["pg"], text) == {"a": "1.2", "b": "0.5", "c": "3.2"}

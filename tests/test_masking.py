@@ -5,6 +5,7 @@ in every offline `run-*.wandb` file and be uploaded by `wandb sync`. These tests
 run writes (run folders, W&B's files, attempts.jsonl, the grid manifest, the report, HOME and TMPDIR
 of the process) and its stdout/stderr for the secret.
 """
+
 from __future__ import annotations
 
 import os
@@ -64,9 +65,18 @@ def test_wandb_records_no_password_from_the_command_line(tmp_path, monkeypatch):
     monkeypatch.setattr(sys, "argv", ["vapo-ablate", "--drop", "clip_higher", "--storage", url])
     monkeypatch.setenv("HOME", str(tmp_path / "home"))
     monkeypatch.setenv("WANDB_MODE", "offline")
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "model": "random", "wandb": "offline", "steps": 2, "out_dir": str(tmp_path / "runs"), "name": "r",
-        "cache_dir": str(tmp_path / "cache"), "threads": 1})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "model": "random",
+            "wandb": "offline",
+            "steps": 2,
+            "out_dir": str(tmp_path / "runs"),
+            "name": "r",
+            "cache_dir": str(tmp_path / "cache"),
+            "threads": 1,
+        },
+    )
     recorded = RecordedArgs()
     train(cfg, extra_callbacks=[recorded])
     assert recorded.args == ["--drop", "clip_higher", "--storage", mask_url(url)]
@@ -82,7 +92,9 @@ def test_password_from_file_or_environment_goes_into_the_url(tmp_path, monkeypat
     pw = tmp_path / "pw"
     pw.write_text("p@ss:w/rd\n")
     url = with_password("postgresql://vapo@127.0.0.1:5432/db", pw)
-    assert sqlalchemy.engine.make_url(url).password == "p@ss:w/rd"  # escaped in the URL, intact for the driver
+    assert (
+        sqlalchemy.engine.make_url(url).password == "p@ss:w/rd"
+    )  # escaped in the URL, intact for the driver
     monkeypatch.setenv(PASSWORD_ENV, SECRET)
     assert sqlalchemy.engine.make_url(with_password("postgresql://vapo@h/db")).password == SECRET
     with pytest.raises(ValueError, match="already holds a password; give it once"):
@@ -98,17 +110,45 @@ def test_password_from_file_or_environment_goes_into_the_url(tmp_path, monkeypat
 def _grid_cmd(tmp_path, out, url):
     grid = tmp_path / "one.yaml"
     grid.write_text("name: one\nrows: [{}]\n")  # one cell: the full recipe
-    return [sys.executable, "-m", "vapo_lit.cli.ablate", "--grid", str(grid), "--seeds", "1", "--preset", "smoke", "--model",
-            "random", "--steps", "2", "--threads", "1", "--wandb", "offline", "--storage", url, "--out",
-            str(tmp_path / out), "--cache_dir", str(tmp_path / "cache")]
+    return [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.ablate",
+        "--grid",
+        str(grid),
+        "--seeds",
+        "1",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--steps",
+        "2",
+        "--threads",
+        "1",
+        "--wandb",
+        "offline",
+        "--storage",
+        url,
+        "--out",
+        str(tmp_path / out),
+        "--cache_dir",
+        str(tmp_path / "cache"),
+    ]
 
 
 def _env(tmp_path, **extra):
     (tmp_path / "home").mkdir(exist_ok=True)
     (tmp_path / "tmp").mkdir(exist_ok=True)
     env = {k: v for k, v in os.environ.items() if k not in (PASSWORD_ENV, "VAPO_LIT_TEST_PG_URL")}
-    return {**env, "HOME": str(tmp_path / "home"), "TMPDIR": str(tmp_path / "tmp"), "WANDB_MODE": "offline",
-            "PYTHONWARNINGS": "ignore", **extra}
+    return {
+        **env,
+        "HOME": str(tmp_path / "home"),
+        "TMPDIR": str(tmp_path / "tmp"),
+        "WANDB_MODE": "offline",
+        "PYTHONWARNINGS": "ignore",
+        **extra,
+    }
 
 
 @pytest.mark.slow
@@ -126,11 +166,18 @@ def test_no_file_or_output_of_a_grid_holds_the_database_password(tmp_path, pg_ur
     assert len(run_files) == 1 and list((tmp_path / "typed").rglob("attempts.jsonl"))
     assert (tmp_path / "typed" / "grids").is_dir() and (tmp_path / "typed" / "reports").is_dir()
 
-    bare = sqlalchemy.engine.URL.create(u.drivername, username=u.username, host=u.host, port=u.port,
-                                        database=u.database).render_as_string(hide_password=False)
+    bare = sqlalchemy.engine.URL.create(
+        u.drivername, username=u.username, host=u.host, port=u.port, database=u.database
+    ).render_as_string(hide_password=False)
     assert secret not in bare
-    proc = subprocess.Popen(_grid_cmd(tmp_path, "env", bare), cwd=ROOT, env=_env(tmp_path, **{PASSWORD_ENV: secret}),
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(
+        _grid_cmd(tmp_path, "env", bare),
+        cwd=ROOT,
+        env=_env(tmp_path, **{PASSWORD_ENV: secret}),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     cmdlines = []
     while proc.poll() is None:  # what `ps` shows, sampled while it runs
         try:

@@ -1,4 +1,5 @@
 """The `math` task: local JSONL/parquet data, validation errors, split, prompts, buckets, verify."""
+
 from __future__ import annotations
 
 import json
@@ -19,10 +20,14 @@ def _tokenizer(chat: bool = False):
     from tokenizers import Tokenizer, models, pre_tokenizers
     from transformers import PreTrainedTokenizerFast
 
-    words = ["[UNK]", "[PAD]", "</s>", "Question:", "Answer:", "\\boxed{42}", "####"] + [str(i) for i in range(10)]
+    words = ["[UNK]", "[PAD]", "</s>", "Question:", "Answer:", "\\boxed{42}", "####"] + [
+        str(i) for i in range(10)
+    ]
     tok = Tokenizer(models.WordLevel({w: i for i, w in enumerate(words)}, unk_token="[UNK]"))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
-    out = PreTrainedTokenizerFast(tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="</s>")
+    out = PreTrainedTokenizerFast(
+        tokenizer_object=tok, unk_token="[UNK]", pad_token="[PAD]", eos_token="</s>"
+    )
     if chat:
         out.chat_template = CHAT_TEMPLATE
     return out
@@ -39,11 +44,15 @@ def chat_tok():
 
 
 GSM_ROWS = [
-    {"question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
-                 "clips in May. How many clips did Natalia sell altogether in April and May?",
-     "answer": "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips.\n#### 72"},
-    {"question": "Weng earns $12 an hour. Yesterday she did 50 minutes of babysitting. How much did she earn?",
-     "answer": "Weng earns 12/60 = $0.2 per minute.\nShe earned 0.2 x 50 = $10.\n#### 10"},
+    {
+        "question": "Natalia sold clips to 48 of her friends in April, and then she sold half as many "
+        "clips in May. How many clips did Natalia sell altogether in April and May?",
+        "answer": "Natalia sold 48/2 = 24 clips in May.\nNatalia sold 48+24 = 72 clips.\n#### 72",
+    },
+    {
+        "question": "Weng earns $12 an hour. Yesterday she did 50 minutes of babysitting. How much did she earn?",
+        "answer": "Weng earns 12/60 = $0.2 per minute.\nShe earned 0.2 x 50 = $10.\n#### 10",
+    },
     {"question": "What is 1/2 + 1/4?", "answer": "\\boxed{\\frac{3}{4}}"},
     {"question": "Simplify sin(45 degrees).", "answer": "\\frac{\\sqrt{2}}{2}"},
     {"question": "How many legs do 3 spiders have?", "answer": 24},
@@ -54,8 +63,12 @@ GSM_ROWS = [
 def _rows(n: int) -> list[dict]:
     rows = list(GSM_ROWS)
     for i in range(n - len(rows)):
-        rows.append({"question": f"What is {i} plus {i}?" + " Think." * (i % 7),
-                     "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}"})
+        rows.append(
+            {
+                "question": f"What is {i} plus {i}?" + " Think." * (i % 7),
+                "answer": f"{i} + {i} = {2 * i}\n#### {2 * i}",
+            }
+        )
     return rows
 
 
@@ -91,7 +104,9 @@ def test_jsonl_answers_gsm8k_boxed_and_bare(tmp_path):
 
 
 def test_parquet_numeric_answer_column(tmp_path):
-    p = write_parquet(tmp_path / "n.parquet", [{"question": "2+2?", "answer": 4}, {"question": "1/2?", "answer": 0.5}])
+    p = write_parquet(
+        tmp_path / "n.parquet", [{"question": "2+2?", "answer": 4}, {"question": "1/2?", "answer": 0.5}]
+    )
     assert [r.answer for r in load_records(p)] == ["4", "0.5"]
 
 
@@ -102,9 +117,16 @@ def test_parquet_same_as_jsonl(tmp_path):
 
 
 def test_custom_field_names_and_blank_lines(tmp_path):
-    path = write_jsonl(tmp_path / "d.jsonl", None, raw_lines=[
-        json.dumps({"problem": "What is 2+2?", "solution": "#### 4"}), "", "   ",
-        json.dumps({"problem": "What is 3+3?", "solution": "6", "extra": 1})])
+    path = write_jsonl(
+        tmp_path / "d.jsonl",
+        None,
+        raw_lines=[
+            json.dumps({"problem": "What is 2+2?", "solution": "#### 4"}),
+            "",
+            "   ",
+            json.dumps({"problem": "What is 3+3?", "solution": "6", "extra": 1}),
+        ],
+    )
     recs = load_records(path, "problem", "solution")
     assert [r.answer for r in recs] == ["4", "6"]
     assert recs[1].source.endswith(":4")
@@ -112,18 +134,35 @@ def test_custom_field_names_and_blank_lines(tmp_path):
 
 BAD_JSONL = [
     # (lines, message fragments)
-    ([json.dumps(GSM_ROWS[0]), json.dumps({"question": "q"})],
-     ["line 2", "missing field 'answer'", "expected a JSON object with string fields 'question' and 'answer'",
-      "found fields: 'question'"]),
-    ([json.dumps(GSM_ROWS[0]), json.dumps(GSM_ROWS[1]), '{"question": "q", "answer": 3,}'],
-     ["line 3", "invalid JSON", "expected one JSON object per line"]),
+    (
+        [json.dumps(GSM_ROWS[0]), json.dumps({"question": "q"})],
+        [
+            "line 2",
+            "missing field 'answer'",
+            "expected a JSON object with string fields 'question' and 'answer'",
+            "found fields: 'question'",
+        ],
+    ),
+    (
+        [json.dumps(GSM_ROWS[0]), json.dumps(GSM_ROWS[1]), '{"question": "q", "answer": 3,}'],
+        ["line 3", "invalid JSON", "expected one JSON object per line"],
+    ),
     (['["question", "answer"]'], ["line 1", "got a JSON list"]),
     (['"just a string"'], ["line 1", "got a JSON str"]),
     ([json.dumps({"question": "", "answer": "1"})], ["line 1", "field 'question' is empty"]),
-    ([json.dumps({"question": "q", "answer": None})], ["line 1", "field 'answer' must be a string or a number, got None"]),
-    ([json.dumps({"question": "q", "answer": [1, 2]})], ["line 1", "field 'answer' must be a string or a number, got list"]),
+    (
+        [json.dumps({"question": "q", "answer": None})],
+        ["line 1", "field 'answer' must be a string or a number, got None"],
+    ),
+    (
+        [json.dumps({"question": "q", "answer": [1, 2]})],
+        ["line 1", "field 'answer' must be a string or a number, got list"],
+    ),
     ([json.dumps({"question": "q", "answer": True})], ["line 1", "must be a string or a number"]),
-    ([json.dumps({"question": "q", "answer": "some work\n####   "})], ["line 1", "no final answer", "'#### <answer>'"]),
+    (
+        [json.dumps({"question": "q", "answer": "some work\n####   "})],
+        ["line 1", "no final answer", "'#### <answer>'"],
+    ),
     ([], ["no records (empty file)", "expected a .jsonl file"]),
     (["", "  ", ""], ["no records (empty file)"]),
 ]
@@ -145,7 +184,7 @@ def test_malformed_jsonl_fails_with_file_line_and_expectation(tmp_path, lines, f
 
 def test_invalid_utf8_line(tmp_path):
     path = tmp_path / "bad.jsonl"
-    path.write_bytes(json.dumps(GSM_ROWS[0]).encode() + b"\n{\"question\": \"\xff\xfe\", \"answer\": \"1\"}\n")
+    path.write_bytes(json.dumps(GSM_ROWS[0]).encode() + b'\n{"question": "\xff\xfe", "answer": "1"}\n')
     with pytest.raises(ValueError, match=r"bad\.jsonl, line 2: not valid UTF-8"):
         load_records(path)
 
@@ -157,7 +196,8 @@ def test_exact_message_for_bad_json_line(tmp_path):
     assert str(ei.value) == (
         f"data file {path}, line 2: invalid JSON (Expecting property name enclosed in double quotes "
         f"at column 2); expected one JSON object per line, a JSON object with string fields "
-        f"'question' and 'answer'")
+        f"'question' and 'answer'"
+    )
 
 
 def test_missing_and_unknown_files(tmp_path, tok):
@@ -181,11 +221,15 @@ def test_malformed_parquet(tmp_path):
     pd.DataFrame({"question": ["a", "b"], "solution": ["1", "2"]}).to_parquet(p)
     with pytest.raises(ValueError) as ei:
         load_records(p)
-    assert str(ei.value) == (f"data file {p}: missing column 'answer' (expected columns 'question' and "
-                             f"'answer'; found columns: 'question', 'solution')")
+    assert str(ei.value) == (
+        f"data file {p}: missing column 'answer' (expected columns 'question' and "
+        f"'answer'; found columns: 'question', 'solution')"
+    )
     p = tmp_path / "nulls.parquet"
     pd.DataFrame({"question": ["a", "b", "c"], "answer": ["1", None, "3"]}).to_parquet(p)
-    with pytest.raises(ValueError, match=r"nulls\.parquet, row 2: field 'answer' must be a string or a number"):
+    with pytest.raises(
+        ValueError, match=r"nulls\.parquet, row 2: field 'answer' must be a string or a number"
+    ):
         load_records(p)
     p = tmp_path / "empty.parquet"
     pd.DataFrame({"question": pd.Series([], dtype=str), "answer": pd.Series([], dtype=str)}).to_parquet(p)
@@ -255,7 +299,8 @@ def test_chat_template_prompt(tmp_path, chat_tok):
     q = t.eval_records()[0].question
     assert t.eval_problems()[0].prompt == (
         f"<|user|>\n{q}\nPlease reason step by step, and put your final answer within \\boxed{{}}.\n"
-        f"<|assistant|>\n")
+        f"<|assistant|>\n"
+    )
 
 
 def test_tokenizer_from_local_path(tmp_path, chat_tok):
@@ -295,7 +340,9 @@ def test_buckets_by_question_length(task):
 
 
 def test_buckets_by_solution_length(tmp_path, tok):
-    t = MathTask(write_jsonl(tmp_path / "d.jsonl", _rows(30)), tokenizer=tok, bucket_by="solution", n_buckets=4)
+    t = MathTask(
+        write_jsonl(tmp_path / "d.jsonl", _rows(30)), tokenizer=tok, bucket_by="solution", n_buckets=4
+    )
     names = t.bucket_names()  # tied lengths can merge quantile buckets
     assert all(n.startswith("slen") for n in names) and 2 <= len(names) <= 4
     assert all(t.bucket(p) in names for p in t.eval_problems())
@@ -321,8 +368,13 @@ def test_verify(task):
 def test_verify_batch_symbolic_and_numeric(tmp_path, tok):
     t = MathTask(write_jsonl(tmp_path / "d.jsonl", GSM_ROWS), tokenizer=tok, verify_workers=2)
     try:
-        probs = {r.answer: p for r, p in zip(t.train_records() + t.eval_records(),
-                                             [t._problem(r) for r in t.train_records() + t.eval_records()])}
+        probs = {
+            r.answer: p
+            for r, p in zip(
+                t.train_records() + t.eval_records(),
+                [t._problem(r) for r in t.train_records() + t.eval_records()],
+            )
+        }
         cases = [
             (probs["\\frac{3}{4}"], "\\boxed{0.75}", 1.0),
             (probs["\\frac{\\sqrt{2}}{2}"], "\\boxed{\\sqrt{2}/2}", 1.0),
@@ -363,6 +415,8 @@ def test_task_pickles_without_its_workers(task):
     clone = pickle.loads(pickle.dumps(task))
     try:
         assert clone.verify(p, f"\\boxed{{{p.answer} + 0}}") == Verdict(1.0)  # via the CAS workers
-        assert [q.prompt for q in clone.train_problems(5, seed=1)] == [q.prompt for q in task.train_problems(5, seed=1)]
+        assert [q.prompt for q in clone.train_problems(5, seed=1)] == [
+            q.prompt for q in task.train_problems(5, seed=1)
+        ]
     finally:
         clone.close()

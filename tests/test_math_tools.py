@@ -1,5 +1,6 @@
 """`math_tools`: math problems as chat episodes with a calculator tool in the JSON format, on a
 local chat-template tokenizer; the calculator evaluates arithmetic and nothing else."""
+
 from __future__ import annotations
 
 import json
@@ -13,17 +14,37 @@ from vapo_lit.tasks.env import ToolError
 from vapo_lit.tasks.math_tools import calculate
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("12 * 7", 84), ("(1 + 2) * 3 / 4", 2.25), ("-2 ** 3", -8), ("7 // 2 + 7 % 2", 4), ("1e3 + 0.5", 1000.5),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("12 * 7", 84),
+        ("(1 + 2) * 3 / 4", 2.25),
+        ("-2 ** 3", -8),
+        ("7 // 2 + 7 % 2", 4),
+        ("1e3 + 0.5", 1000.5),
+    ],
+)
 def test_the_calculator_evaluates_arithmetic(expression, value):
     assert calculate(expression) == value
 
 
-@pytest.mark.parametrize("expression", [
-    "__import__('os').system('true')", "x + 1", "(1).real", "[1, 2]", "2 ** 1000", "9 ** 9 ** 9", "1 / 0",
-    "1 +", "True + 1", "'a' * 3", "1" * 300, "10 ** 31",
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "__import__('os').system('true')",
+        "x + 1",
+        "(1).real",
+        "[1, 2]",
+        "2 ** 1000",
+        "9 ** 9 ** 9",
+        "1 / 0",
+        "1 +",
+        "True + 1",
+        "'a' * 3",
+        "1" * 300,
+        "10 ** 31",
+    ],
+)
 def test_the_calculator_refuses_everything_else(expression):
     with pytest.raises(ToolError):
         calculate(expression)
@@ -34,9 +55,15 @@ def task(tmp_path):
     tok = chat_tokenizer("chatml")
     tok.save_pretrained(tmp_path / "tok")
     data = tmp_path / "train.jsonl"
-    data.write_text("".join(json.dumps({"question": f"What is 12 times {k}?", "answer": str(12 * k)}) + "\n"
-                            for k in range(2, 12)))
-    return get_task("math_tools", train_path=str(data), tokenizer=str(tmp_path / "tok"), instruction="", max_turns=3)
+    data.write_text(
+        "".join(
+            json.dumps({"question": f"What is 12 times {k}?", "answer": str(12 * k)}) + "\n"
+            for k in range(2, 12)
+        )
+    )
+    return get_task(
+        "math_tools", train_path=str(data), tokenizer=str(tmp_path / "tok"), instruction="", max_turns=3
+    )
 
 
 def test_a_calculator_episode_is_scored_on_its_final_answer(task):
@@ -47,8 +74,9 @@ def test_a_calculator_episode_is_scored_on_its_final_answer(task):
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
     call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * %d"}}\n</tool_call>' % k
     script = enc(call) + [eot] + enc("So it is \\boxed{%d}." % (12 * k)) + [eot]
-    ro = generate_episodes(IdScripted([script], len(tok)), tok, task, [p.prompt], temperature=0.0,
-                           max_new_tokens=200, seeds=0)
+    ro = generate_episodes(
+        IdScripted([script], len(tok)), tok, task, [p.prompt], temperature=0.0, max_new_tokens=200, seeds=0
+    )
     n = int(ro.lengths[0])
     observation = tok.decode(ro.response_ids[0, :n][~ro.action_mask[0, :n].bool()].tolist())
     assert f"<tool_response>\n{12 * k}\n</tool_response>" in observation
@@ -125,13 +153,18 @@ def test_one_step_level_is_one_operation_on_numbers_of_one_to_three_digits(tmp_p
     one = get_task("math", tokenizer=tok, level="one-step")
     assert [r.question for r in one.eval_records()] == [r["question"] for r in evals]
     assert one.version != get_task("math", tokenizer=tok).version
-    assert get_task("math", tokenizer=tok, level="multi-step").version == get_task("math", tokenizer=tok).version
+    assert (
+        get_task("math", tokenizer=tok, level="multi-step").version == get_task("math", tokenizer=tok).version
+    )
     one.close()
     tools = get_task("math_tools", tokenizer=tok, level="one-step")
     assert tools.train_problems(1, 0)[0].meta["messages"][-1]["content"].split("\n")[0] in {
-        r["question"] for r in train}
+        r["question"] for r in train
+    }
     tools.close()
-    with pytest.raises(ValueError, match="level='two-step' is not valid; choose one of: multi-step, one-step"):
+    with pytest.raises(
+        ValueError, match="level='two-step' is not valid; choose one of: multi-step, one-step"
+    ):
         get_task("math", tokenizer=tok, level="two-step")
     data = tmp_path / "train.jsonl"
     data.write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
@@ -143,13 +176,17 @@ def test_one_step_level_is_one_operation_on_numbers_of_one_to_three_digits(tmp_p
 
 def test_math_tools_with_a_template_without_tools_block_shows_the_calculator(tmp_path):
     tok = chat_tokenizer("plain")
-    with pytest.warns(UserWarning, match="has no tools block, so the tools are described in a system message"):
+    with pytest.warns(
+        UserWarning, match="has no tools block, so the tools are described in a system message"
+    ):
         task = get_task("math_tools", tokenizer=tok)
     prompt = task.train_problems(1, 0)[0].prompt
     assert prompt.startswith("<|im_start|>system\n# Tools\n") and '"name": "calculator"' in prompt
     assert "<tools>" in prompt and "<tool_call>" in prompt
     task.close()
-    with pytest.raises(ValueError, match="tools_prompt='xml' is not valid; choose one of: auto, template, system"):
+    with pytest.raises(
+        ValueError, match="tools_prompt='xml' is not valid; choose one of: auto, template, system"
+    ):
         get_task("math_tools", tokenizer=tok, tools_prompt="xml")
 
 
@@ -161,11 +198,20 @@ def test_a_boxed_answer_outside_the_final_turn_does_not_score(task):
     tok = task.tokenizer
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    call = '\\boxed{%d} <tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * %d"}}\n</tool_call>' % (
-        12 * k, k)
+    call = (
+        '\\boxed{%d} <tool_call>\n{"name": "calculator", "arguments": {"expression": "12 * %d"}}\n</tool_call>'
+        % (12 * k, k)
+    )
     for final, reward in (("no idea", 0.0), ("So \\boxed{%d}." % (12 * k), 1.0)):
-        ro = generate_episodes(IdScripted([enc(call) + [eot] + enc(final) + [eot]], len(tok)), tok, task, [p.prompt],
-                               temperature=0.0, max_new_tokens=200, seeds=0)
+        ro = generate_episodes(
+            IdScripted([enc(call) + [eot] + enc(final) + [eot]], len(tok)),
+            tok,
+            task,
+            [p.prompt],
+            temperature=0.0,
+            max_new_tokens=200,
+            seeds=0,
+        )
         assert int(ro.turns[0]) == 2 and "\\boxed{%d}" % (12 * k) in ro.texts[0]
         assert task.verify(p, ro.texts[0]).reward == reward
     task.close()
@@ -181,10 +227,23 @@ def test_math_tools_trains_bare_on_a_local_chat_model(tmp_path):
     from vapo_lit.train import train
 
     _, model_dir = the_docs_chat_walkthrough(tmp_path)
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "task": "math_tools", "task_options": {}, "model": str(model_dir), "steps": 1, "eval_problems": 2,
-        "ppo": {"max_new_tokens": 24}, "wandb": "disabled", "out_dir": str(tmp_path / "runs"), "name": "r",
-        "cache_dir": str(tmp_path / "cache"), "threads": 1, "vapo": {"value_pretrain_steps": 1}})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "task": "math_tools",
+            "task_options": {},
+            "model": str(model_dir),
+            "steps": 1,
+            "eval_problems": 2,
+            "ppo": {"max_new_tokens": 24},
+            "wandb": "disabled",
+            "out_dir": str(tmp_path / "runs"),
+            "name": "r",
+            "cache_dir": str(tmp_path / "cache"),
+            "threads": 1,
+            "vapo": {"value_pretrain_steps": 1},
+        },
+    )
     train(cfg)
     rows = [json.loads(line) for line in (tmp_path / "runs" / "r" / "samples.jsonl").read_text().splitlines()]
     assert {r["phase"] for r in rows} == {"train", "eval"}
@@ -197,12 +256,17 @@ def test_the_runs_tools_prompt_reaches_a_task_that_takes_one(tmp_path):
 
     cfg = merge(RunConfig(), {"task": "math_tools", "tools_prompt": "system"})
     assert task_options_of(cfg)["tools_prompt"] == "system"
-    assert task_options_of(merge(cfg, {"task_options": {"tools_prompt": "template"}}))["tools_prompt"] == "template"
+    assert (
+        task_options_of(merge(cfg, {"task_options": {"tools_prompt": "template"}}))["tools_prompt"]
+        == "template"
+    )
     assert "tools_prompt" not in task_options_of(merge(cfg, {"task": "chain"}))  # a task that takes none
     task = get_task("math_tools", tokenizer=chat_tokenizer("chatml"), **task_options_of(cfg))
     assert task.train_problems(1, 0)[0].prompt.startswith("<|im_start|>system\n# Tools\n")
     task.close()
-    with pytest.raises(ValueError, match="tools_prompt='json' is not valid; choose one of: auto, template, system"):
+    with pytest.raises(
+        ValueError, match="tools_prompt='json' is not valid; choose one of: auto, template, system"
+    ):
         from vapo_lit.config import validate
 
         validate(merge(RunConfig(), {"tools_prompt": "json"}))

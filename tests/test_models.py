@@ -1,4 +1,5 @@
 """Built-in policy / reward model: cache key, atomic cache, corruption recovery, loaders."""
+
 import json
 import time
 import warnings
@@ -13,10 +14,17 @@ from vapo_lit.models import builtin
 from vapo_lit.models.builtin import RewardModelConfig, SFTConfig, TinyModelConfig
 from vapo_lit.tasks import get_task
 
-TINY = dict(model_config=TinyModelConfig(hidden_size=16, num_hidden_layers=1, num_attention_heads=2,
-                                         intermediate_size=32, max_position_embeddings=64),
-            sft_config=SFTConfig(steps=3, batch_size=4, warmup_steps=1),
-            rm_config=RewardModelConfig(samples=8, steps=2, batch_size=4, warmup_steps=1))
+TINY = dict(
+    model_config=TinyModelConfig(
+        hidden_size=16,
+        num_hidden_layers=1,
+        num_attention_heads=2,
+        intermediate_size=32,
+        max_position_embeddings=64,
+    ),
+    sft_config=SFTConfig(steps=3, batch_size=4, warmup_steps=1),
+    rm_config=RewardModelConfig(samples=8, steps=2, batch_size=4, warmup_steps=1),
+)
 POLICY_OPTS = {k: v for k, v in TINY.items() if k != "rm_config"}
 
 
@@ -61,12 +69,18 @@ def test_builtin_policy_cached(task, cache_dir, monkeypatch):
 
 def test_cache_key_depends_on_config_and_seed(task):
     a = builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(), 0)
-    assert vcache.config_key(a) == vcache.config_key(builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(), 0))
-    assert vcache.config_key(a) != vcache.config_key(builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(), 1))
+    assert vcache.config_key(a) == vcache.config_key(
+        builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(), 0)
+    )
     assert vcache.config_key(a) != vcache.config_key(
-        builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(steps=7), 0))
+        builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(), 1)
+    )
     assert vcache.config_key(a) != vcache.config_key(
-        builtin.policy_build_config(get_task("chain", max_n=13), TinyModelConfig(), SFTConfig(), 0))
+        builtin.policy_build_config(task, TinyModelConfig(), SFTConfig(steps=7), 0)
+    )
+    assert vcache.config_key(a) != vcache.config_key(
+        builtin.policy_build_config(get_task("chain", max_n=13), TinyModelConfig(), SFTConfig(), 0)
+    )
 
 
 @pytest.mark.parametrize("damage", ["truncate", "no_manifest", "bad_manifest", "flip_byte", "delete_weights"])
@@ -148,8 +162,17 @@ def test_value_model_left_padding_invariant(task):
     from transformers import LlamaConfig, LlamaModel
 
     torch.manual_seed(0)
-    vm = ValueModel(LlamaModel(LlamaConfig(vocab_size=len(task.tokenizer), hidden_size=16, num_hidden_layers=1,
-                                           num_attention_heads=2, intermediate_size=32))).eval()
+    vm = ValueModel(
+        LlamaModel(
+            LlamaConfig(
+                vocab_size=len(task.tokenizer),
+                hidden_size=16,
+                num_hidden_layers=1,
+                num_attention_heads=2,
+                intermediate_size=32,
+            )
+        )
+    ).eval()
     ids = torch.tensor([[1, 4, 8, 5, 23, 15]])
     padded = torch.tensor([[0, 0, 1, 4, 8, 5, 23, 15]])
     mask = torch.tensor([[0, 0, 1, 1, 1, 1, 1, 1]])
@@ -166,15 +189,26 @@ def test_load_policy_local_dirs(task, tmp_path):
     with pytest.raises(ValueError, match="not a model directory"):
         load_policy(str(tmp_path / "empty"), task)
     tok = task.tokenizer
-    m = LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=16, num_hidden_layers=1,
-                                     num_attention_heads=2, intermediate_size=32))
+    m = LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=16,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            intermediate_size=32,
+        )
+    )
     m.save_pretrained(tmp_path / "hf")
     tok.save_pretrained(tmp_path / "hf")
     model, tok2 = load_policy(str(tmp_path / "hf"), task)
     assert not model.training and tok2.pad_token_id is not None
-    with pytest.raises(ValueError, match=r"only for the built-in tasks \(chain, longchain, toolchain\), not 'other'"):
+    with pytest.raises(
+        ValueError, match=r"only for the built-in tasks \(chain, longchain, toolchain\), not 'other'"
+    ):
+
         class Other:
             name = "other"
+
         load_policy("builtin", Other())
 
 
@@ -198,6 +232,7 @@ def test_builds_loads_and_exports_draw_no_transformers_progress_bars(task, cache
         hf_logging.enable_progress_bar()
     err = capfd.readouterr().err
     assert "Loading weights" not in err and "Writing model shards" not in err and "%|" not in err, err[-2000:]
+
 
 @pytest.mark.slow
 def test_real_default_build_meets_targets(tmp_path):
@@ -230,8 +265,17 @@ def test_real_default_build_meets_targets(tmp_path):
     assert build_s < 600
 
 
-@pytest.mark.parametrize("engine,shape,head", [("hf", "auto", 16), ("vllm", "auto", 64), ("hf", "vllm", 64),
-                                                ("cb", "vllm", 64), ("vllm", "vllm", 64), ("vllm", "default", 16)])
+@pytest.mark.parametrize(
+    "engine,shape,head",
+    [
+        ("hf", "auto", 16),
+        ("vllm", "auto", 64),
+        ("hf", "vllm", 64),
+        ("cb", "vllm", 64),
+        ("vllm", "vllm", 64),
+        ("vllm", "default", 16),
+    ],
+)
 def test_builtin_shape_picks_the_models_a_run_builds(engine, shape, head):
     """builtin_shape: auto gives the vLLM variant (one head of 64) exactly with rollout_engine=vllm;
     vllm gives it to any engine (engines compared on one model); default keeps the heads of 16 (which

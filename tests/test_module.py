@@ -2,6 +2,7 @@
 vanilla == no callbacks, callbacks record only their switches, the actor is frozen during value
 pretraining, resume reproduces the metric history, non-finite losses stop the run loudly, and
 the W&B offline run can be read back from disk."""
+
 from __future__ import annotations
 
 import csv
@@ -41,13 +42,22 @@ def read_metrics(run_dir) -> list[dict]:
 # ----------------------------------------------------------------------------- switches
 @pytest.mark.parametrize("name", COMPONENTS)
 def test_each_callback_sets_only_its_declared_switches(name):
-    values = ComponentValues(alpha=0.7, lambda_critic=0.9, eps_high=0.33, mu=0.3, samples_per_prompt=4,
-                             value_pretrain_steps=7, value_pretrain_min_ev=0.2)
+    values = ComponentValues(
+        alpha=0.7,
+        lambda_critic=0.9,
+        eps_high=0.33,
+        mu=0.3,
+        samples_per_prompt=4,
+        value_pretrain_steps=7,
+        value_pretrain_min_ev=0.2,
+    )
     (cb,) = build_callbacks([name], values)
     before = Switches()
     after = dataclasses.replace(before)
     cb.apply(after)
-    changed = {f.name for f in dataclasses.fields(Switches) if getattr(before, f.name) != getattr(after, f.name)}
+    changed = {
+        f.name for f in dataclasses.fields(Switches) if getattr(before, f.name) != getattr(after, f.name)
+    }
     assert getattr(after, name) is True
     assert name in changed and changed <= set(cb.declares), changed
     for key in cb.declares:
@@ -87,8 +97,15 @@ def test_all_switches_off_is_vanilla_ppo(tmp_path):
     cfg = smoke_cfg(tmp_path, components=[], steps=1, eval_every=0)
     probe_a = FirstUpdate()
     module = tiny_factory(cfg)
-    trainer = L.Trainer(accelerator="cpu", max_epochs=-1, logger=False, callbacks=[probe_a],
-                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False)
+    trainer = L.Trainer(
+        accelerator="cpu",
+        max_epochs=-1,
+        logger=False,
+        callbacks=[probe_a],
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+    )
     trainer.fit(module)
     assert module.switches == Switches() and module.components == []  # nothing switched on, no hooks
 
@@ -97,7 +114,9 @@ def test_all_switches_off_is_vanilla_ppo(tmp_path):
     from vapo_lit.cli.train import build_parser
 
     explicit = config_from_args(build_parser().parse_args(["--preset", "smoke", "--only", "none"]))
-    explicit = merge(explicit, {"out_dir": str(tmp_path / "b"), "wandb": "disabled", "steps": 1, "eval_every": 0})
+    explicit = merge(
+        explicit, {"out_dir": str(tmp_path / "b"), "wandb": "disabled", "steps": 1, "eval_every": 0}
+    )
     assert explicit.components == []
     train(explicit, module_factory=tiny_factory, extra_callbacks=[probe_b])
     for key in ("loss/policy", "value/loss", "policy/entropy", "gae/lambda_policy_mean", "objective/score"):
@@ -125,14 +144,20 @@ class WeightWatch(Callback):
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx):
         phase = "value_pretrain" if pl_module.pretrain.active else "ppo"
-        self.snapshots.append((phase, {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
-                               {k: v.clone() for k, v in pl_module.critic.state_dict().items()}))
+        self.snapshots.append(
+            (
+                phase,
+                {k: v.clone() for k, v in pl_module.actor.state_dict().items()},
+                {k: v.clone() for k, v in pl_module.critic.state_dict().items()},
+            )
+        )
 
 
 def test_value_pretraining_freezes_the_actor(tmp_path):
     watch = WeightWatch()
-    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0,
-                    vapo={"value_pretrain_steps": 3})
+    cfg = smoke_cfg(
+        tmp_path, components=["value_pretraining"], steps=1, eval_every=0, vapo={"value_pretrain_steps": 3}
+    )
     train(cfg, module_factory=tiny_factory, extra_callbacks=[watch])
     phases = [p for p, _, _ in watch.snapshots]
     assert phases == ["value_pretrain"] * 3 + ["ppo"]
@@ -146,8 +171,14 @@ def test_value_pretraining_freezes_the_actor(tmp_path):
 
 
 def test_pretrained_critic_is_cached_and_reused(tmp_path):
-    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0,
-                    vapo={"value_pretrain_steps": 2}, name="first")
+    cfg = smoke_cfg(
+        tmp_path,
+        components=["value_pretraining"],
+        steps=1,
+        eval_every=0,
+        vapo={"value_pretrain_steps": 2},
+        name="first",
+    )
     train(cfg, module_factory=tiny_factory)
     watch = WeightWatch()
     second = merge(cfg, {"name": "second"})
@@ -170,8 +201,10 @@ def test_pretrained_critic_is_cached_and_reused(tmp_path):
     # random model's batches all score 0), logged alike by the run that loaded the cached critic
     evs = [float(r["value/explained_variance"]) for r in rows_a if r.get("train/value_pretraining") == "1.0"]
     finite = [x for x in evs if x == x]
-    logged = [[float(r["value_pretrain/ev_end"]) for r in rows if r.get("value_pretrain/ev_end")]
-              for rows in (rows_a, rows_b)]
+    logged = [
+        [float(r["value_pretrain/ev_end"]) for r in rows if r.get("value_pretrain/ev_end")]
+        for rows in (rows_a, rows_b)
+    ]
     assert logged[0] == logged[1] == ([pytest.approx(statistics.median(finite))] if finite else [])
     assert float(rows_b[-1]["perf/cumulative_seconds"]) > sum(phase) + float(rows_b[-1]["perf/total_seconds"])
 
@@ -195,11 +228,21 @@ def test_value_pretraining_trains_the_critic_at_its_own_rate_and_passes(tmp_path
     """value_pretrain_critic_lr / _epochs apply while the phase runs; PPO then uses ppo.critic_lr and
     ppo.critic_epochs (smoke: 16 responses per step, critic mini-batch 8: 2 steps per pass)."""
     watch = CriticSteps()
-    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=2, eval_every=0,
-                    ppo={"critic_lr": 1e-4, "critic_epochs": 1},
-                    vapo={"value_pretrain_steps": 2, "value_pretrain_critic_lr": 1e-3, "value_pretrain_critic_epochs": 3})
+    cfg = smoke_cfg(
+        tmp_path,
+        components=["value_pretraining"],
+        steps=2,
+        eval_every=0,
+        ppo={"critic_lr": 1e-4, "critic_epochs": 1},
+        vapo={"value_pretrain_steps": 2, "value_pretrain_critic_lr": 1e-3, "value_pretrain_critic_epochs": 3},
+    )
     train(cfg, module_factory=tiny_factory, extra_callbacks=[watch])
-    assert watch.rows == [("value_pretrain", 1e-3, 6), ("value_pretrain", 1e-3, 6), ("ppo", 1e-4, 2), ("ppo", 1e-4, 2)]
+    assert watch.rows == [
+        ("value_pretrain", 1e-3, 6),
+        ("value_pretrain", 1e-3, 6),
+        ("ppo", 1e-4, 2),
+        ("ppo", 1e-4, 2),
+    ]
     rows = read_metrics(next((tmp_path / "runs").iterdir()))
     assert [float(r["train/critic_lr"]) for r in rows[1:]] == [1e-3, 1e-3, 1e-4, 1e-4]
 
@@ -208,12 +251,25 @@ def test_a_critic_pretrained_at_the_same_rate_is_reused_whichever_setting_named_
     """The cache key holds the phase's effective learning rate and passes: a critic pretrained with
     ppo.critic_lr 1e-3 x 3 passes is the one a run asking for value_pretrain_critic_lr 1e-3 x 3 (and
     another PPO critic) gets, and the PPO iteration after it runs at the PPO rate."""
-    first = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0, name="first",
-                      ppo={"critic_lr": 1e-3, "critic_epochs": 3}, vapo={"value_pretrain_steps": 2})
+    first = smoke_cfg(
+        tmp_path,
+        components=["value_pretraining"],
+        steps=1,
+        eval_every=0,
+        name="first",
+        ppo={"critic_lr": 1e-3, "critic_epochs": 3},
+        vapo={"value_pretrain_steps": 2},
+    )
     train(first, module_factory=tiny_factory)
     watch = CriticSteps()
-    second = merge(first, {"name": "second", "ppo": {"critic_lr": 1e-4, "critic_epochs": 1},
-                           "vapo": {"value_pretrain_critic_lr": 1e-3, "value_pretrain_critic_epochs": 3}})
+    second = merge(
+        first,
+        {
+            "name": "second",
+            "ppo": {"critic_lr": 1e-4, "critic_epochs": 1},
+            "vapo": {"value_pretrain_critic_lr": 1e-3, "value_pretrain_critic_epochs": 3},
+        },
+    )
     train(second, module_factory=tiny_factory, extra_callbacks=[watch])
     assert watch.rows == [("ppo", 1e-4, 2)]  # loaded from the cache: no pretraining iteration
     rows_a, rows_b = read_metrics(tmp_path / "runs" / "first"), read_metrics(tmp_path / "runs" / "second")
@@ -224,12 +280,24 @@ def test_a_critic_pretrained_at_the_same_rate_is_reused_whichever_setting_named_
     assert [p for p, _, _ in watch.rows] == ["value_pretrain", "value_pretrain", "ppo"]  # another critic
 
 
-@pytest.mark.parametrize("delta", [
-    {"vapo": {"value_pretrain_critic_lr": 1e-3}}, {"vapo": {"value_pretrain_critic_epochs": 2}},
-    {"ppo": {"gamma": 0.9}}, {"truncation": "bootstrap"}, {"ppo": {"temperature": 0.7}}, {"ppo": {"top_p": 0.9}},
-    {"ppo": {"critic_lr": 3e-4}}, {"ppo": {"value_clip": 0.2}}, {"ppo": {"responses_per_step": 32}}, {"seed": 1},
-    {"task_options": {"max_n": 10}}, {"model": "other"}, {"critic_init": "actor"},
-])
+@pytest.mark.parametrize(
+    "delta",
+    [
+        {"vapo": {"value_pretrain_critic_lr": 1e-3}},
+        {"vapo": {"value_pretrain_critic_epochs": 2}},
+        {"ppo": {"gamma": 0.9}},
+        {"truncation": "bootstrap"},
+        {"ppo": {"temperature": 0.7}},
+        {"ppo": {"top_p": 0.9}},
+        {"ppo": {"critic_lr": 3e-4}},
+        {"ppo": {"value_clip": 0.2}},
+        {"ppo": {"responses_per_step": 32}},
+        {"seed": 1},
+        {"task_options": {"max_n": 10}},
+        {"model": "other"},
+        {"critic_init": "actor"},
+    ],
+)
 def test_the_pretrained_critic_cache_key_changes_with_what_changes_its_training(tmp_path, delta):
     """A setting that changes the Monte-Carlo returns the critic is pretrained on (the discount,
     bootstrapping truncated responses, the sampled responses), or how it learns them, gives another
@@ -237,7 +305,9 @@ def test_the_pretrained_critic_cache_key_changes_with_what_changes_its_training(
     from vapo_lit import pretrain
 
     def entry(cfg):
-        key = pretrain.cache_key(cfg, steps=2, min_ev=None, samples_per_prompt=4, max_new_tokens=20, task_version="1")
+        key = pretrain.cache_key(
+            cfg, steps=2, min_ev=None, samples_per_prompt=4, max_new_tokens=20, task_version="1"
+        )
         return pretrain.entry_dir(key, tmp_path)
 
     base = smoke_cfg(tmp_path, components=["value_pretraining"])
@@ -248,16 +318,34 @@ def test_the_pretrained_critic_cache_key_ignores_what_cannot_change_it(tmp_path)
     from vapo_lit import pretrain
 
     def entry(cfg, **kw):
-        key = pretrain.cache_key(cfg, **{"steps": 2, "min_ev": None, "samples_per_prompt": 4, "max_new_tokens": 20,
-                                         "task_version": "1", **kw})
+        key = pretrain.cache_key(
+            cfg,
+            **{
+                "steps": 2,
+                "min_ev": None,
+                "samples_per_prompt": 4,
+                "max_new_tokens": 20,
+                "task_version": "1",
+                **kw,
+            },
+        )
         return pretrain.entry_dir(key, tmp_path)
 
     base = smoke_cfg(tmp_path, components=["value_pretraining"])
-    for delta in ({"name": "x", "out_dir": "/elsewhere", "wandb": "offline"}, {"steps": 99, "eval_every": 7},
-                  {"ppo": {"actor_lr": 0.5, "lam": 0.5, "eps": 0.3}},
-                  {"components": ["value_pretraining", "clip_higher"]}):
+    for delta in (
+        {"name": "x", "out_dir": "/elsewhere", "wandb": "offline"},
+        {"steps": 99, "eval_every": 7},
+        {"ppo": {"actor_lr": 0.5, "lam": 0.5, "eps": 0.3}},
+        {"components": ["value_pretraining", "clip_higher"]},
+    ):
         assert entry(merge(base, delta)) == entry(base), delta
-    for kw in ({"steps": 3}, {"min_ev": 0.5}, {"samples_per_prompt": 8}, {"max_new_tokens": 21}, {"task_version": "2"}):
+    for kw in (
+        {"steps": 3},
+        {"min_ev": 0.5},
+        {"samples_per_prompt": 8},
+        {"max_new_tokens": 21},
+        {"task_version": "2"},
+    ):
         assert entry(base, **kw) != entry(base), kw
 
 
@@ -275,8 +363,10 @@ def _comparable(rows):
     return [{k: v for k, v in r.items() if not k.startswith("perf/")} for r in rows]
 
 
-@pytest.mark.parametrize("crash_at,every,pretrain_steps,own_rate", [(5, 2, 1, False), (1, 1, 1, False),
-                                                                    (2, 1, 3, False), (2, 1, 3, True)])
+@pytest.mark.parametrize(
+    "crash_at,every,pretrain_steps,own_rate",
+    [(5, 2, 1, False), (1, 1, 1, False), (2, 1, 3, False), (2, 1, 3, True)],
+)
 def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_steps, own_rate):
     """(1, 1, 1): killed right after the checkpoint that ends value pretraining, whose value_pretrain/*
     metrics are logged with the next row (they must survive the restart). (2, 1, 3): killed in the
@@ -285,23 +375,35 @@ def test_resume_reproduces_metric_history(tmp_path, crash_at, every, pretrain_st
     Exact equality holds on any CPU: both runs are in this process, on the same kernels (it passes
     under ATEN_CPU_CAPABILITY=default, avx2 and avx512)."""
     own = {"value_pretrain_critic_lr": 5e-4, "value_pretrain_critic_epochs": 2} if own_rate else {}
-    base = dict(components=list(COMPONENTS), steps=5 - pretrain_steps + 1, eval_every=2, checkpoint_every=every,
-                vapo={"value_pretrain_steps": pretrain_steps, **own})
+    base = dict(
+        components=list(COMPONENTS),
+        steps=5 - pretrain_steps + 1,
+        eval_every=2,
+        checkpoint_every=every,
+        vapo={"value_pretrain_steps": pretrain_steps, **own},
+    )
     full = smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base)
     train(full, module_factory=tiny_factory)
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
     with pytest.raises(BaseException):
         train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(crash_at)])
     partial = read_metrics(tmp_path / "runs" / "broken")
-    assert len(partial) == crash_at + 1  # step 0 (base eval) and iterations 1..crash_at (1 = value pretraining)
+    assert (
+        len(partial) == crash_at + 1
+    )  # step 0 (base eval) and iterations 1..crash_at (1 = value pretraining)
     train(broken, resume=True, module_factory=tiny_factory)
-    full_rows, resumed_rows = read_metrics(tmp_path / "runs" / "full"), read_metrics(tmp_path / "runs" / "broken")
+    full_rows, resumed_rows = (
+        read_metrics(tmp_path / "runs" / "full"),
+        read_metrics(tmp_path / "runs" / "broken"),
+    )
     a, b = _comparable(full_rows), _comparable(resumed_rows)
     assert [r["step"] for r in b] == [r["step"] for r in a]
     assert a == b
     # the cost counters carry on across the restart (the compute-matched columns of the report):
     # the same responses, so exactly the same cumulative token count; wall time never restarts at 0
-    assert [r["perf/cumulative_tokens"] for r in resumed_rows] == [r["perf/cumulative_tokens"] for r in full_rows]
+    assert [r["perf/cumulative_tokens"] for r in resumed_rows] == [
+        r["perf/cumulative_tokens"] for r in full_rows
+    ]
     seconds = [float(r["perf/cumulative_seconds"]) for r in resumed_rows]
     assert seconds == sorted(seconds) and seconds[0] > 0
 
@@ -326,13 +428,30 @@ def test_nan_loss_stops_with_step_tensor_and_checkpoint(tmp_path):
 def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
     monkeypatch.setenv("WANDB_MODE", "offline")
     monkeypatch.delenv("WANDB_API_KEY", raising=False)
-    cfg = smoke_cfg(tmp_path, wandb="auto", steps=2, eval_every=1, wandb_group="grid-x",
-                    components=[c for c in COMPONENTS if c != "clip_higher"], vapo={"value_pretrain_steps": 1})
+    cfg = smoke_cfg(
+        tmp_path,
+        wandb="auto",
+        steps=2,
+        eval_every=1,
+        wandb_group="grid-x",
+        components=[c for c in COMPONENTS if c != "clip_higher"],
+        vapo={"value_pretrain_steps": 1},
+    )
     summary = train(cfg, module_factory=tiny_factory)
     run_dir = summary["run_dir"]
     card = json.loads(open(f"{run_dir}/run_card.json").read())
-    for item in ("value_initialisation_and_warmup", "update_frequencies", "lambdas", "masks", "token_denominator",
-                 "packed_batch_semantics", "positive_samples", "rollout_budget", "sampling", "verifier"):
+    for item in (
+        "value_initialisation_and_warmup",
+        "update_frequencies",
+        "lambdas",
+        "masks",
+        "token_denominator",
+        "packed_batch_semantics",
+        "positive_samples",
+        "rollout_budget",
+        "sampling",
+        "verifier",
+    ):
         assert item in card, item
     assert card["components_off"] == ["clip_higher"] and card["wandb"]["mode"] == "offline"
     assert card["wandb"]["group"] == "grid-x"
@@ -348,19 +467,31 @@ def test_run_card_and_wandb_offline_run_on_disk(tmp_path, monkeypatch):
     assert run["run"].run_group == "grid-x" and run["run"].job_type == "vapo-no-clip_higher"
     assert "no-clip_higher" in list(run["run"].tags)
     logged = {k for h in history for k in h}
-    assert {"objective/score", "value/explained_variance", "policy/entropy", "rollout/response_length",
-            "eval/avg@2"} <= logged
+    assert {
+        "objective/score",
+        "value/explained_variance",
+        "policy/entropy",
+        "rollout/response_length",
+        "eval/avg@2",
+    } <= logged
     logged_card = config["run_card"].get("value", config["run_card"])
     assert logged_card["config"]["components"] == cfg.components  # the full config is in the W&B config
     assert logged_card["lambdas"] == card["lambdas"]
     csv_rows = read_metrics(run_dir)
-    assert len(csv_rows) == 4 and math.isclose(float(csv_rows[-1]["objective/score"]),
-                                               [h for h in history if "objective/score" in h][-1]["objective/score"])
+    assert len(csv_rows) == 4 and math.isclose(
+        float(csv_rows[-1]["objective/score"]),
+        [h for h in history if "objective/score" in h][-1]["objective/score"],
+    )
 
 
 def test_critic_free_grpo_baseline(tmp_path):
-    cfg = smoke_cfg(tmp_path, advantage_estimator="grpo", steps=2, eval_every=0,
-                    components=["token_level_loss", "clip_higher", "group_sampling"])
+    cfg = smoke_cfg(
+        tmp_path,
+        advantage_estimator="grpo",
+        steps=2,
+        eval_every=0,
+        components=["token_level_loss", "clip_higher", "group_sampling"],
+    )
     summary = train(cfg, module_factory=tiny_factory)
     rows = read_metrics(summary["run_dir"])
     assert len(rows) == 3 and not any(k.startswith("value/") for k in rows[-1] if rows[-1][k])
@@ -368,7 +499,10 @@ def test_critic_free_grpo_baseline(tmp_path):
     with pytest.raises(ValueError, match="grpo is critic-free: value_pretraining"):
         train(smoke_cfg(tmp_path, advantage_estimator="grpo"), module_factory=tiny_factory)
     with pytest.raises(ValueError, match="needs group_sampling"):
-        train(smoke_cfg(tmp_path, advantage_estimator="grpo", components=["clip_higher"]), module_factory=tiny_factory)
+        train(
+            smoke_cfg(tmp_path, advantage_estimator="grpo", components=["clip_higher"]),
+            module_factory=tiny_factory,
+        )
 
 
 def test_perf_metrics_add_up(tmp_path):
@@ -387,7 +521,11 @@ def test_perf_metrics_add_up(tmp_path):
     for r in it:
         f = {k[5:]: float(v) for k, v in r.items() if k.startswith("perf/") and v}
         parts = ("rollout", "values", "advantages", "critic_update", "actor_update")
-        assert all(f[f"{p}_seconds"] >= 0 for p in parts) and f["rollout_seconds"] > 0 and f["update_seconds"] > 0
+        assert (
+            all(f[f"{p}_seconds"] >= 0 for p in parts)
+            and f["rollout_seconds"] > 0
+            and f["update_seconds"] > 0
+        )
         assert f["critic_update_seconds"] > 0 and f["values_seconds"] > 0
         # no actor update while the critic is pretrained (row 0): only the clock's own cost
         assert (f["actor_update_seconds"] > 0.05 * f["critic_update_seconds"]) == (r is not it[0])
@@ -416,8 +554,14 @@ def test_where_value_pretraining_ended_travels_through_the_cache(tmp_path, monke
         original(self, *recorded[-1])
 
     monkeypatch.setattr(pre.PretrainPhase, "record", record)
-    cfg = smoke_cfg(tmp_path, components=["value_pretraining"], steps=1, eval_every=0, name="first",
-                    vapo={"value_pretrain_steps": 3})
+    cfg = smoke_cfg(
+        tmp_path,
+        components=["value_pretraining"],
+        steps=1,
+        eval_every=0,
+        name="first",
+        vapo={"value_pretrain_steps": 3},
+    )
     train(cfg, module_factory=tiny_factory)
     train(merge(cfg, {"name": "second"}), module_factory=tiny_factory)
     assert len(recorded) == 3  # the second run pretrained nothing
@@ -426,7 +570,9 @@ def test_where_value_pretraining_ended_travels_through_the_cache(tmp_path, monke
     assert json.loads((entry / "pretraining.json").read_text())["end"] == pytest.approx(want)
     for name in ("first", "second"):
         rows = read_metrics(tmp_path / "runs" / name)
-        logged = {k: float(r[f"value_pretrain/{k}"]) for r in rows for k in want if r.get(f"value_pretrain/{k}")}
+        logged = {
+            k: float(r[f"value_pretrain/{k}"]) for r in rows for k in want if r.get(f"value_pretrain/{k}")
+        }
         assert logged == pytest.approx(want), name
 
 
@@ -448,7 +594,9 @@ def test_the_phase_keeps_where_it_ended_for_a_cached_load():
     plain = PretrainPhase()
     plain.record(0.3)
     assert plain.end_stats() == {"ev_end": 0.3}
-    assert PretrainPhase(end=end, from_cache="x").log()["value_pretrain/ev_oracle_end"] == end["ev_oracle_end"]
+    assert (
+        PretrainPhase(end=end, from_cache="x").log()["value_pretrain/ev_oracle_end"] == end["ev_oracle_end"]
+    )
     assert ph.cost()["end"] == end
     # a checkpoint from before the true-value columns: their earlier iterations count as NaN, and
     # nothing this object held (a cached phase's end) survives the load
@@ -456,5 +604,8 @@ def test_the_phase_keeps_where_it_ended_for_a_cached_load():
     old.load_state_dict({"active": True, "steps_done": 12, "recent_ev": [0.01 * i for i in range(12)]})
     assert old.end == {} and old.from_cache is None and len(old.recent_oracle) == 12
     old.record(0.5, 0.4, 0.6)
-    assert old.end_stats() == {"ev_end": pytest.approx(statistics.median([0.01 * i for i in range(3, 12)] + [0.5])),
-                               "ev_oracle_end": 0.4, "ceiling_end": 0.6}
+    assert old.end_stats() == {
+        "ev_end": pytest.approx(statistics.median([0.01 * i for i in range(3, 12)] + [0.5])),
+        "ev_oracle_end": 0.4,
+        "ceiling_end": 0.6,
+    }

@@ -5,6 +5,7 @@ A scripted stand-in for the policy (`Scripted`) writes exactly the action tokens
 so each test knows the episode it must get; the real tiny Llama checks what needs real numerics
 (the static-cache loop against transformers' forward, behaviour log-probs against the training
 forward, batch independence)."""
+
 from __future__ import annotations
 
 
@@ -16,8 +17,15 @@ from vapo_lit import passes
 from vapo_lit.build import random_tiny_policy
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.engines.episodes import generate_episodes
-from vapo_lit.experience import (AdvantageSettings, Experience, action_lengths, fill_advantages, fill_values, score,
-                                 turn_index)
+from vapo_lit.experience import (
+    AdvantageSettings,
+    Experience,
+    action_lengths,
+    fill_advantages,
+    fill_values,
+    score,
+    turn_index,
+)
 from vapo_lit.tasks import get_task
 from vapo_lit.tasks.base import Problem
 from vapo_lit.tasks.env import EnvStep, Tool
@@ -40,15 +48,18 @@ def test_a_tool_call_gets_the_tool_answer(task, problem):
     assert step.observation == f"= {addend('519', 3)}" and not step.done
 
 
-@pytest.mark.parametrize("turn, expect", [
-    ("3: 1 ?", "error malformed call"),          # no 'call'
-    ("call ?", "error malformed call"),          # no tool name
-    ("call key 3: ?", "error unknown tool"),     # a word that is no tool
-    ("call from ?", "error unknown tool"),
-    ("call look ?", "error bad args"),           # the tool refuses its arguments
-    ("call look 9: ?", "error bad args"),        # a step outside the chain
-    ("call look 2: 1: ?", "error bad args"),
-])
+@pytest.mark.parametrize(
+    "turn, expect",
+    [
+        ("3: 1 ?", "error malformed call"),  # no 'call'
+        ("call ?", "error malformed call"),  # no tool name
+        ("call key 3: ?", "error unknown tool"),  # a word that is no tool
+        ("call from ?", "error unknown tool"),
+        ("call look ?", "error bad args"),  # the tool refuses its arguments
+        ("call look 9: ?", "error bad args"),  # a step outside the chain
+        ("call look 2: 1: ?", "error bad args"),
+    ],
+)
 def test_a_bad_call_is_an_observation_never_an_exception(task, problem, turn, expect):
     step = task.respond(problem, turn, turn, turns_done=1, final=False)
     assert step.observation == expect and not step.done and step.reward is None
@@ -61,8 +72,10 @@ def test_a_tool_that_raises_is_an_observation(task, problem):
             self.tools = {**self.tools, "boom": Tool("boom", lambda p, a: 1 / 0)}
 
     env = Broken()
-    assert env.respond(problem, "call boom ?", "call boom ?", turns_done=1, final=False).observation == \
-        "error tool failed"
+    assert (
+        env.respond(problem, "call boom ?", "call boom ?", turns_done=1, final=False).observation
+        == "error tool failed"
+    )
 
 
 def test_the_turn_limit_ends_the_episode_with_reward_zero(task, problem):
@@ -139,8 +152,15 @@ class Scripted(torch.nn.Module):
             out[i, :, s[min(self.pos[i], len(s) - 1)]] = 30.0
         return out
 
-    def forward(self, input_ids, attention_mask=None, position_ids=None, use_cache=True, logits_to_keep=None,
-                past_key_values=None):
+    def forward(
+        self,
+        input_ids,
+        attention_mask=None,
+        position_ids=None,
+        use_cache=True,
+        logits_to_keep=None,
+        past_key_values=None,
+    ):
         columns = input_ids.shape[1]
         if past_key_values is not None:  # a decode step: the tokens fed back (an action and its observation)
             fed = attention_mask[:, -columns:].bool()
@@ -155,8 +175,15 @@ class Scripted(torch.nn.Module):
 
 def run_script(task, problems, scripts, max_new_tokens=None):
     model = Scripted(task.tokenizer, scripts)
-    return generate_episodes(model, task.tokenizer, task, [p.prompt for p in problems], temperature=0.0,
-                             max_new_tokens=max_new_tokens or task.max_new_tokens, seeds=0)
+    return generate_episodes(
+        model,
+        task.tokenizer,
+        task,
+        [p.prompt for p in problems],
+        temperature=0.0,
+        max_new_tokens=max_new_tokens or task.max_new_tokens,
+        seeds=0,
+    )
 
 
 def words_and_masks(task, ro, i):
@@ -222,7 +249,9 @@ def test_the_token_budget_can_cut_inside_an_observation(task, problem):
 
 def test_rows_end_independently(task):
     probs = [task.make_problem(4, 3, "519"), task.make_problem(1, 2, "000")]
-    ro = run_script(task, probs, ["3: 1 2: 1 1: 1 => 1", " ".join(t for t, a in task.solution_spans(probs[1]) if a)])
+    ro = run_script(
+        task, probs, ["3: 1 2: 1 1: 1 => 1", " ".join(t for t, a in task.solution_spans(probs[1]) if a)]
+    )
     assert ro.texts[1] == task.solution(probs[1]) and ro.texts[0] == "3: 1 2: 1 1: 1 => 1"
     assert int(ro.turns[0]) == 1 and int(ro.turns[1]) == 3
 
@@ -250,8 +279,9 @@ def test_an_episode_depends_only_on_its_own_prompt_and_seed(task, tiny):
     seeds = [11, 12, 13, 14, 15, 16]
     full = generate_episodes(model, tok, task, prompts, max_new_tokens=task.max_new_tokens, seeds=seeds)
     for i in (0, 3, 5):
-        one = generate_episodes(model, tok, task, prompts[i:i + 1], max_new_tokens=task.max_new_tokens,
-                                seeds=seeds[i:i + 1])
+        one = generate_episodes(
+            model, tok, task, prompts[i : i + 1], max_new_tokens=task.max_new_tokens, seeds=seeds[i : i + 1]
+        )
         n = int(one.lengths[0])
         assert int(full.lengths[i]) == n and torch.equal(full.response_ids[i, :n], one.response_ids[0, :n])
         assert full.texts[i] == one.texts[0]
@@ -260,10 +290,11 @@ def test_an_episode_depends_only_on_its_own_prompt_and_seed(task, tiny):
 def test_behaviour_logprobs_equal_the_training_forward_on_action_tokens(task, tiny):
     model, tok = tiny
     probs = task.train_problems(10, 3)
-    ro = make_engine("hf", model, tok, task=task).generate([p.prompt for p in probs],
-                                                           SamplingParams(max_new_tokens=task.max_new_tokens), 5)
+    ro = make_engine("hf", model, tok, task=task).generate(
+        [p.prompt for p in probs], SamplingParams(max_new_tokens=task.max_new_tokens), 5
+    )
     exp = Experience.from_rollout(ro, probs)
-    lp = passes.sequence_logprobs(model, exp.input_ids, exp.attention_mask)[:, exp.prompt_width - 1:]
+    lp = passes.sequence_logprobs(model, exp.input_ids, exp.attention_mask)[:, exp.prompt_width - 1 :]
     assert float(((lp.detach() - exp.behaviour_logprobs) * exp.mask).abs().max()) < 1e-4
     assert (exp.behaviour_logprobs[exp.obs_mask > 0] == 0).all()
 
@@ -296,7 +327,7 @@ def test_experience_masks_and_counts(task, problem):
     n_obs = sum(len(t.split()) for t, a in spans if not a)
     assert int(exp.obs_mask.sum()) == n_obs and int(exp.lengths[0]) == int(exp.mask.sum()) + n_obs
     assert int(action_lengths(exp)[0]) == int(exp.mask.sum())
-    assert torch.equal(exp.attention_mask[:, exp.prompt_width:], (exp.mask + exp.obs_mask).long())
+    assert torch.equal(exp.attention_mask[:, exp.prompt_width :], (exp.mask + exp.obs_mask).long())
     last = int((exp.mask[0] > 0).nonzero().max())
     assert exp.rewards[0, last] == 1.0
     assert turn_index(exp)[0, last] == 3
@@ -337,8 +368,12 @@ def test_the_configured_observation_setting_reaches_the_runs_advantages(tmp_path
     exp = run.probe.iterations[0].exp
     assert exp.obs_mask is not None and exp.obs_mask.sum() > 0 and exp.lam_policy.max() < 1
     action, obs = exp.mask.double(), exp.obs_mask.double()
-    want = {m: reference(exp.rewards, exp.values, action, obs, exp.lam_policy, run.cfg.ppo.gamma, exp.bootstrap, m)
-            for m in ("skip", mode)}
+    want = {
+        m: reference(
+            exp.rewards, exp.values, action, obs, exp.lam_policy, run.cfg.ppo.gamma, exp.bootstrap, m
+        )
+        for m in ("skip", mode)
+    }
     torch.testing.assert_close(exp.returns.double(), want[mode][1], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(want["skip"][1], want[mode][1], rtol=1e-5, atol=1e-5)
     adv = whiten(want[mode][0], exp.mask) if run.cfg.ppo.whiten_advantages else want[mode][0]
@@ -355,18 +390,35 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
     from vapo_lit.config import RunConfig, merge
     from vapo_lit.presets import PRESETS
 
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "task": "toolchain", "task_options": {"max_n": 3}, "model": "random", "wandb": "disabled",
-        "out_dir": str(tmp_path), "components": ["token_level_loss", "clip_higher", "positive_lm_loss",
-                                                 "group_sampling", "kl_penalty"]})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "task": "toolchain",
+            "task_options": {"max_n": 3},
+            "model": "random",
+            "wandb": "disabled",
+            "out_dir": str(tmp_path),
+            "components": [
+                "token_level_loss",
+                "clip_higher",
+                "positive_lm_loss",
+                "group_sampling",
+                "kl_penalty",
+            ],
+        },
+    )
     module = build_module(cfg)
-    for cb in build_callbacks([c for c in cfg.components if c != "kl_penalty"], cfg.vapo):  # their setup's part
+    for cb in build_callbacks(
+        [c for c in cfg.components if c != "kl_penalty"], cfg.vapo
+    ):  # their setup's part
         cb.attach(module)
     torch.manual_seed(0)
     probs = module.task.train_problems(4, 0)
     exp = module.rollout(probs)
     assert exp.obs_mask is not None and exp.obs_mask.sum() > 0
-    verdicts = [v.__class__(float(i % 2)) for i, v in enumerate(module.task.verify_batch(exp.problems, exp.texts))]
+    verdicts = [
+        v.__class__(float(i % 2)) for i, v in enumerate(module.task.verify_batch(exp.problems, exp.texts))
+    ]
     score(exp, verdicts)  # half the episodes "correct", so the positive NLL has tokens
     fill_values(exp, module.critic)
     fill_advantages(exp, module.advantage_settings(pretraining=False))
@@ -399,13 +451,15 @@ def test_observation_tokens_never_receive_gradient(tmp_path):
     module.data_parallel.wrappers = {Role.ACTOR: scorer}
     mb = exp.select(torch.arange(exp.n), trim=True)
     tokens = exp.mask.sum()
-    loss, _ = module.actor_loss(mb, den=tokens, pos_den=(exp.mask * exp.positive[:, None]).sum(), tokens=tokens)
+    loss, _ = module.actor_loss(
+        mb, den=tokens, pos_den=(exp.mask * exp.positive[:, None]).sum(), tokens=tokens
+    )
     loss.backward()
     grad = captured["logp"].grad
-    obs = mb.obs_mask[:, :grad.shape[1]] > 0
+    obs = mb.obs_mask[:, : grad.shape[1]] > 0
     assert obs.any()
     assert (grad[obs] == 0).all(), grad[obs]
-    assert (grad[mb.mask[:, :grad.shape[1]] > 0] != 0).float().mean() > 0.5
+    assert (grad[mb.mask[:, : grad.shape[1]] > 0] != 0).float().mean() > 0.5
 
 
 # ----------------------------------------------------------------------------- the docs' worked example
@@ -418,7 +472,7 @@ def test_the_docs_worked_example_runs_as_written():
 
     text = (Path(__file__).resolve().parents[1] / "docs" / "guides" / "multi-turn.md").read_text()
     start = text.index("```python\n# mytasks.py") + len("```python\n")
-    code = text[start:text.index("```", start)]
+    code = text[start : text.index("```", start)]
     before = dict(TASKS)
     scope: dict = {}
     try:
@@ -446,9 +500,13 @@ def test_preflight_takes_toolchain_with_the_builtin_model_and_refuses_cb(tmp_pat
     preflight(base)
     with pytest.raises(ValueError, match="multi-turn .* runs on rollout_engine=hf or vllm, not 'cb'"):
         preflight(merge(base, {"rollout_engine": "cb"}))
-    with pytest.raises(ValueError, match="observations=.carry. is not valid; choose one of: skip, step, zero"):
+    with pytest.raises(
+        ValueError, match="observations=.carry. is not valid; choose one of: skip, step, zero"
+    ):
         preflight(merge(base, {"observations": "carry"}))
-    with pytest.raises(ValueError, match=r"exists only for the built-in tasks \(chain, longchain, toolchain\), not 'math'"):
+    with pytest.raises(
+        ValueError, match=r"exists only for the built-in tasks \(chain, longchain, toolchain\), not 'math'"
+    ):
         preflight(merge(base, {"task": "math", "task_options": {}}))
 
 
@@ -462,8 +520,9 @@ def fused_tokenizer(words: list[str]):
     specials = ["<pad>", "<bos>", "<eos>", "<unk>"]
     tk = Tokenizer(models.WordLevel({w: i for i, w in enumerate(specials + words)}, unk_token="<unk>"))
     tk.pre_tokenizer, tk.decoder = pre_tokenizers.WhitespaceSplit(), decoders.Fuse()
-    return PreTrainedTokenizerFast(tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>",
-                                   unk_token="<unk>")
+    return PreTrainedTokenizerFast(
+        tokenizer_object=tk, pad_token="<pad>", bos_token="<bos>", eos_token="<eos>", unk_token="<unk>"
+    )
 
 
 class Recorder:
@@ -492,12 +551,18 @@ def test_a_stop_string_ends_the_turn_however_it_is_tokenized():
     tok = env.tokenizer
     stops = StopStrings(tok, env.stop_sequences)
     ids = lambda words: tok.convert_tokens_to_ids(words.split())  # noqa: E731
-    assert [stops.completed(ids(w)) for w in ("a </call>", "a </ call>", "a get</call>x", "a </", "</call> a")] \
-        == [True, True, True, False, False]
+    assert [
+        stops.completed(ids(w)) for w in ("a </call>", "a </ call>", "a get</call>x", "a </", "</call> a")
+    ] == [True, True, True, False, False]
     prompts = ["a", "b", "c", "a b"]
     scripts = ["a </call> b", "a </ call> b", "a get</call>x b", "a b c"]
     ro = run_script(env, [env.problem_from_prompt(p) for p in prompts], scripts, max_new_tokens=12)
-    assert env.turns == {"a": ["a</call>", "b"], "b": ["a</call>", "b"], "c": ["aget</call>", "b"], "a b": ["abc"]}
+    assert env.turns == {
+        "a": ["a</call>", "b"],
+        "b": ["a</call>", "b"],
+        "c": ["aget</call>", "b"],
+        "a b": ["abc"],
+    }
     assert ro.texts == ["a</call>=b", "a</call>=b", "aget</call>x=b", "abc"]
     assert ro.turns.tolist() == [2, 2, 2, 1]
     with pytest.raises(ValueError, match="stop sequences must be non-empty strings"):

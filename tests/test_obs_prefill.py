@@ -2,6 +2,7 @@
 and the whole observation it brought back as one block gives the same episodes (tokens, action
 masks, behaviour log-probs) as feeding the observation one token per step, on the static-cache path
 and on transformers' forward, and the static decoder's block step equals a full forward."""
+
 from __future__ import annotations
 
 import pytest
@@ -14,7 +15,11 @@ from vapo_lit.tasks.base import Problem, Verdict
 from vapo_lit.tasks.chain import build_tokenizer
 from vapo_lit.tasks.env import EnvStep, Environment
 
-WORDS = ["<pad>", "<bos>", "<eos>", "<unk>", "task", "?"] + [f"w{i}" for i in range(20)] + [str(d) for d in range(10)]
+WORDS = (
+    ["<pad>", "<bos>", "<eos>", "<unk>", "task", "?"]
+    + [f"w{i}" for i in range(20)]
+    + [str(d) for d in range(10)]
+)
 
 
 class VariedReplies(Environment):
@@ -44,8 +49,10 @@ class VariedReplies(Environment):
         return Problem(prompt, "0", {})
 
     def train_problems(self, n, seed):
-        return [Problem(" ".join(["task"] + [f"w{(seed + i + j) % 20}" for j in range(1 + i % 4)]), "0", {})
-                for i in range(n)]
+        return [
+            Problem(" ".join(["task"] + [f"w{(seed + i + j) % 20}" for j in range(1 + i % 4)]), "0", {})
+            for i in range(n)
+        ]
 
     def eval_problems(self):
         return self.train_problems(4, 0)
@@ -58,10 +65,24 @@ def random_llama(tok, dtype=torch.float64, seed=0):
     from transformers import LlamaConfig, LlamaForCausalLM
 
     torch.manual_seed(seed)
-    model = LlamaForCausalLM(LlamaConfig(
-        vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=4,
-        num_key_value_heads=2, max_position_embeddings=1024, bos_token_id=tok.bos_token_id,
-        eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).to(dtype).eval()
+    model = (
+        LlamaForCausalLM(
+            LlamaConfig(
+                vocab_size=len(tok),
+                hidden_size=32,
+                intermediate_size=64,
+                num_hidden_layers=2,
+                num_attention_heads=4,
+                num_key_value_heads=2,
+                max_position_embeddings=1024,
+                bos_token_id=tok.bos_token_id,
+                eos_token_id=tok.eos_token_id,
+                pad_token_id=tok.pad_token_id,
+            )
+        )
+        .to(dtype)
+        .eval()
+    )
     with torch.no_grad():  # flat next-token distributions: turns of a few to a few dozen tokens
         model.lm_head.weight.mul_(0.05)
     return model
@@ -75,8 +96,16 @@ def env():
 def episodes(env, model, *, fast, obs_chunk):
     prompts = [p.prompt for p in env.train_problems(8, 0)]  # different prompt lengths: left padding
     seeds = [sample_seed(7, i) for i in range(len(prompts))]
-    return generate_episodes(model, env.tokenizer, env, prompts, max_new_tokens=env.max_new_tokens, seeds=seeds,
-                             fast=fast, obs_chunk=obs_chunk)
+    return generate_episodes(
+        model,
+        env.tokenizer,
+        env,
+        prompts,
+        max_new_tokens=env.max_new_tokens,
+        seeds=seeds,
+        fast=fast,
+        obs_chunk=obs_chunk,
+    )
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["static-cache", "transformers-forward"])
@@ -105,7 +134,7 @@ def test_behaviour_logprobs_of_one_pass_episodes_equal_a_full_forward(env):
         resp = ro.response_ids[i, : int(ro.lengths[i])]
         ids = torch.cat([prompt, resp])[None]
         with torch.no_grad():
-            logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1:-1], -1)
+            logp = torch.log_softmax(model(input_ids=ids).logits[0, len(prompt) - 1 : -1], -1)
         want = logp.gather(1, resp[:, None])[:, 0] * ro.action_mask[i, : len(resp)]
         torch.testing.assert_close(ro.logprobs[i, : len(resp)], want, rtol=0, atol=1e-10)
 
@@ -121,15 +150,15 @@ def test_static_decoder_blocks_equal_a_full_forward():
     ids = torch.full((3, P), tok.pad_token_id)
     mask = torch.zeros((3, P), dtype=torch.long)
     for r, n in enumerate(lengths):
-        ids[r, P - n:] = torch.randint(6, len(tok), (n,), generator=g)
-        mask[r, P - n:] = 1
+        ids[r, P - n :] = torch.randint(6, len(tok), (n,), generator=g)
+        mask[r, P - n :] = 1
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
     plan = [[1, 1, 1], [4, 1, 2], [1, 1, 1], [1, 7, 3], [2, 2, 2], [1, 1, 1]]
     budget = max(sum(c[r] for c in plan) for r in range(3))  # 13 tokens for the longest row
     dec = StaticDecoder(model, out.past_key_values, mask, capacity=P + budget)
-    rows = [ids[r, P - n:].tolist() for r, n in enumerate(lengths)]
+    rows = [ids[r, P - n :].tolist() for r, n in enumerate(lengths)]
     next_pos = torch.tensor(lengths)
     for counts in plan:
         block = torch.randint(6, len(tok), (3, max(counts)), generator=g)

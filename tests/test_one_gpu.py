@@ -3,6 +3,7 @@
 weights at lr 1e-6, gradient checkpointing gives the same gradients, `--preset paper --model DIR`
 runs through the CLI with the default critic init, and the exported policy loads with
 `AutoModelForCausalLM.from_pretrained` and gives the trained module's log-probs."""
+
 from __future__ import annotations
 
 import copy
@@ -42,8 +43,16 @@ def test_chunked_logprob_pass_equals_the_plain_one(task, kind):
     results = []
     for chunk in (None, 3, 1):
         model.zero_grad()
-        lp, ent = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
-                                           temperature=0.7, entropy=True, chunk=chunk)
+        lp, ent = passes.response_logprobs(
+            model,
+            ro.input_ids,
+            ro.attention_mask,
+            P,
+            ro.response_ids,
+            temperature=0.7,
+            entropy=True,
+            chunk=chunk,
+        )
         (lp * ro.response_mask).sum().backward()
         results.append((lp.detach(), ent, [p.grad.clone() for p in model.parameters()]))
     assert passes.output_layer_split(model) is not None  # the chunked path was taken
@@ -55,8 +64,16 @@ def test_chunked_logprob_pass_equals_the_plain_one(task, kind):
     # without autograd (recomputed behaviour log-probs, the KL reference): the same numbers at T = 0.7
     with torch.no_grad():
         for chunk in (3, 1):
-            lp, ent = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
-                                               temperature=0.7, entropy=True, chunk=chunk)
+            lp, ent = passes.response_logprobs(
+                model,
+                ro.input_ids,
+                ro.attention_mask,
+                P,
+                ro.response_ids,
+                temperature=0.7,
+                entropy=True,
+                chunk=chunk,
+            )
             torch.testing.assert_close(lp, results[0][0], rtol=0, atol=1e-12)
             torch.testing.assert_close(ent, results[0][1], rtol=0, atol=1e-12)
 
@@ -78,8 +95,13 @@ def test_chunked_rollout_samples_the_same_responses(task):
     prompts = PROMPTS * 3
     seeds = list(range(100, 100 + len(prompts)))
     whole = generate(model, task.tokenizer, prompts, max_new_tokens=12, seeds=seeds)
-    parts = concat_rollouts([generate(model, task.tokenizer, prompts[s:s + 5], max_new_tokens=12, seeds=seeds[s:s + 5])
-                             for s in range(0, len(prompts), 5)], task.tokenizer.pad_token_id)
+    parts = concat_rollouts(
+        [
+            generate(model, task.tokenizer, prompts[s : s + 5], max_new_tokens=12, seeds=seeds[s : s + 5])
+            for s in range(0, len(prompts), 5)
+        ],
+        task.tokenizer.pad_token_id,
+    )
     assert parts.texts == whole.texts
     for f in ("response_mask", "lengths", "truncated"):
         assert torch.equal(getattr(parts, f), getattr(whole, f)), f
@@ -101,7 +123,9 @@ def test_gradient_checkpointing_gives_the_same_gradients(task):
             enable_gradient_checkpointing(m)
             enable_gradient_checkpointing(critic)
             assert m.model.gradient_checkpointing and m.training
-        lp, _ = passes.response_logprobs(m, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0)
+        lp, _ = passes.response_logprobs(
+            m, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0
+        )
         v = passes.state_values(critic, ro.input_ids, ro.attention_mask, P)
         ((lp * ro.response_mask).sum() + v.pow(2).sum()).backward()
         grads.append([p.grad.clone() for p in [*m.parameters(), *critic.parameters()]])
@@ -114,8 +138,17 @@ def test_gradient_checkpointing_gives_the_same_gradients(task):
 
 def smoke(tmp_path, **delta) -> RunConfig:
     cfg = merge(RunConfig(), PRESETS["smoke"])
-    return merge(cfg, {"out_dir": str(tmp_path / "runs"), "wandb": "disabled", "cache_dir": str(tmp_path / "cache"),
-                       "model": "random", "threads": 1, **delta})
+    return merge(
+        cfg,
+        {
+            "out_dir": str(tmp_path / "runs"),
+            "wandb": "disabled",
+            "cache_dir": str(tmp_path / "cache"),
+            "model": "random",
+            "threads": 1,
+            **delta,
+        },
+    )
 
 
 def _flat(model) -> torch.Tensor:
@@ -129,10 +162,19 @@ def test_bf16_mixed_moves_fp32_master_weights_at_small_lr(tmp_path):
     from vapo_lit.train import train
 
     changed = {}
-    for label, delta in (("mixed", {"precision": "bf16-mixed"}),
-                         ("bf16_weights", {"precision": "bf16-true", "model_dtype": "bfloat16"})):
-        cfg = smoke(tmp_path, name=label, components=[], steps=2, eval_every=0,
-                    ppo={"actor_lr": 1e-6, "critic_lr": 1e-6, "warmup_steps": 0}, **delta)
+    for label, delta in (
+        ("mixed", {"precision": "bf16-mixed"}),
+        ("bf16_weights", {"precision": "bf16-true", "model_dtype": "bfloat16"}),
+    ):
+        cfg = smoke(
+            tmp_path,
+            name=label,
+            components=[],
+            steps=2,
+            eval_every=0,
+            ppo={"actor_lr": 1e-6, "critic_lr": 1e-6, "warmup_steps": 0},
+            **delta,
+        )
         made = {}
 
         def factory(c):
@@ -145,7 +187,9 @@ def test_bf16_mixed_moves_fp32_master_weights_at_small_lr(tmp_path):
         after = _flat(made["m"].actor)
         changed[label] = float((after != made["before"]).float().mean())
         card = json.loads(open(f"{summary['run_dir']}/run_card.json").read())
-        assert card["hardware"]["precision"] == delta["precision"] and card["hardware"]["accelerator"] == "cpu"
+        assert (
+            card["hardware"]["precision"] == delta["precision"] and card["hardware"]["accelerator"] == "cpu"
+        )
     print("share of actor weights changed by 2 iterations at lr 1e-6:", changed)
     assert changed["mixed"] > 0.95, changed
     assert changed["bf16_weights"] < 0.5 * changed["mixed"], changed
@@ -167,7 +211,9 @@ def test_bf16_behaviour_logprobs_agree_with_the_update(task):
     with torch.autocast("cpu", dtype=torch.bfloat16):
         ro = rollout(task, model, n_prompts=4, max_new=16)
         P = ro.prompt_ids.shape[1]
-        lp, _ = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0)
+        lp, _ = passes.response_logprobs(
+            model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0
+        )
     m = ro.response_mask.bool()
     gap = (lp.detach().float() - ro.logprobs)[m].abs()
     assert float(gap.mean()) < 0.02 and float(gap.max()) < 0.25, (float(gap.mean()), float(gap.max()))
@@ -178,18 +224,55 @@ def test_paper_preset_on_a_local_model_through_the_cli(tmp_path, data_file):  # 
 
     model_dir = make_model_dir(tmp_path / "my-model")
     out = tmp_path / "runs"
-    code = main(["--preset", "paper", "--model", str(model_dir), "--task", "math",
-                 "--task_options", json.dumps({"train_path": str(data_file), "max_new_tokens": 8, "max_eval": 4}),
-                 "--ppo.responses_per_step", "16", "--ppo.mini_batch_size", "8", "--ppo.micro_batch_size", "4",
-                 "--ppo.rollout_batch_size", "8", "--ppo.logits_chunk", "4", "--vapo.samples_per_prompt", "4",
-                 "--vapo.value_pretrain_steps", "1", "--steps", "2", "--eval_k", "2", "--eval_every", "1",
-                 "--wandb", "disabled", "--threads", "1", "--out_dir", str(out), "--cache_dir", str(tmp_path / "c")])
+    code = main(
+        [
+            "--preset",
+            "paper",
+            "--model",
+            str(model_dir),
+            "--task",
+            "math",
+            "--task_options",
+            json.dumps({"train_path": str(data_file), "max_new_tokens": 8, "max_eval": 4}),
+            "--ppo.responses_per_step",
+            "16",
+            "--ppo.mini_batch_size",
+            "8",
+            "--ppo.micro_batch_size",
+            "4",
+            "--ppo.rollout_batch_size",
+            "8",
+            "--ppo.logits_chunk",
+            "4",
+            "--vapo.samples_per_prompt",
+            "4",
+            "--vapo.value_pretrain_steps",
+            "1",
+            "--steps",
+            "2",
+            "--eval_k",
+            "2",
+            "--eval_every",
+            "1",
+            "--wandb",
+            "disabled",
+            "--threads",
+            "1",
+            "--out_dir",
+            str(out),
+            "--cache_dir",
+            str(tmp_path / "c"),
+        ]
+    )
     assert code == 0
     (run,) = [p for p in out.iterdir() if p.is_dir()]
     rows = list(csv.DictReader(open(run / "metrics.csv")))
     assert [r["train/ppo_update"] for r in rows] == ["0", "0", "1", "2"]
     card = json.loads((run / "run_card.json").read_text())
-    assert card["config"]["critic_init"] == "auto" and card["value_initialisation_and_warmup"]["critic_init"] == "actor"
+    assert (
+        card["config"]["critic_init"] == "auto"
+        and card["value_initialisation_and_warmup"]["critic_init"] == "actor"
+    )
     for name in ("policy-final", "policy-best", "critic-final"):
         assert (run / name / "config.json").is_file(), name
 
@@ -206,7 +289,9 @@ def test_exported_policy_loads_and_gives_the_trained_log_probs(tmp_path):
         made["m"] = build_module(c)
         return made["m"]
 
-    cfg = smoke(tmp_path, components=list(COMPONENTS), steps=2, eval_every=1, vapo={"value_pretrain_steps": 1})
+    cfg = smoke(
+        tmp_path, components=list(COMPONENTS), steps=2, eval_every=1, vapo={"value_pretrain_steps": 1}
+    )
     summary = train(cfg, module_factory=factory)
     run = summary["run_dir"]
     loaded = AutoModelForCausalLM.from_pretrained(f"{run}/policy-final", local_files_only=True)
@@ -215,18 +300,35 @@ def test_exported_policy_loads_and_gives_the_trained_log_probs(tmp_path):
     ro = generate(trained, made["m"].tokenizer, PROMPTS, max_new_tokens=8, seeds=3)
     P = ro.prompt_ids.shape[1]
     with torch.no_grad():
-        a, _ = passes.response_logprobs(trained, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0)
-        b, _ = passes.response_logprobs(loaded, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0)
+        a, _ = passes.response_logprobs(
+            trained, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0
+        )
+        b, _ = passes.response_logprobs(
+            loaded, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=1.0
+        )
     torch.testing.assert_close(a, b, rtol=0, atol=1e-6)
     assert tok(PROMPTS[0])["input_ids"] == made["m"].tokenizer(PROMPTS[0])["input_ids"]
     critic = ValueModel.from_pretrained(f"{run}/critic-final")
     assert ValueModel.is_value_dir(f"{run}/critic-final")
     with torch.no_grad():
-        torch.testing.assert_close(critic(ro.input_ids, ro.attention_mask),
-                                   made["m"].critic(ro.input_ids, ro.attention_mask), rtol=0, atol=1e-6)
+        torch.testing.assert_close(
+            critic(ro.input_ids, ro.attention_mask),
+            made["m"].critic(ro.input_ids, ro.attention_mask),
+            rtol=0,
+            atol=1e-6,
+        )
     # a run can start from the exported policy
-    again = train(smoke(tmp_path, model=f"{run}/policy-best", critic_init="actor", name="again", components=[],
-                        steps=1, eval_every=0))
+    again = train(
+        smoke(
+            tmp_path,
+            model=f"{run}/policy-best",
+            critic_init="actor",
+            name="again",
+            components=[],
+            steps=1,
+            eval_every=0,
+        )
+    )
     assert again["ppo_updates"] == 1
 
 
@@ -241,7 +343,9 @@ def test_gpu_smoke_script_cpu_variant():
 
     out = gpu_smoke.main(["--shape", "tiny"])
     assert out["iterations"] == 3 and out["parameters"] > 0  # 1 value-pretraining + 2 PPO iterations
-    assert all(s > 0 for s in out["seconds_per_iteration"]) and all(t > 0 for t in out["generated_tokens_per_second"])
+    assert all(s > 0 for s in out["seconds_per_iteration"]) and all(
+        t > 0 for t in out["generated_tokens_per_second"]
+    )
 
 
 def test_trimmed_micro_batches_give_the_same_numbers(task):
@@ -251,15 +355,18 @@ def test_trimmed_micro_batches_give_the_same_numbers(task):
     with torch.no_grad():
         model.lm_head.weight[task.tokenizer.eos_token_id] += 3 * model.lm_head.weight.std()  # varied lengths
     critic = ValueModel.from_causal_lm(model).double()
-    ro = generate(model, task.tokenizer, ["7:", "chain 3 from 12: 12: 6 11: 0"] * 4, max_new_tokens=20, seeds=2)
+    ro = generate(
+        model, task.tokenizer, ["7:", "chain 3 from 12: 12: 6 11: 0"] * 4, max_new_tokens=20, seeds=2
+    )
     exp = Experience.from_rollout(ro, [None] * len(ro.texts))
     short = torch.argsort(exp.lengths)[:2]
     assert int(exp.lengths[short].max()) < exp.mask.shape[1]  # there is something to trim
     full, cut = exp.select(short), exp.select(short, trim=True)
     assert cut.mask.shape[1] < full.mask.shape[1] or cut.prompt_width < full.prompt_width
     for mb in (full, cut):
-        mb.lp, _ = passes.response_logprobs(model, mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
-                                            temperature=1.0)
+        mb.lp, _ = passes.response_logprobs(
+            model, mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids, temperature=1.0
+        )
         mb.v = passes.state_values(critic, mb.input_ids, mb.attention_mask, mb.prompt_width)[:, :-1]
     R = cut.mask.shape[1]
     m = cut.mask.bool()

@@ -1,6 +1,7 @@
 """The oracle critic: true state values where one target sequence wins (vapo_lit/algos/oracle.py),
 the chain task's targets and kinds, the Experience stage, GAE on oracle values and the critic's
 quality against them. Each formula against a float64 loop written from its definition."""
+
 from __future__ import annotations
 
 import math
@@ -11,8 +12,14 @@ import torch
 
 from vapo_lit import algos
 from vapo_lit.config import RunConfig, merge, validate
-from vapo_lit.experience import (AdvantageSettings, Experience, fill_advantages, fill_oracle_values, score,
-                                 value_stats)
+from vapo_lit.experience import (
+    AdvantageSettings,
+    Experience,
+    fill_advantages,
+    fill_oracle_values,
+    score,
+    value_stats,
+)
 from vapo_lit.tasks import get_task
 
 
@@ -30,7 +37,7 @@ def random_case(rng: random.Random, n=12, vocab=4, n_kinds=3):
             j = rng.randrange(L)
             r = t[:j] + [(t[j] + 1) % vocab] + [rng.randrange(vocab) for _ in range(rng.randint(0, 4))]
         elif mode == "short":
-            r = t[:rng.randrange(L)] or [(t[0] + 1) % vocab]
+            r = t[: rng.randrange(L)] or [(t[0] + 1) % vocab]
         else:
             r = t + [rng.randrange(vocab) for _ in range(rng.randint(1, 3))]
         targets.append(t), kinds.append(k), responses.append(r)
@@ -43,8 +50,13 @@ def padded(rows, fill):
 
 
 def as_tensors(targets, kinds, responses):
-    return (padded(responses, 0), torch.tensor([len(r) for r in responses]), padded(targets, 0),
-            torch.tensor([len(t) for t in targets]), padded(kinds, 0))
+    return (
+        padded(responses, 0),
+        torch.tensor([len(r) for r in responses]),
+        padded(targets, 0),
+        torch.tensor([len(t) for t in targets]),
+        padded(kinds, 0),
+    )
 
 
 def first_mismatch_loop(r, t):
@@ -73,7 +85,11 @@ def rates_loop(targets, kinds, responses, n_kinds, m):
             if j == f:
                 errors[k[j]] += 1
     pooled = sum(errors) / max(sum(trials), 1)
-    return [(e + m * pooled) / (tr + m) if tr + m > 0 else pooled for e, tr in zip(errors, trials)], trials, errors
+    return (
+        [(e + m * pooled) / (tr + m) if tr + m > 0 else pooled for e, tr in zip(errors, trials)],
+        trials,
+        errors,
+    )
 
 
 @pytest.mark.parametrize("seed", range(5))
@@ -121,7 +137,9 @@ def test_the_oracle_value_is_the_success_probability_of_a_simulated_policy():
     target = torch.arange(L)[None, :].expand(n, L) % 5
     leave = torch.rand(n, L, generator=g, dtype=torch.float64) < p[kinds]
     first = torch.where(leave.any(1), leave.int().argmax(1), torch.full((n,), L))
-    ids = torch.where(torch.arange(L)[None, :] == first[:, None], (target + 1) % 5, target)  # off-target at `first`
+    ids = torch.where(
+        torch.arange(L)[None, :] == first[:, None], (target + 1) % 5, target
+    )  # off-target at `first`
     lengths = torch.full((n,), L)
     tlen = torch.full((n,), L)
     got_first = algos.first_mismatch(ids, lengths, target, tlen)
@@ -142,10 +160,16 @@ def test_bad_arguments_are_refused():
     with pytest.raises(ValueError, match="rows"):
         algos.kind_error_rates(first, lengths, torch.zeros(3, 2, dtype=torch.long), lengths, 2)
     with pytest.raises(ValueError, match="prior_strength"):
-        algos.kind_error_rates(first, lengths, torch.zeros(2, 2, dtype=torch.long), lengths, 2, prior_strength=-1.0)
+        algos.kind_error_rates(
+            first, lengths, torch.zeros(2, 2, dtype=torch.long), lengths, 2, prior_strength=-1.0
+        )
     with pytest.raises(ValueError, match="targets"):
-        algos.first_mismatch(torch.zeros(2, 3, dtype=torch.long), lengths, torch.zeros(3, 3, dtype=torch.long),
-                             torch.ones(3, dtype=torch.long))
+        algos.first_mismatch(
+            torch.zeros(2, 3, dtype=torch.long),
+            lengths,
+            torch.zeros(3, 3, dtype=torch.long),
+            torch.ones(3, dtype=torch.long),
+        )
 
 
 # ----------------------------------------------------------------------------- the chain task
@@ -163,25 +187,33 @@ def test_chain_targets_are_the_tokenized_solution_and_its_kinds(longchain):
     target, kinds, tlen = longchain.oracle_targets(problems)
     for i, p in enumerate(problems):
         want = encode_response(longchain, longchain.solution(p))
-        assert target[i, :tlen[i]].tolist() == want and bool((target[i, tlen[i]:] == -1).all())
+        assert target[i, : tlen[i]].tolist() == want and bool((target[i, tlen[i] :] == -1).all())
         n = int(p.meta["n"])
-        names = [longchain.ORACLE_KINDS[k] for k in kinds[i, :tlen[i]].tolist()]
-        want_names = [x for k in range(n, 0, -1) for x in ("counter", f"digit{k % 10}")] + ["arrow", "answer", "eos"]
+        names = [longchain.ORACLE_KINDS[k] for k in kinds[i, : tlen[i]].tolist()]
+        want_names = [x for k in range(n, 0, -1) for x in ("counter", f"digit{k % 10}")] + [
+            "arrow",
+            "answer",
+            "eos",
+        ]
         assert names == want_names
 
 
 def test_chain_oracle_values_follow_the_responses(longchain):
     problems = longchain.train_problems(3, seed=5)
     rows = [encode_response(longchain, longchain.solution(p)) for p in problems]
-    rows[1][7] = rows[1][7] + 1 if rows[1][7] + 1 < len(longchain.vocab()) else 4  # a wrong token at position 7
+    rows[1][7] = (
+        rows[1][7] + 1 if rows[1][7] + 1 < len(longchain.vocab()) else 4
+    )  # a wrong token at position 7
     ids = padded(rows, longchain.tokenizer.pad_token_id)
     lengths = torch.tensor([len(r) for r in rows])
     values, rates = longchain.oracle_values(problems, ids, lengths)
     assert values[1, 8:].abs().sum() == 0 and bool((values[1, :8] > 0).all())
-    assert values[0, lengths[0]:].abs().sum() == 0  # padding
+    assert values[0, lengths[0] :].abs().sum() == 0  # padding
     # every measured kind's rate is in (0, 1); positions before the end value their suffix
     assert all(0 < r < 1 for r in rates.values()) and set(rates) <= set(longchain.ORACLE_KINDS)
-    assert bool((values[0, 1:lengths[0]] >= values[0, :lengths[0] - 1] - 1e-15).all())  # fewer steps left: no lower
+    assert bool(
+        (values[0, 1 : lengths[0]] >= values[0, : lengths[0] - 1] - 1e-15).all()
+    )  # fewer steps left: no lower
 
 
 def test_only_the_chain_reward_has_an_oracle():
@@ -189,7 +221,9 @@ def test_only_the_chain_reward_has_an_oracle():
     assert not get_task("chain").has_oracle
     assert get_task("chain", reward="chain").has_oracle
     with pytest.raises(ValueError, match="reward='chain'"):
-        get_task("chain").oracle_values([], torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long))
+        get_task("chain").oracle_values(
+            [], torch.zeros(0, 1, dtype=torch.long), torch.zeros(0, dtype=torch.long)
+        )
 
 
 # ----------------------------------------------------------------------------- the stages
@@ -199,10 +233,18 @@ def experience_for(task, problems, rows, seed=0):
     n, R = ids.shape
     lengths = torch.tensor([len(r) for r in rows])
     mask = (torch.arange(R)[None, :] < lengths[:, None]).float()
-    exp = Experience(problems=problems, group_size=1, prompt_ids=torch.ones(n, 2, dtype=torch.long),
-                     prompt_mask=torch.ones(n, 2, dtype=torch.long), response_ids=ids, mask=mask,
-                     behaviour_logprobs=torch.zeros(n, R), lengths=lengths, truncated=torch.zeros(n, dtype=torch.bool),
-                     texts=[task.tokenizer.decode(r[:-1]) for r in rows])
+    exp = Experience(
+        problems=problems,
+        group_size=1,
+        prompt_ids=torch.ones(n, 2, dtype=torch.long),
+        prompt_mask=torch.ones(n, 2, dtype=torch.long),
+        response_ids=ids,
+        mask=mask,
+        behaviour_logprobs=torch.zeros(n, R),
+        lengths=lengths,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        texts=[task.tokenizer.decode(r[:-1]) for r in rows],
+    )
     score(exp, task.verify_batch(problems, exp.texts))
     exp.values = torch.rand(n, R, generator=g) * mask
     exp.bootstrap = torch.zeros(n)
@@ -217,7 +259,11 @@ def sampled_rows(task, problems, seed):
         r = encode_response(task, task.solution(p))
         if rng.random() < 0.6:
             j = rng.randrange(len(r) - 1)
-            r = r[:j] + [task.tokenizer.convert_tokens_to_ids(str(rng.randrange(10)))] * 3 + [task.tokenizer.eos_token_id]
+            r = (
+                r[:j]
+                + [task.tokenizer.convert_tokens_to_ids(str(rng.randrange(10)))] * 3
+                + [task.tokenizer.eos_token_id]
+            )
         rows.append(r)
     return rows
 
@@ -230,11 +276,20 @@ def test_gae_on_oracle_values_uses_them_and_only_them(longchain):
     critic_values = exp.values.clone()
     fill_advantages(exp, settings)
     lam = algos.length_adaptive_lambda(exp.mask.sum(1), 0.5, 1.0)
-    want_adv, want_ret = algos.decoupled_gae(exp.rewards.double(), exp.oracle_values.double(), exp.mask.double(), lam,
-                                             1.0, gamma=1.0, bootstrap_values=torch.zeros(exp.n, dtype=torch.float64))
+    want_adv, want_ret = algos.decoupled_gae(
+        exp.rewards.double(),
+        exp.oracle_values.double(),
+        exp.mask.double(),
+        lam,
+        1.0,
+        gamma=1.0,
+        bootstrap_values=torch.zeros(exp.n, dtype=torch.float64),
+    )
     torch.testing.assert_close(exp.advantages.double(), want_adv, rtol=1e-5, atol=1e-6)
     torch.testing.assert_close(exp.returns.double(), want_ret, rtol=1e-5, atol=1e-6)
-    assert torch.equal(exp.values, critic_values)  # the critic's own values stay (its loss and statistics read them)
+    assert torch.equal(
+        exp.values, critic_values
+    )  # the critic's own values stay (its loss and statistics read them)
     # the critic's row computes something else from the same batch
     other = experience_for(longchain, problems, sampled_rows(longchain, problems, 1))
     other.values = critic_values.clone()
@@ -255,7 +310,12 @@ def test_critic_quality_against_the_oracle(longchain):
     fill_oracle_values(exp, longchain.oracle_values)
     fill_advantages(exp, AdvantageSettings(alpha=0.5, lam_critic=1.0))
     stats = value_stats(exp, reference="mc")
-    v, true, g, m = exp.values.double(), exp.oracle_values.double(), exp.mc_returns.double(), exp.mask.double()
+    v, true, g, m = (
+        exp.values.double(),
+        exp.oracle_values.double(),
+        exp.mc_returns.double(),
+        exp.mask.double(),
+    )
 
     def ev(pred, ref):
         sel = m.bool()
@@ -266,7 +326,12 @@ def test_critic_quality_against_the_oracle(longchain):
     assert stats.oracle.value_mean == pytest.approx(float(true[m.bool()].mean()), rel=1e-6)
     first = [(float(v[i, 0]) - float(true[i, 0])) ** 2 for i in range(exp.n)]
     assert stats.oracle.mse_by_position["first"] == pytest.approx(sum(first) / len(first), rel=1e-5)
-    sq = [(float(v[i, c]) - float(g[i, c])) ** 2 for i in range(exp.n) for c in range(int(exp.lengths[i])) if 1 <= c < 8]
+    sq = [
+        (float(v[i, c]) - float(g[i, c])) ** 2
+        for i in range(exp.n)
+        for c in range(int(exp.lengths[i]))
+        if 1 <= c < 8
+    ]
     assert stats.mse_by_position["1-7"] == pytest.approx(sum(sq) / len(sq), rel=1e-5)
     logged = stats.log()
     assert logged["value/explained_variance_oracle"] == stats.oracle.explained_variance
@@ -275,8 +340,12 @@ def test_critic_quality_against_the_oracle(longchain):
 
 def test_settings_refuse_an_oracle_without_a_critic_or_a_task_without_one(tmp_path):
     with pytest.raises(ValueError, match="gae_values=oracle"):
-        validate(merge(RunConfig(), {"advantage_estimator": "grpo", "components": ["group_sampling"],
-                                     "gae_values": "oracle"}))
+        validate(
+            merge(
+                RunConfig(),
+                {"advantage_estimator": "grpo", "components": ["group_sampling"], "gae_values": "oracle"},
+            )
+        )
     with pytest.raises(ValueError, match="choose one of"):
         validate(merge(RunConfig(), {"gae_values": "perfect"}))
     from vapo_lit.preflight import preflight
@@ -292,12 +361,17 @@ def test_the_module_hands_the_oracle_setting_to_gae_after_value_pretraining():
     from vapo_lit.module import VapoModule
 
     for values in ("oracle", "critic"):
-        cfg = merge(RunConfig(), {"task": "chain", "task_options": {"reward": "chain", "max_n": 8}, "gae_values": values})
+        cfg = merge(
+            RunConfig(),
+            {"task": "chain", "task_options": {"reward": "chain", "max_n": 8}, "gae_values": values},
+        )
         task = get_task("chain", reward="chain", max_n=8)
         actor, tok = random_tiny_policy(task, 0)
         module = VapoModule(cfg, task, actor, tok, ValueModel.from_causal_lm(actor))
         assert module.advantage_settings(pretraining=False).values == values
-        assert module.advantage_settings(pretraining=True).values == "critic"  # the critic pretrains on its own values
+        assert (
+            module.advantage_settings(pretraining=True).values == "critic"
+        )  # the critic pretrains on its own values
         assert module.oracle is not None  # measured in both rows: the critic's quality against the truth
     critic_free = VapoModule(cfg, task, actor, tok, None)
     assert critic_free.oracle is None

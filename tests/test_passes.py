@@ -2,6 +2,7 @@
 moved left by their prompt padding and run causally give the values, log-probs, entropies and
 gradients of the masked passes they replace (float64, Llama, Qwen2 and Mistral shapes, left-padded
 prompts of several lengths, ragged responses), and SDPA is never handed a mask."""
+
 from __future__ import annotations
 
 from types import SimpleNamespace
@@ -32,16 +33,27 @@ def sampled(model, tok):
     mask = (torch.arange(R)[None, :] < lengths[:, None]).long()
     response = torch.where(mask.bool(), torch.randint(3, len(tok), (n, R), generator=g), pad_id_of(tok))
     assert not bool(prompt_mask.all()) and lengths.min() < lengths.max()  # both paddings are there
-    return SimpleNamespace(prompt_ids=prompt_ids, response_ids=response, response_mask=mask, lengths=lengths,
-                           input_ids=torch.cat([prompt_ids, response], 1),
-                           attention_mask=torch.cat([prompt_mask.long(), mask], 1))
+    return SimpleNamespace(
+        prompt_ids=prompt_ids,
+        response_ids=response,
+        response_mask=mask,
+        lengths=lengths,
+        input_ids=torch.cat([prompt_ids, response], 1),
+        attention_mask=torch.cat([prompt_mask.long(), mask], 1),
+    )
 
 
 def masked_logprobs(model, ro, temperature):
     """The masked reference: the whole padded row, positions cumsum(mask) - 1, columns P - 1 .. P + R - 2."""
     P = ro.prompt_ids.shape[1]
-    logits = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask,
-                   position_ids=passes.position_ids_from_mask(ro.attention_mask)).logits[:, P - 1:-1] / temperature
+    logits = (
+        model(
+            input_ids=ro.input_ids,
+            attention_mask=ro.attention_mask,
+            position_ids=passes.position_ids_from_mask(ro.attention_mask),
+        ).logits[:, P - 1 : -1]
+        / temperature
+    )
     logp_all = torch.log_softmax(logits, -1)
     logp = logp_all.gather(-1, ro.response_ids[..., None]).squeeze(-1)
     return logp, -(logp_all.exp() * logp_all).sum(-1)
@@ -54,8 +66,9 @@ def test_mask_free_logprobs_and_gradients_equal_the_masked_pass(task, kind, chun
     model = tiny_model(kind, len(tok), tok).double()
     ro = sampled(model, tok)
     m, P = ro.response_mask.double(), ro.prompt_ids.shape[1]
-    got, ent = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=0.7,
-                                        entropy=True, chunk=chunk)
+    got, ent = passes.response_logprobs(
+        model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=0.7, entropy=True, chunk=chunk
+    )
     grads = torch.autograd.grad((got * m).sum(), list(model.parameters()))
     want, want_ent = masked_logprobs(model, ro, 0.7)
     want_grads = torch.autograd.grad((want * m).sum(), list(model.parameters()))
@@ -72,10 +85,12 @@ def test_mask_free_values_and_gradients_equal_the_masked_pass(task, kind):
     ro = sampled(policy, tok)
     critic = ValueModel.from_causal_lm(policy).double()
     P, R = ro.prompt_ids.shape[1], ro.response_ids.shape[1]
-    states = (torch.arange(R + 1)[None, :] <= ro.lengths[:, None]).double()  # V(s_0) .. V(s_l): the states a row has
+    states = (
+        torch.arange(R + 1)[None, :] <= ro.lengths[:, None]
+    ).double()  # V(s_0) .. V(s_l): the states a row has
     got = passes.state_values(critic, ro.input_ids, ro.attention_mask, P)
     grads = torch.autograd.grad((got * states).sum(), list(critic.parameters()))
-    want = critic(ro.input_ids, ro.attention_mask)[:, P - 1:]
+    want = critic(ro.input_ids, ro.attention_mask)[:, P - 1 :]
     want_grads = torch.autograd.grad((want * states).sum(), list(critic.parameters()))
     assert got.shape == (len(ro.lengths), R + 1)
     torch.testing.assert_close(got * states, want * states, rtol=0, atol=1e-12)

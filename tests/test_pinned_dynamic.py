@@ -3,6 +3,7 @@ verifier marks about one response in thirteen correct, so about a quarter of the
 mixed and an iteration takes about four rounds): every extra round draws a fresh batch of prompts
 (not the step's own again, not another round's, not the previous iteration's), and the logged
 rollout/dynamic_* counts equal what the recorded rounds give when scored here by the verifier."""
+
 from __future__ import annotations
 
 import hashlib
@@ -43,9 +44,16 @@ class RoundRecorder:
 @pytest.fixture(scope="module")
 def dynamic_run(tmp_path_factory):
     rec = RoundRecorder()
-    run = probe_run(tmp_path_factory.mktemp("dyn"), ["group_sampling", "dynamic_sampling"], name="dyn",
-                    verifier=rare, prepare=rec, steps=STEPS, vapo={"samples_per_prompt": K},
-                    precision="64-true")  # float64: the same samples on any CPU
+    run = probe_run(
+        tmp_path_factory.mktemp("dyn"),
+        ["group_sampling", "dynamic_sampling"],
+        name="dyn",
+        verifier=rare,
+        prepare=rec,
+        steps=STEPS,
+        vapo={"samples_per_prompt": K},
+        precision="64-true",
+    )  # float64: the same samples on any CPU
     assert run.module.critic is not None and run.module.switches.dynamic_sampling
     return run, rec
 
@@ -53,7 +61,7 @@ def dynamic_run(tmp_path_factory):
 def mixed_of(exp) -> list[bool]:
     """Per group of K adjacent rows: whether the verifier scores its texts differently."""
     scores = [rare(t) for t in exp.texts]
-    return [len(set(scores[g * K:(g + 1) * K])) > 1 for g in range(len(scores) // K)]
+    return [len(set(scores[g * K : (g + 1) * K])) > 1 for g in range(len(scores) // K)]
 
 
 def test_every_extra_round_samples_a_fresh_prompt_batch(dynamic_run):
@@ -71,11 +79,15 @@ def test_every_extra_round_samples_a_fresh_prompt_batch(dynamic_run):
             assert len(set(prompts) & set(own)) < target / 2, (it, r, prompts, own)
             assert [p.prompt for p in exp.problems[::K]] == prompts  # its rows are those prompts' samples
         batches = [tuple(c[2]) for c in calls[1:]]
-        assert len(set(batches)) == len(batches), f"iteration {it}: extra rounds repeat a prompt batch: {batches}"
+        assert len(set(batches)) == len(batches), (
+            f"iteration {it}: extra rounds repeat a prompt batch: {batches}"
+        )
         extra[it] = batches
     assert max(len(b) for b in extra.values()) >= 2, "no iteration had two extra rounds: the test is weak"
     firsts = [b[0] for b in extra.values() if b]
-    assert len(firsts) >= 2 and len(set(firsts)) == len(firsts), f"round 1 repeats across iterations: {firsts}"
+    assert len(firsts) >= 2 and len(set(firsts)) == len(firsts), (
+        f"round 1 repeats across iterations: {firsts}"
+    )
     # a pure function of (seed, iteration, round): asked again, the module gives the same batch
     m = run.module
     m.iteration = 0
@@ -99,8 +111,9 @@ def test_the_logged_dynamic_counts_are_those_of_the_rounds(dynamic_run):
         groups = len(mixed)
         assert row["rollout/dynamic_rounds"] == len(calls)
         assert row["rollout/dynamic_groups_sampled"] == groups == len(calls) * target
-        assert row["rollout/dynamic_mixed_frac"] == pytest.approx(sum(mixed) / groups, rel=1e-12), \
+        assert row["rollout/dynamic_mixed_frac"] == pytest.approx(sum(mixed) / groups, rel=1e-12), (
             f"iteration {it}: {sum(mixed)} mixed of {groups} groups sampled in {len(calls)} rounds"
+        )
         assert row["rollout/kept_groups_frac"] == pytest.approx(target / groups, rel=1e-12)
         filled = max(0, target - sum(mixed))
         assert row["rollout/dynamic_filled_groups"] == filled
@@ -110,5 +123,9 @@ def test_the_logged_dynamic_counts_are_those_of_the_rounds(dynamic_run):
         texts = [t for c in calls for t in c[3].texts]
         kept = [g for g, m in enumerate(mixed) if m][:target]
         if not filled:
-            assert run.probe.iterations[it].exp.texts == [t for g in kept for t in texts[g * K:(g + 1) * K]]
-    assert several >= 1 and overshoot >= 1, (several, overshoot, "the run does not exercise what this test pins")
+            assert run.probe.iterations[it].exp.texts == [t for g in kept for t in texts[g * K : (g + 1) * K]]
+    assert several >= 1 and overshoot >= 1, (
+        several,
+        overshoot,
+        "the run does not exercise what this test pins",
+    )

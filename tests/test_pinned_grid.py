@@ -5,6 +5,7 @@ that shows it: no model, no training, no W&B run.
 
     .venv/bin/python -m pytest tests/test_pinned_grid.py
 """
+
 from __future__ import annotations
 
 import csv
@@ -46,8 +47,10 @@ def entry(cfg: RunConfig, tmp_path) -> str:
 @pytest.fixture
 def base(tmp_path) -> RunConfig:
     """Full VAPO (value pretraining and group sampling on) in the smoke preset."""
-    return merge(merge(RunConfig(), PRESETS["smoke"]), {"out_dir": str(tmp_path / "runs"), "wandb": "disabled",
-                                                        "components": list(COMPONENTS)})
+    return merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {"out_dir": str(tmp_path / "runs"), "wandb": "disabled", "components": list(COMPONENTS)},
+    )
 
 
 def target(base, min_ev, window) -> RunConfig:
@@ -129,8 +132,8 @@ def started(monkeypatch):
 
 MIXED = [
     ("vapo", 0, wandb_card("a0")),
-    ("vapo", 1, {"run_dir": "x"}),                          # a run card without a W&B record
-    ("vapo", 2, None),                                      # no run card
+    ("vapo", 1, {"run_dir": "x"}),  # a run card without a W&B record
+    ("vapo", 2, None),  # no run card
     ("vapo-no-clip_higher", 0, {"run_dir": "x", "wandb": None}),
     ("vapo-no-clip_higher", 1, wandb_card("b1")),
     ("vapo-no-clip_higher", 3, wandb_card("b3")),
@@ -153,27 +156,34 @@ def test_no_grid_run_without_a_cell_in_wandb(tmp_path, started):
     from vapo_lit.report.grid_run import log_grid_run
 
     folder = tmp_path / "reports" / "g"
-    write_report_folder(folder, [cell for cell in MIXED if not (cell[2] or {}).get("wandb")])  # 3 cells, no record
+    write_report_folder(
+        folder, [cell for cell in MIXED if not (cell[2] or {}).get("wandb")]
+    )  # 3 cells, no record
     assert log_grid_run(folder) is None and started == []
     other = tmp_path / "reports" / "h"
     write_report_folder(other, MIXED)
     assert log_grid_run(other, mode="disabled") is None and started == []
 
 
-@pytest.mark.parametrize("modes, asked, want", [
-    (["offline", "offline"], "auto", "offline"),   # like its cells: all offline, so offline
-    (["offline", "online"], "auto", "auto"),       # one was online: online if logged in (summary_run decides)
-    (["online", "online"], "auto", "auto"),
-    (["offline", "offline"], "online", "online"),  # an explicit mode is kept
-    (["online", "offline"], "offline", "offline"),
-])
+@pytest.mark.parametrize(
+    "modes, asked, want",
+    [
+        (["offline", "offline"], "auto", "offline"),  # like its cells: all offline, so offline
+        (["offline", "online"], "auto", "auto"),  # one was online: online if logged in (summary_run decides)
+        (["online", "online"], "auto", "auto"),
+        (["offline", "offline"], "online", "online"),  # an explicit mode is kept
+        (["online", "offline"], "offline", "offline"),
+    ],
+)
 def test_the_grid_runs_mode_follows_its_cells(tmp_path, started, modes, asked, want):
     """Sibling: mode auto is offline when none of the logged cells was online (a grid run online
     linking to runs not uploaded yet would mislead); a cell without a record does not count."""
     from vapo_lit.report.grid_run import log_grid_run
 
     folder = tmp_path / "reports" / "g"
-    cells = [("vapo", i, wandb_card(f"c{i}", mode=m)) for i, m in enumerate(modes)] + [("vapo", 9, {"run_dir": "x"})]
+    cells = [("vapo", i, wandb_card(f"c{i}", mode=m)) for i, m in enumerate(modes)] + [
+        ("vapo", 9, {"run_dir": "x"})
+    ]
     write_report_folder(folder, cells)
     log_grid_run(folder, mode=asked)
     (call,) = started

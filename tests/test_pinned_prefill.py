@@ -11,6 +11,7 @@
   path) and by SDPA with the ragged rows' mask (the GPU / bf16 path, forced here on the CPU).
 
 Float64 tiny Llamas, as in tests/test_obs_prefill.py."""
+
 from __future__ import annotations
 
 import pytest
@@ -72,8 +73,16 @@ def run_episodes(env, model, *, fast: bool, obs_chunk):
     if fast:
         engine = EpisodeEngine(model, env.tokenizer, env, obs_chunk=obs_chunk)
         return engine.generate(prompts, SamplingParams(max_new_tokens=BUDGET), seeds)
-    return generate_episodes(model, env.tokenizer, env, prompts, max_new_tokens=BUDGET, seeds=seeds, fast=False,
-                             obs_chunk=obs_chunk)
+    return generate_episodes(
+        model,
+        env.tokenizer,
+        env,
+        prompts,
+        max_new_tokens=BUDGET,
+        seeds=seeds,
+        fast=False,
+        obs_chunk=obs_chunk,
+    )
 
 
 @pytest.mark.parametrize("fast", [True, False], ids=["static-cache", "transformers-forward"])
@@ -82,7 +91,9 @@ def test_obs_chunk_caps_the_tokens_a_row_feeds_per_pass(env, fast, monkeypatch):
     with monkeypatch.context() as mp:  # uncapped: the observations are longer than the chunk
         whole = fed_widths(mp, model, fast)
         free = run_episodes(env, model, fast=fast, obs_chunk=None)
-    assert max(max(p) for p in whole) > 2 * CHUNK, "the observations are not longer than the chunk: a weak test"
+    assert max(max(p) for p in whole) > 2 * CHUNK, (
+        "the observations are not longer than the chunk: a weak test"
+    )
     capped = fed_widths(monkeypatch, model, fast)
     ro = run_episodes(env, model, fast=fast, obs_chunk=CHUNK)
     widest = max(max(p) for p in capped)
@@ -97,23 +108,23 @@ def test_obs_chunk_caps_the_tokens_a_row_feeds_per_pass(env, fast, monkeypatch):
 LENGTHS = [5, 2, 4, 3]  # left-padded prompts
 B = 12  # each row's token budget: capacity = P + B
 PLAN = [  # (rows held, tokens each feeds); columns fed per row after each pass in the comment
-    ([0, 1, 2, 3], [1, 1, 1, 1]),   # 1 1 1 1
-    ([0, 1, 2, 3], [8, 1, 3, 5]),   # 9 2 4 6
-    ([0, 1, 2, 3], [1, 1, 1, 1]),   # 10 3 5 7   (rows at different columns: a ragged step)
-    ([0, 1, 2, 3], [2, 8, 1, 4]),   # 12 11 6 11: row 0's short block ends AT the budget beside row 1's 8
-    ([1, 2, 3], [1, 3, 1]),         # row 0 dropped; -- 12 9 12: rows 1 and 3 reach it beside row 2's 3
-    ([2], [1]),                     # rows 1 and 3 dropped (the longest rows: the cache's live prefix
-    ([2], [1]),                     # shrinks to row 2's); row 2 steps on alone to the budget
+    ([0, 1, 2, 3], [1, 1, 1, 1]),  # 1 1 1 1
+    ([0, 1, 2, 3], [8, 1, 3, 5]),  # 9 2 4 6
+    ([0, 1, 2, 3], [1, 1, 1, 1]),  # 10 3 5 7   (rows at different columns: a ragged step)
+    ([0, 1, 2, 3], [2, 8, 1, 4]),  # 12 11 6 11: row 0's short block ends AT the budget beside row 1's 8
+    ([1, 2, 3], [1, 3, 1]),  # row 0 dropped; -- 12 9 12: rows 1 and 3 reach it beside row 2's 3
+    ([2], [1]),  # rows 1 and 3 dropped (the longest rows: the cache's live prefix
+    ([2], [1]),  # shrinks to row 2's); row 2 steps on alone to the budget
     ([2], [1]),
 ]
 PLAN_BEFORE = [  # short blocks ending one column BEFORE the budget beside long ones, then steps to it
-    ([0, 1, 2, 3], [1, 1, 1, 1]),   # 1 1 1 1
-    ([0, 1, 2, 3], [7, 1, 3, 5]),   # 8 2 4 6
-    ([0, 1, 2, 3], [1, 1, 1, 1]),   # 9 3 5 7    (a ragged step)
-    ([0, 1, 2, 3], [2, 6, 1, 1]),   # 11 9 6 8: row 0's 2 end one short of the budget beside row 1's 6
-    ([0, 1, 2, 3], [1, 2, 5, 1]),   # 12 11 11 9: row 0 to the budget; row 1's 2 end one short beside row 2's 5
-    ([1, 2, 3], [1, 1, 1]),         # row 0 dropped; 12 12 10 (a ragged step to the budget)
-    ([3], [2]),                     # rows 1, 2 dropped; row 3's last block reaches it
+    ([0, 1, 2, 3], [1, 1, 1, 1]),  # 1 1 1 1
+    ([0, 1, 2, 3], [7, 1, 3, 5]),  # 8 2 4 6
+    ([0, 1, 2, 3], [1, 1, 1, 1]),  # 9 3 5 7    (a ragged step)
+    ([0, 1, 2, 3], [2, 6, 1, 1]),  # 11 9 6 8: row 0's 2 end one short of the budget beside row 1's 6
+    ([0, 1, 2, 3], [1, 2, 5, 1]),  # 12 11 11 9: row 0 to the budget; row 1's 2 end one short beside row 2's 5
+    ([1, 2, 3], [1, 1, 1]),  # row 0 dropped; 12 12 10 (a ragged step to the budget)
+    ([3], [2]),  # rows 1, 2 dropped; row 3's last block reaches it
 ]
 
 
@@ -130,8 +141,8 @@ def test_blocks_near_the_budget_equal_a_full_forward(plan, attention):
     ids = torch.full((n, P), tok.pad_token_id)
     mask = torch.zeros((n, P), dtype=torch.long)
     for r, k in enumerate(LENGTHS):
-        ids[r, P - k:] = torch.randint(6, len(tok), (k,), generator=g)
-        mask[r, P - k:] = 1
+        ids[r, P - k :] = torch.randint(6, len(tok), (k,), generator=g)
+        mask[r, P - k :] = 1
     pos = (mask.cumsum(1) - 1).clamp(min=0)
     with torch.no_grad():
         out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True)
@@ -139,7 +150,7 @@ def test_blocks_near_the_budget_equal_a_full_forward(plan, attention):
     dec = StaticDecoder(model, out.past_key_values, mask, capacity=P + B)
     assert dec.by_bmm
     dec.by_bmm = attention == "bmm"
-    rows = [ids[r, P - k:].tolist() for r, k in enumerate(LENGTHS)]
+    rows = [ids[r, P - k :].tolist() for r, k in enumerate(LENGTHS)]
     next_pos = torch.tensor(LENGTHS)
     for p, (held, counts) in enumerate(plan):
         if dec.rows.tolist() != held:  # drop the rows that reached the budget, as TokenLoop.feed does
@@ -147,12 +158,17 @@ def test_blocks_near_the_budget_equal_a_full_forward(plan, attention):
         assert dec.rows.tolist() == held
         c = torch.tensor(counts)
         block = torch.randint(6, len(tok), (len(held), max(counts)), generator=g)
-        logits = dec.step(block[:, 0], next_pos[held]) if max(counts) == 1 else dec.extend(block, c, next_pos[held])
+        logits = (
+            dec.step(block[:, 0], next_pos[held])
+            if max(counts) == 1
+            else dec.extend(block, c, next_pos[held])
+        )
         for i, r in enumerate(held):
             rows[r] += block[i, : counts[i]].tolist()
             next_pos[r] += counts[i]
             with torch.no_grad():
                 want = model(input_ids=torch.tensor([rows[r]])).logits[0, -1]
-            torch.testing.assert_close(logits[i], want, rtol=0, atol=1e-10,
-                                       msg=lambda m, p=p, r=r: f"pass {p}, row {r}: {m}")
+            torch.testing.assert_close(
+                logits[i], want, rtol=0, atol=1e-10, msg=lambda m, p=p, r=r: f"pass {p}, row {r}: {m}"
+            )
     assert [len(x) - k for x, k in zip(rows, LENGTHS)] == [B] * n

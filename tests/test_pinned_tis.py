@@ -9,6 +9,7 @@ the unweighted one. The run is float64 (precision 64-true), as is the reference,
 token and no comparison depends on the CPU's instruction set. The logged sampler gap and TIS statistics
 (otherwise checked only by the vLLM tests, where the gap is ~0 and no weight is capped) are
 checked against the same reference."""
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,7 +50,9 @@ class OffsetSampler:
 @pytest.fixture(scope="module")
 def tis_run(tmp_path_factory):
     sampler = OffsetSampler()
-    run = probe_run(tmp_path_factory.mktemp("tis"), ["token_level_loss"], name="tis", prepare=sampler, **SETTINGS)
+    run = probe_run(
+        tmp_path_factory.mktemp("tis"), ["token_level_loss"], name="tis", prepare=sampler, **SETTINGS
+    )
     return run, sampler
 
 
@@ -76,8 +79,14 @@ def reference(run, sampler, step, *, weighted: bool) -> dict:
     grads = [torch.zeros_like(p) if g is None else g for g, p in zip(grads, actor.parameters())]
     _, coef = clip_coef(grads, ppo.grad_clip)
     valid = m.bool()
-    return {"grads": {n: g * coef for n, g in zip(names, grads)}, "loss": float(loss.detach()), "old": old,
-            "sampled": sampled, "weights": w, "valid": valid}
+    return {
+        "grads": {n: g * coef for n, g in zip(names, grads)},
+        "loss": float(loss.detach()),
+        "old": old,
+        "sampled": sampled,
+        "weights": w,
+        "valid": valid,
+    }
 
 
 def gap(got: dict, want: dict) -> float:
@@ -98,15 +107,27 @@ def test_tis_weights_every_actor_step_by_the_capped_sampler_ratio(tis_run):
         weighted = reference(run, sampler, s, weighted=True)
         plain = reference(run, sampler, s, weighted=False)
         to_weighted, to_plain = gap(s.grads, weighted["grads"]), gap(s.grads, plain["grads"])
-        assert to_weighted < TOL, f"actor step {k}: not the gradient of the TIS-weighted loss (gap {to_weighted:.2e})"
-        assert to_plain > 100 * TOL, f"actor step {k}: the unweighted loss gives the same step (gap {to_plain:.2e})"
+        assert to_weighted < TOL, (
+            f"actor step {k}: not the gradient of the TIS-weighted loss (gap {to_weighted:.2e})"
+        )
+        assert to_plain > 100 * TOL, (
+            f"actor step {k}: the unweighted loss gives the same step (gap {to_plain:.2e})"
+        )
     # the sampler's own log-probs are kept beside the recomputed ones
-    torch.testing.assert_close(exp.extras["sampler_logprobs"].double() * exp.mask.double(), ref["sampled"],
-                               rtol=0, atol=0, msg=lambda m: f"the sampler's log-probs are not kept in extras: {m}")
-    torch.testing.assert_close(exp.behaviour_logprobs.double() * exp.mask.double(), ref["old"], rtol=0, atol=1e-10)
+    torch.testing.assert_close(
+        exp.extras["sampler_logprobs"].double() * exp.mask.double(),
+        ref["sampled"],
+        rtol=0,
+        atol=0,
+        msg=lambda m: f"the sampler's log-probs are not kept in extras: {m}",
+    )
+    torch.testing.assert_close(
+        exp.behaviour_logprobs.double() * exp.mask.double(), ref["old"], rtol=0, atol=1e-10
+    )
     logged = run.row(1)
     assert logged["loss/policy"] == pytest.approx(
-        sum(reference(run, sampler, s, weighted=True)["loss"] for s in steps) / 2, rel=1e-9, abs=1e-12)
+        sum(reference(run, sampler, s, weighted=True)["loss"] for s in steps) / 2, rel=1e-9, abs=1e-12
+    )
 
 
 def test_the_logged_sampler_gap_and_tis_statistics_match_the_offsets(tis_run):
@@ -127,6 +148,7 @@ def test_the_logged_sampler_gap_and_tis_statistics_match_the_offsets(tis_run):
     # may count either way)
     raw = torch.exp(d)
     at_least, at_most = float((raw >= CAP + 1e-9).double().mean()), float((raw > CAP - 1e-9).double().mean())
-    assert at_least - 1e-12 <= logged["rollout/tis_capped_frac"] <= at_most + 1e-12, \
+    assert at_least - 1e-12 <= logged["rollout/tis_capped_frac"] <= at_most + 1e-12, (
         f"rollout/tis_capped_frac {logged['rollout/tis_capped_frac']}: {at_least} of the tokens reach the cap"
+    )
     assert 0 < logged["rollout/tis_capped_frac"] < 1 and it.exp.n == N

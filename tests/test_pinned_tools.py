@@ -9,6 +9,7 @@ machine.
 
     .venv/bin/python -m pytest tests/test_pinned_tools.py
 """
+
 from __future__ import annotations
 
 import json
@@ -24,7 +25,12 @@ from vapo_lit.tasks.math_tools import CALCULATOR, MAX_EXPRESSION, MAX_MAGNITUDE,
 
 # ----------------------------------------------------------------------------- argument schemas
 def _schema(kind) -> dict:
-    return {"type": "object", "properties": {"x": {"type": kind}}, "required": ["x"], "additionalProperties": False}
+    return {
+        "type": "object",
+        "properties": {"x": {"type": kind}},
+        "required": ["x"],
+        "additionalProperties": False,
+    }
 
 
 def _accepts(kind, value) -> bool:
@@ -35,13 +41,16 @@ def _accepts(kind, value) -> bool:
     return True
 
 
-@pytest.mark.parametrize("kind, accepted, refused", [
-    (["integer", "null"], [3, -7, 0, None], ["3", 2.5, True, False, [3], {"x": 3}]),
-    (["null", "integer"], [None, 3], ["", 0.5, True]),                        # the order of the members is no matter
-    (["string", "number"], ["3", "", 3, 2.5, -0.0], [True, None, ["3"]]),
-    (["boolean", "null"], [True, False, None], [0, 1, "true"]),
-    (["array", "object"], [[], [1], {}, {"a": 1}], ["[]", None, 0]),
-])
+@pytest.mark.parametrize(
+    "kind, accepted, refused",
+    [
+        (["integer", "null"], [3, -7, 0, None], ["3", 2.5, True, False, [3], {"x": 3}]),
+        (["null", "integer"], [None, 3], ["", 0.5, True]),  # the order of the members is no matter
+        (["string", "number"], ["3", "", 3, 2.5, -0.0], [True, None, ["3"]]),
+        (["boolean", "null"], [True, False, None], [0, 1, "true"]),
+        (["array", "object"], [[], [1], {}, {"a": 1}], ["[]", None, 0]),
+    ],
+)
 def test_a_union_type_accepts_each_member_and_nothing_else(kind, accepted, refused):
     for value in accepted:
         assert _accepts(kind, value), (kind, value)
@@ -60,17 +69,34 @@ def test_a_bool_is_neither_a_number_nor_an_integer(kind):
 
 
 def test_a_number_is_an_int_or_a_float():
-    assert all(_accepts("number", v) for v in (0, -3, 10 ** 40, 2.5, -1e-9))
+    assert all(_accepts("number", v) for v in (0, -3, 10**40, 2.5, -1e-9))
     assert not any(_accepts("number", v) for v in ("1", None, [1], {"a": 1}))
     assert _accepts("integer", -3) and not _accepts("integer", 2.5)
 
 
 # ----------------------------------------------------------------------------- the calculator's bound
-@pytest.mark.parametrize("expression", [
-    "-(10**30)-1", "0-10**30-1", "(-10)**31", "-(10**15)*(10**15)*10", "(-10**15)*10**15*(-1)*10", "(-9)**63",
-    "((-2)**60)*(-(2**60))", "1+(-10)**30*(-10)", "((-10)**31)//1", "-1e30", "-1e29*10.5", "(-10**10)**4",
-    "-" + "9" * 31, "-" + "9" * 190, "-1e999", "(-1e999)*0", "0-(" + "9" * 60 + ")",
-])
+@pytest.mark.parametrize(
+    "expression",
+    [
+        "-(10**30)-1",
+        "0-10**30-1",
+        "(-10)**31",
+        "-(10**15)*(10**15)*10",
+        "(-10**15)*10**15*(-1)*10",
+        "(-9)**63",
+        "((-2)**60)*(-(2**60))",
+        "1+(-10)**30*(-10)",
+        "((-10)**31)//1",
+        "-1e30",
+        "-1e29*10.5",
+        "(-10**10)**4",
+        "-" + "9" * 31,
+        "-" + "9" * 190,
+        "-1e999",
+        "(-1e999)*0",
+        "0-(" + "9" * 60 + ")",
+    ],
+)
 def test_a_negative_result_past_the_bound_is_refused(expression):
     """Refused as a positive one would be: the bound is on the magnitude (literals too)."""
     with pytest.raises(ToolError):
@@ -79,11 +105,19 @@ def test_a_negative_result_past_the_bound_is_refused(expression):
         calculate(f"-({expression})")
 
 
-@pytest.mark.parametrize("expression, value", [
-    ("-(10**30)", -MAX_MAGNITUDE), ("(-10)**30", MAX_MAGNITUDE), ("(-10)**29*10", -MAX_MAGNITUDE),
-    ("-(10**29)*10", -MAX_MAGNITUDE), ("(-2)**63", -(2 ** 63)), ("-" + "9" * 30, 1 - 10 ** 30),
-    ("(-3)**-2", 1 / 9), ("-1e29*10", -1e29 * 10),
-])
+@pytest.mark.parametrize(
+    "expression, value",
+    [
+        ("-(10**30)", -MAX_MAGNITUDE),
+        ("(-10)**30", MAX_MAGNITUDE),
+        ("(-10)**29*10", -MAX_MAGNITUDE),
+        ("-(10**29)*10", -MAX_MAGNITUDE),
+        ("(-2)**63", -(2**63)),
+        ("-" + "9" * 30, 1 - 10**30),
+        ("(-3)**-2", 1 / 9),
+        ("-1e29*10", -1e29 * 10),
+    ],
+)
 def test_a_negative_result_within_the_bound_is_answered(expression, value):
     assert calculate(expression) == value
 
@@ -101,10 +135,10 @@ HOSTILE = [
     # powers of a negative base, nested and inside other operations
     ("(-9)**(9**9)", REFUSED),
     ("(((-10)**31)**63)**63", REFUSED),
-    ("((((-10)**31)**63)**63)**9", REFUSED),          # about 3.7 million bits if a negative result escaped
+    ("((((-10)**31)**63)**63)**9", REFUSED),  # about 3.7 million bits if a negative result escaped
     ("-((-2)**62*(-2)**62)", REFUSED),
     ("2*(-(10**20))**2*(-1)", REFUSED),
-    ("(-2)**63", -(2 ** 63)),
+    ("(-2)**63", -(2**63)),
     # towers and long chains of **
     ("2**" * 66 + "2", REFUSED),
     ("(-1)" + "**9" * 48, REFUSED),
@@ -122,7 +156,7 @@ HOSTILE = [
     ("10**30/1e-300", REFUSED),
     # nesting and unary chains
     ("(" * 99 + "-1" + ")" * 99, -1),
-    ("(" * 101 + "1" + ")" * 98, REFUSED),               # unbalanced: not an expression
+    ("(" * 101 + "1" + ")" * 98, REFUSED),  # unbalanced: not an expression
     ("-" * 195 + "7", (-1) ** 195 * 7),
     ("+-" * 99 + "1", (-1) ** 99),
     ("-" * 150 + "(10**30*10)", REFUSED),
@@ -186,8 +220,12 @@ def hostile_results() -> list:
     case after it read as None."""
     expressions = [e for e, _ in HOSTILE]
     try:
-        done = subprocess.run([sys.executable, "-c", CHILD, json.dumps(expressions)], capture_output=True, text=True,
-                              timeout=CHILD_SECONDS)
+        done = subprocess.run(
+            [sys.executable, "-c", CHILD, json.dumps(expressions)],
+            capture_output=True,
+            text=True,
+            timeout=CHILD_SECONDS,
+        )
         out = done.stdout
     except subprocess.TimeoutExpired as e:
         out = e.stdout.decode() if isinstance(e.stdout, bytes) else (e.stdout or "")
@@ -197,7 +235,9 @@ def hostile_results() -> list:
 
 def test_the_hostile_table_is_big_and_every_case_fits_the_length_limit():
     assert len(HOSTILE) >= 10
-    assert sum(len(e) <= MAX_EXPRESSION for e, _ in HOSTILE) == len(HOSTILE) - 1  # one is refused for its length
+    assert (
+        sum(len(e) <= MAX_EXPRESSION for e, _ in HOSTILE) == len(HOSTILE) - 1
+    )  # one is refused for its length
     assert len({e for e, _ in HOSTILE}) == len(HOSTILE)
 
 
@@ -208,7 +248,7 @@ def test_a_hostile_input_is_refused_or_answered_fast_in_little_memory(hostile_re
     assert got is not None, f"{expression!r} (or a case before it) did not finish within {CHILD_SECONDS} s"
     wrong = [f"outcome {got['outcome']!r}, want {want!r}"] if got["outcome"] != want else []
     wrong += [f"{got['seconds']:.3f} s (best of 3)"] if got["seconds"] >= MAX_SECONDS else []
-    wrong += [f"peak {got['peak'] / 2 ** 20:.2f} MiB"] if got["peak"] >= MAX_PEAK_BYTES else []
+    wrong += [f"peak {got['peak'] / 2**20:.2f} MiB"] if got["peak"] >= MAX_PEAK_BYTES else []
     assert not wrong, f"{expression!r}: " + "; ".join(wrong)
 
 
@@ -222,8 +262,12 @@ def calculator(tmp_path_factory):
 
     tmp = tmp_path_factory.mktemp("math_tools")
     chat_tokenizer("chatml").save_pretrained(tmp / "tok")
-    (tmp / "train.jsonl").write_text('{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n')
-    task = get_task("math_tools", train_path=str(tmp / "train.jsonl"), tokenizer=str(tmp / "tok"), instruction="")
+    (tmp / "train.jsonl").write_text(
+        '{"question": "1+1?", "answer": "2"}\n{"question": "2+2?", "answer": "4"}\n'
+    )
+    task = get_task(
+        "math_tools", train_path=str(tmp / "train.jsonl"), tokenizer=str(tmp / "tok"), instruction=""
+    )
     assert task.tools["calculator"].parameters == CALCULATOR
     yield task
     task.close()
@@ -234,24 +278,36 @@ def _call(env, arguments) -> str:
     return env.call_tool(Problem("p", "0", {}), turn)
 
 
-@pytest.mark.parametrize("expression, text", [
-    ("6 / 2", "3"),                     # a whole float reads as an integer
-    ("7 / 2", "3.5"),
-    ("0.1 + 0.2", "0.3"),               # rounded to 10 places: no float noise in the observation
-    ("1 / 3", "0.3333333333"),
-    ("-1 / 3", "-0.3333333333"),
-    ("2 ** 0.5", "1.4142135624"),
-    ("1e20", "100000000000000000000"),
-    ("-(10**30)", "-" + "1" + "0" * 30),
-    ("12 * 7", "84"),
-])
+@pytest.mark.parametrize(
+    "expression, text",
+    [
+        ("6 / 2", "3"),  # a whole float reads as an integer
+        ("7 / 2", "3.5"),
+        ("0.1 + 0.2", "0.3"),  # rounded to 10 places: no float noise in the observation
+        ("1 / 3", "0.3333333333"),
+        ("-1 / 3", "-0.3333333333"),
+        ("2 ** 0.5", "1.4142135624"),
+        ("1e20", "100000000000000000000"),
+        ("-(10**30)", "-" + "1" + "0" * 30),
+        ("12 * 7", "84"),
+    ],
+)
 def test_the_calculator_observation_text(calculator, expression, text):
     assert _call(calculator, {"expression": expression}) == text
 
 
-@pytest.mark.parametrize("arguments", [
-    {"expression": 12}, {"expression": True}, {"expression": None}, {}, {"expression": "1", "precision": 3},
-    {"expression": "(-10)**31"}, {"expression": "9" * 31}, {"expression": "import os"},
-])
+@pytest.mark.parametrize(
+    "arguments",
+    [
+        {"expression": 12},
+        {"expression": True},
+        {"expression": None},
+        {},
+        {"expression": "1", "precision": 3},
+        {"expression": "(-10)**31"},
+        {"expression": "9" * 31},
+        {"expression": "import os"},
+    ],
+)
 def test_the_calculator_refuses_what_its_schema_or_its_bound_refuse(calculator, arguments):
     assert _call(calculator, arguments) == "error bad args"

@@ -2,6 +2,7 @@
 a CPU): sampling runs outside the training step's autocast region, the updates inside it; the value
 head computes in float32; the log-probs PPO compares are float32; the behaviour log-probs are
 recomputed by default under reduced precision, so the first mini-batch's ratio is exactly 1."""
+
 from __future__ import annotations
 
 import csv
@@ -35,10 +36,20 @@ def bf16_run(tmp_path_factory):
     from vapo_lit.train import train
 
     tmp = tmp_path_factory.mktemp("bf16")
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "out_dir": str(tmp / "runs"), "wandb": "disabled", "cache_dir": str(tmp / "cache"), "model": "random",
-        "threads": 1, "steps": 2, "eval_every": 1, "precision": "bf16-mixed",
-        "ppo": {"mini_batch_size": 16, "micro_batch_size": 4}})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "out_dir": str(tmp / "runs"),
+            "wandb": "disabled",
+            "cache_dir": str(tmp / "cache"),
+            "model": "random",
+            "threads": 1,
+            "steps": 2,
+            "eval_every": 1,
+            "precision": "bf16-mixed",
+            "ppo": {"mini_batch_size": 16, "micro_batch_size": 4},
+        },
+    )
     seen = {"generate": [], "forward": []}
 
     def factory(c):
@@ -50,8 +61,11 @@ def bf16_run(tmp_path_factory):
             return inner(*a, **kw)
 
         m.engine.generate = probed
-        m.actor.register_forward_hook(lambda mod, args, out: seen["forward"].append(
-            (torch.is_autocast_enabled("cpu"), torch.is_grad_enabled())))
+        m.actor.register_forward_hook(
+            lambda mod, args, out: seen["forward"].append(
+                (torch.is_autocast_enabled("cpu"), torch.is_grad_enabled())
+            )
+        )
         return m
 
     summary = train(cfg, module_factory=factory)
@@ -89,10 +103,16 @@ def test_first_minibatch_ratio_is_exactly_one_under_bf16_mixed(bf16_run):
 
 def test_recompute_logprobs_auto_resolution():
     base = RunConfig()
-    cases = [("32-true", torch.float32, None, False), ("64-true", torch.float64, None, False),
-             ("bf16-mixed", torch.float32, None, True), ("16-mixed", torch.float32, None, True),
-             ("bf16-true", torch.bfloat16, None, True), ("32-true", torch.bfloat16, None, True),
-             ("bf16-mixed", torch.float32, False, False), ("32-true", torch.float32, True, True)]
+    cases = [
+        ("32-true", torch.float32, None, False),
+        ("64-true", torch.float64, None, False),
+        ("bf16-mixed", torch.float32, None, True),
+        ("16-mixed", torch.float32, None, True),
+        ("bf16-true", torch.bfloat16, None, True),
+        ("32-true", torch.bfloat16, None, True),
+        ("bf16-mixed", torch.float32, False, False),
+        ("32-true", torch.float32, True, True),
+    ]
     for precision, dtype, setting, want in cases:
         cfg = merge(base, {"ppo": {"recompute_logprobs": setting}})
         assert recompute_logprobs(cfg, precision, dtype) is want, (precision, dtype, setting)
@@ -126,8 +146,9 @@ def test_logprobs_are_float32_log_softmax_under_autocast(task, chunk):
     ro = generate(model, task.tokenizer, PROMPTS * 2, max_new_tokens=6, seeds=0)
     P = ro.prompt_ids.shape[1]
     with torch.no_grad(), torch.autocast("cpu", dtype=torch.bfloat16):
-        lp, _ = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
-                                         temperature=0.7, chunk=chunk)
+        lp, _ = passes.response_logprobs(
+            model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=0.7, chunk=chunk
+        )
         # the pass's own forward (causal, no mask): another kernel (the masked one) rounds bf16 differently
         ids, pos, states = passes.left_aligned(ro.input_ids, ro.attention_mask, P)
         logits = model(input_ids=ids, position_ids=pos).logits
@@ -149,8 +170,9 @@ def test_micro_batch_logprobs_are_the_full_pass_per_row(task):
     micros = [torch.tensor([5, 0]), torch.tensor([3]), torch.tensor([7, 2, 6])]  # row 1 and 4: another rank's
     got = passes.micro_batch_logprobs(ActorScorer(model), exp, micros, temperature=0.7, chunk=2)
     with torch.no_grad():
-        full, _ = passes.response_logprobs(model, ro.input_ids, ro.attention_mask, ro.prompt_ids.shape[1],
-                                           ro.response_ids, temperature=0.7)
+        full, _ = passes.response_logprobs(
+            model, ro.input_ids, ro.attention_mask, ro.prompt_ids.shape[1], ro.response_ids, temperature=0.7
+        )
     want = full * ro.response_mask
     want[[1, 4]] = 0.0
     assert got.dtype == torch.float64
@@ -163,7 +185,9 @@ def test_no_forward_after_an_optimizer_step_reads_weights_cast_before_it(tmp_pat
     (without it, the second forward here reuses the pre-step bf16 casts)."""
     from vapo_lit.build import build_module
 
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "cache_dir": str(tmp_path), "threads": 1})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]), {"model": "random", "cache_dir": str(tmp_path), "threads": 1}
+    )
     module = build_module(cfg)
     (actor_opt, _), _ = module.configure_optimizers()
     ids = torch.tensor([[5, 6, 7, 8]])

@@ -3,6 +3,7 @@ before it runs and recorded in its manifest; the report computes every paired st
 endpoint, states the eval's standard error against the deltas and warns where a row rests on tuning
 seeds. Scores are synthetic, so every expected number is computed here by hand.
 """
+
 from __future__ import annotations
 
 import json
@@ -54,7 +55,11 @@ def test_the_manifest_records_the_protocol_and_a_rerun_cannot_change_it(tmp_path
     assert (p.endpoint, p.tuning_seeds) == ("mean-last-2", [0])
     data = json.loads(runner.write_manifest(p).read_text())
     assert data["endpoint"] == "mean-last-2" and data["tuning_seeds"] == [0]
-    assert {(c["seed"], c["role"]) for c in data["cells"]} == {(0, "tuning"), (1, "confirmation"), (2, "confirmation")}
+    assert {(c["seed"], c["role"]) for c in data["cells"]} == {
+        (0, "tuning"),
+        (1, "confirmation"),
+        (2, "confirmation"),
+    }
     # the same grid again: the recorded protocol; another endpoint or other tuning seeds: refused
     again = load_grid(str(_grid_file(tmp_path)))
     assert runner.plan(again, base, range(3), out).endpoint == "mean-last-2"
@@ -75,8 +80,10 @@ def test_the_manifest_records_the_protocol_and_a_rerun_cannot_change_it(tmp_path
 
 def test_bad_protocol_input_is_one_line_before_anything_is_written(tmp_path, capsys):
     flags = ["--preset", "smoke", "--model", "random", "--seeds", "1", "--wandb", "disabled"]
-    for extra, msg in ((["--endpoint", "last"], "--endpoint: 'last' is not an endpoint"),
-                       (["--tuning-seeds", "x"], "--tuning-seeds: 'x' is not a seed")):
+    for extra, msg in (
+        (["--endpoint", "last"], "--endpoint: 'last' is not an endpoint"),
+        (["--tuning-seeds", "x"], "--tuning-seeds: 'x' is not a seed"),
+    ):
         out = tmp_path / "o"
         assert ablate(["--drop", "clip_higher", "--out", str(out), *flags, *extra]) == 2
         err = capsys.readouterr().err.strip()
@@ -87,7 +94,9 @@ def test_bad_protocol_input_is_one_line_before_anything_is_written(tmp_path, cap
 
 EVALS = {  # row -> seed -> {ppo update: score}; the endpoint averages updates 4, 6 and 8
     "vapo": {s: {0: 0.2, 2: 0.3, 4: 0.4 + 0.02 * s, 6: 0.5, 8: 0.6 - 0.01 * s} for s in range(3)},
-    "vapo-no-clip_higher": {s: {0: 0.2, 2: 0.3, 4: 0.3 + 0.03 * s, 6: 0.35, 8: 0.7 - 0.05 * s} for s in range(3)},
+    "vapo-no-clip_higher": {
+        s: {0: 0.2, 2: 0.3, 4: 0.3 + 0.03 * s, 6: 0.35, 8: 0.7 - 0.05 * s} for s in range(3)
+    },
 }
 
 
@@ -110,7 +119,9 @@ def _synthetic(tmp_path, endpoint, tuning):
 
 
 def _by_hand(last: int):
-    score = {row: [100 * sum(list(e.values())[-last:]) / last for e in per.values()] for row, per in EVALS.items()}
+    score = {
+        row: [100 * sum(list(e.values())[-last:]) / last for e in per.values()] for row, per in EVALS.items()
+    }
     d = [a - b for a, b in zip(score["vapo-no-clip_higher"], score["vapo"])]
     mean = sum(d) / 3
     sd = math.sqrt(sum((x - mean) ** 2 for x in d) / 2)
@@ -127,7 +138,9 @@ def test_the_report_is_computed_on_the_recorded_endpoint(tmp_path):
         assert list(got["last_eval"]) == pytest.approx([100 * e[8] for e in EVALS[row].values()], abs=1e-6)
     table = pd.read_csv(folder / "table.csv").set_index("row")
     rec = table.loc["vapo-no-clip_higher"]
-    assert (rec["delta_final"], rec["delta_final_ci_lo"], rec["delta_final_ci_hi"]) == pytest.approx((mean, lo, hi))
+    assert (rec["delta_final"], rec["delta_final_ci_lo"], rec["delta_final_ci_hi"]) == pytest.approx(
+        (mean, lo, hi)
+    )
     # the last eval alone gives another delta: the endpoint is not a label over the old number
     last, last_mean, _ = _by_hand(1)
     assert abs(last_mean - mean) > 1.0
@@ -137,9 +150,11 @@ def test_the_report_is_computed_on_the_recorded_endpoint(tmp_path):
     # the binomial standard error of one run's endpoint at the reference's mean, 32 problems x K samples
     p = sum(score["vapo"]) / 300
     se = 100 * math.sqrt(p * (1 - p) / (32 * K * 3))
-    assert f"One eval scores {32 * K} responses; at the reference score ({100 * p:.1f}) the binomial standard " \
-           f"error of one run's endpoint is ±{se:.1f} points, against a median |Δ last-3| of {abs(mean):.1f} points " \
-           f"({abs(mean) / se:.1f} x)." in md
+    assert (
+        f"One eval scores {32 * K} responses; at the reference score ({100 * p:.1f}) the binomial standard "
+        f"error of one run's endpoint is ±{se:.1f} points, against a median |Δ last-3| of {abs(mean):.1f} points "
+        f"({abs(mean) / se:.1f} x)." in md
+    )
     assert "Tuning seeds: 0 (settings were chosen on them). ⚠ Rows whose numbers include tuning seeds" in md
     assert "VAPO (full) (0); w/o clip_higher (0)" in md
 
@@ -150,10 +165,13 @@ def test_a_manifest_without_an_endpoint_is_reported_on_the_last_eval(tmp_path):
     seeds = pd.read_csv(folder / "seeds.csv")
     assert "last_eval" not in seeds.columns
     assert list(seeds[seeds["row"] == "vapo"].sort_values("seed")["final"]) == pytest.approx(score["vapo"])
-    assert pd.read_csv(folder / "table.csv").set_index("row").loc["vapo-no-clip_higher", "delta_final"] == \
-        pytest.approx(mean)
+    assert pd.read_csv(folder / "table.csv").set_index("row").loc[
+        "vapo-no-clip_higher", "delta_final"
+    ] == pytest.approx(mean)
     md = (folder / "table.md").read_text()
-    assert "Endpoint: **the last eval** after training started (`final`; the manifest records no endpoint" in md
+    assert (
+        "Endpoint: **the last eval** after training started (`final`; the manifest records no endpoint" in md
+    )
     assert "Tuning seeds: not recorded" in md and "| Δ final (paired, 95% CI) |" in md
 
 

@@ -1,6 +1,7 @@
 """The critic's replay (`ppo.critic_replay`, vapo_lit/replay.py): which batches the critic trains on,
 that its steps are the gradients of the value loss over them, and that a resumed run replays what an
 uninterrupted one did."""
+
 from __future__ import annotations
 
 import pytest
@@ -11,7 +12,7 @@ from wiring import N, clip_coef, coin, probe_run, ref_values, with_weights
 
 from vapo_lit.config import RunConfig, merge, validate
 from vapo_lit.experience import Experience
-from vapo_lit.module import step_seed
+from vapo_lit.rng import Stream, step_seed
 from vapo_lit.replay import CriticReplay
 from vapo_lit.train import train
 
@@ -27,15 +28,21 @@ def batch(n: int, prompt: int, width: int, seed: int) -> Experience:
     prompt_len = torch.randint(1, prompt + 1, (n,), generator=g)
     prompt_len[0] = prompt
     prompt_mask = (torch.arange(prompt)[None] >= prompt - prompt_len[:, None]).long()
-    return Experience(problems=[None] * n, group_size=1, texts=[""] * n,
-                      prompt_ids=torch.randint(1, 50, (n, prompt), generator=g) * prompt_mask,
-                      prompt_mask=prompt_mask,
-                      response_ids=torch.randint(1, 50, (n, width), generator=g) * mask.long(),
-                      mask=mask, lengths=lengths, truncated=torch.zeros(n, dtype=torch.bool),
-                      behaviour_logprobs=torch.randn(n, width, generator=g) * mask,
-                      values=torch.randn(n, width, generator=g) * mask,
-                      returns=torch.randn(n, width, generator=g) * mask,
-                      advantages=torch.randn(n, width, generator=g) * mask)
+    return Experience(
+        problems=[None] * n,
+        group_size=1,
+        texts=[""] * n,
+        prompt_ids=torch.randint(1, 50, (n, prompt), generator=g) * prompt_mask,
+        prompt_mask=prompt_mask,
+        response_ids=torch.randint(1, 50, (n, width), generator=g) * mask.long(),
+        mask=mask,
+        lengths=lengths,
+        truncated=torch.zeros(n, dtype=torch.bool),
+        behaviour_logprobs=torch.randn(n, width, generator=g) * mask,
+        values=torch.randn(n, width, generator=g) * mask,
+        returns=torch.randn(n, width, generator=g) * mask,
+        advantages=torch.randn(n, width, generator=g) * mask,
+    )
 
 
 def rows_of(exp: Experience) -> list[tuple]:
@@ -43,8 +50,14 @@ def rows_of(exp: Experience) -> list[tuple]:
     out = []
     for i in range(exp.n):
         p, r = exp.prompt_mask[i].bool(), exp.mask[i].bool()
-        out.append((exp.prompt_ids[i][p].tolist(), exp.response_ids[i][r].tolist(), exp.returns[i][r].tolist(),
-                    exp.values[i][r].tolist()))
+        out.append(
+            (
+                exp.prompt_ids[i][p].tolist(),
+                exp.response_ids[i][r].tolist(),
+                exp.returns[i][r].tolist(),
+                exp.values[i][r].tolist(),
+            )
+        )
     return out
 
 
@@ -54,7 +67,7 @@ def test_the_replay_trains_on_the_last_batches_oldest_first_and_resumes():
     got = [replay.batch(b, PAD) for b in batches[:4]]
     assert got[0].n == 3 and rows_of(got[0]) == rows_of(batches[0])
     for t in (1, 2, 3):
-        want = [row for b in batches[max(0, t - 2):t + 1] for row in rows_of(b)]
+        want = [row for b in batches[max(0, t - 2) : t + 1] for row in rows_of(b)]
         assert rows_of(got[t]) == want, t
     # left-padded prompts, right-padded responses: the padding is the pad id and mask 0
     last = got[3]
@@ -101,7 +114,9 @@ def critic_replay_reference(run, step, parts: list, rows: torch.Tensor) -> dict:
 def test_each_critic_step_is_the_value_loss_over_this_batch_and_the_one_before(tmp_path):
     """Mini-batches of 8 responses: 2 critic steps an iteration; with the batch before it replayed
     each step takes 16 responses of the 32 (8 of each batch's share, in the seeded shuffle)."""
-    run = probe_run(tmp_path, [], verifier=coin, steps=3, ppo={"critic_replay": 2, "critic_mini_batch_size": 8})
+    run = probe_run(
+        tmp_path, [], verifier=coin, steps=3, ppo={"critic_replay": 2, "critic_mini_batch_size": 8}
+    )
     its = run.probe.iterations
     assert len(its) == 3 and not any(it.pretraining for it in its)
     for t in (0, 1, 2):
@@ -109,10 +124,12 @@ def test_each_critic_step_is_the_value_loss_over_this_batch_and_the_one_before(t
         n = N * len(parts)
         steps = run.probe.of("critic", t)
         assert len(steps) == 2, t  # as many steps as without replay
-        perm = torch.randperm(n, generator=torch.Generator().manual_seed(step_seed(run.cfg.seed, t, 10)))
+        perm = torch.randperm(
+            n, generator=torch.Generator().manual_seed(step_seed(run.cfg.seed, t, Stream.CRITIC_MINIBATCH))
+        )
         size = n // 2
         for k, step in enumerate(steps):
-            rows = perm[k * size:(k + 1) * size]
+            rows = perm[k * size : (k + 1) * size]
             assert gap(step.grads, critic_replay_reference(run, step, parts, rows)) < TOL, (t, k)
             if t:  # the same rows of this batch alone (no replay) give another gradient
                 alone = critic_replay_reference(run, step, parts[1:], rows[rows >= N] - N)
@@ -120,9 +137,18 @@ def test_each_critic_step_is_the_value_loss_over_this_batch_and_the_one_before(t
 
 
 def test_a_resumed_run_replays_what_the_uninterrupted_one_did(tmp_path):
-    base = dict(components=["value_pretraining"], steps=4, eval_every=2, checkpoint_every=1,
-                vapo={"value_pretrain_steps": 1}, ppo={"critic_replay": 3})
-    train(smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base), module_factory=tiny_factory)
+    base = dict(
+        components=["value_pretraining"],
+        steps=4,
+        eval_every=2,
+        checkpoint_every=1,
+        vapo={"value_pretrain_steps": 1},
+        ppo={"critic_replay": 3},
+    )
+    train(
+        smoke_cfg(tmp_path, name="full", cache_dir=str(tmp_path / "cache_full"), **base),
+        module_factory=tiny_factory,
+    )
     broken = smoke_cfg(tmp_path, name="broken", cache_dir=str(tmp_path / "cache_broken"), **base)
     with pytest.raises(BaseException):
         train(broken, module_factory=tiny_factory, extra_callbacks=[CrashAt(3)])
@@ -131,8 +157,15 @@ def test_a_resumed_run_replays_what_the_uninterrupted_one_did(tmp_path):
     b = _comparable(read_metrics(tmp_path / "runs" / "broken"))
     assert a == b and len(a) == 6
     # and the replay changed the run: without it the critic's loss differs from the second PPO iteration on
-    train(smoke_cfg(tmp_path, name="plain", cache_dir=str(tmp_path / "cache_plain"),
-                    **{**base, "ppo": {"critic_replay": 1}}), module_factory=tiny_factory)
+    train(
+        smoke_cfg(
+            tmp_path,
+            name="plain",
+            cache_dir=str(tmp_path / "cache_plain"),
+            **{**base, "ppo": {"critic_replay": 1}},
+        ),
+        module_factory=tiny_factory,
+    )
     c = _comparable(read_metrics(tmp_path / "runs" / "plain"))
     assert [r["value/loss"] for r in a[:3]] == [r["value/loss"] for r in c[:3]]
     assert a[3]["value/loss"] != c[3]["value/loss"]

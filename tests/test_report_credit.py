@@ -1,6 +1,7 @@
 """The report's multi-turn credit section (vapo_lit/report/credit.py): per-row means of the last N
 PPO iterations' credit diagnostics, mean over seeds, value-pretraining rows left out; absent for
 single-turn runs."""
+
 from __future__ import annotations
 
 import math
@@ -23,7 +24,11 @@ def log(row, seed, values, pretrain=2):
 
 
 def test_last_n_ppo_iterations_then_mean_over_seeds():
-    logs = [log("vapo", 0, [1.0, 2.0, 3.0, 5.0]), log("vapo", 1, [0.0, 0.0, 7.0, 9.0]), log("vapo-obs-step", 0, [4.0])]
+    logs = [
+        log("vapo", 0, [1.0, 2.0, 3.0, 5.0]),
+        log("vapo", 1, [0.0, 0.0, 7.0, 9.0]),
+        log("vapo-obs-step", 0, [4.0]),
+    ]
     frame = credit_frame(logs, ["vapo", "vapo-obs-step"], last_n=2)
     rec = frame.set_index("row")
     for name in CREDIT:

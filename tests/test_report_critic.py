@@ -2,6 +2,7 @@
 iterations (the last value-pretraining ones, the first CALIBRATION_UPDATES and the last N PPO ones),
 then the mean over seeds; a cached value-pretraining phase read from its logged summary; rows
 without a critic left out; the figure written."""
+
 from __future__ import annotations
 
 import math
@@ -18,17 +19,35 @@ from vapo_lit.report.logs import RunLog
 E = CALIBRATION_UPDATES
 
 
-def run(row, seed, *, vp=12, n_ppo=15, oracle=True, components=COMPONENTS, cached=False, offset=0.0, end=None,
-        ppo_ceiling=0.6, late_ceiling=None):
+def run(
+    row,
+    seed,
+    *,
+    vp=12,
+    n_ppo=15,
+    oracle=True,
+    components=COMPONENTS,
+    cached=False,
+    offset=0.0,
+    end=None,
+    ppo_ceiling=0.6,
+    late_ceiling=None,
+):
     """vp value-pretraining rows whose EV at VP iteration i is 0.01 * i + offset, then PPO rows with
     EV 0.5 + 0.01 * i; the true-value columns likewise shifted; the ceiling 0.6 (0.7 during VP)."""
     n = vp + n_ppo
-    cols = {"step": list(range(1, n + 1)), "train/iteration": list(range(1, n + 1)),
-            "train/ppo_update": [0] * vp + list(range(1, n_ppo + 1)),
-            "train/value_pretraining": [1] * vp + [0] * n_ppo,
-            "value/explained_variance": [0.01 * i + offset for i in range(vp)] + [0.5 + 0.01 * i for i in range(n_ppo)]}
+    cols = {
+        "step": list(range(1, n + 1)),
+        "train/iteration": list(range(1, n + 1)),
+        "train/ppo_update": [0] * vp + list(range(1, n_ppo + 1)),
+        "train/value_pretraining": [1] * vp + [0] * n_ppo,
+        "value/explained_variance": [0.01 * i + offset for i in range(vp)]
+        + [0.5 + 0.01 * i for i in range(n_ppo)],
+    }
     if oracle:
-        cols["value/explained_variance_oracle"] = [0.02 * i for i in range(vp)] + [0.8 + 0.001 * i for i in range(n_ppo)]
+        cols["value/explained_variance_oracle"] = [0.02 * i for i in range(vp)] + [
+            0.8 + 0.001 * i for i in range(n_ppo)
+        ]
         late = ppo_ceiling if late_ceiling is None else late_ceiling  # the last 4 PPO iterations
         cols["value/oracle_ceiling"] = [0.7] * vp + [ppo_ceiling] * (n_ppo - 4) + [late] * 4
     if cached:
@@ -44,18 +63,28 @@ def median(xs):
 
 
 def test_the_critic_frame_against_hand_computed_medians():
-    logs = [run("vapo", 0), run("vapo", 1, offset=0.1), run("vapo-oracle", 0, vp=0, components=COMPONENTS[1:])]
+    logs = [
+        run("vapo", 0),
+        run("vapo", 1, offset=0.1),
+        run("vapo-oracle", 0, vp=0, components=COMPONENTS[1:]),
+    ]
     frame = critic.critic_frame(logs, ["vapo", "vapo-oracle"], last_n=4).set_index("row")
-    vp_end = [median([0.01 * i + off for i in range(12)][-critic.LAST_VP:]) for off in (0.0, 0.1)]
+    vp_end = [median([0.01 * i + off for i in range(12)][-critic.LAST_VP :]) for off in (0.0, 0.1)]
     assert frame.loc["vapo", "ev_vp_end"] == pytest.approx(sum(vp_end) / 2)
     assert frame.loc["vapo", "ev_early"] == pytest.approx(median([0.5 + 0.01 * i for i in range(E)]))
     assert frame.loc["vapo", "ev_late"] == pytest.approx(median([0.5 + 0.01 * i for i in range(15)][-4:]))
-    assert frame.loc["vapo", "ev_oracle_vp_end"] == pytest.approx(median([0.02 * i for i in range(12)][-critic.LAST_VP:]))
-    assert frame.loc["vapo", "ceiling"] == pytest.approx(0.6)  # the run's median: 15 PPO rows at 0.6, 12 at 0.7
+    assert frame.loc["vapo", "ev_oracle_vp_end"] == pytest.approx(
+        median([0.02 * i for i in range(12)][-critic.LAST_VP :])
+    )
+    assert frame.loc["vapo", "ceiling"] == pytest.approx(
+        0.6
+    )  # the run's median: 15 PPO rows at 0.6, 12 at 0.7
     assert frame.loc["vapo", "vp_end_of_ceiling"] == pytest.approx(sum(v / 0.7 for v in vp_end) / 2)
     assert frame.loc["vapo", "vp_end_of_ceiling_min"] == pytest.approx(min(vp_end) / 0.7)  # seed 0's
     assert frame.loc["vapo", "vp_iterations"] == 12 and frame.loc["vapo", "runs"] == 2
-    assert frame.loc["vapo-oracle", "vp_iterations"] == 0 and math.isnan(frame.loc["vapo-oracle", "ev_vp_end"])
+    assert frame.loc["vapo-oracle", "vp_iterations"] == 0 and math.isnan(
+        frame.loc["vapo-oracle", "ev_vp_end"]
+    )
 
 
 def test_the_share_of_the_ceiling_held_at_the_end_of_ppo():
@@ -72,13 +101,19 @@ def test_the_share_of_the_ceiling_held_at_the_end_of_ppo():
 def test_a_cached_value_pretraining_phase_is_read_from_its_logged_summary():
     frame = critic.critic_frame([run("vapo", 0, vp=0, cached=True)], ["vapo"], last_n=4).set_index("row")
     assert frame.loc["vapo", "vp_iterations"] == 50
-    old = critic.critic_frame([run("vapo", 0, vp=0)], ["vapo"], last_n=4).set_index("row")  # logged before the summary
+    old = critic.critic_frame([run("vapo", 0, vp=0)], ["vapo"], last_n=4).set_index(
+        "row"
+    )  # logged before the summary
     assert math.isnan(old.loc["vapo", "vp_iterations"]) and math.isnan(old.loc["vapo", "ev_vp_end"])
     assert math.isnan(frame.loc["vapo", "vp_end_of_ceiling"])  # an entry without its end: no share
     # an entry that kept where its phase ended: its medians, and the share of the ceiling then
     end = {"ev_end": 0.41, "ev_oracle_end": 0.55, "ceiling_end": 0.62}
-    kept = critic.critic_frame([run("vapo", 0, vp=0, cached=True, end=end)], ["vapo"], last_n=4).set_index("row")
-    assert kept.loc["vapo", "ev_vp_end"] == pytest.approx(0.41) and kept.loc["vapo", "ev_oracle_vp_end"] == 0.55
+    kept = critic.critic_frame([run("vapo", 0, vp=0, cached=True, end=end)], ["vapo"], last_n=4).set_index(
+        "row"
+    )
+    assert (
+        kept.loc["vapo", "ev_vp_end"] == pytest.approx(0.41) and kept.loc["vapo", "ev_oracle_vp_end"] == 0.55
+    )
     assert kept.loc["vapo", "vp_end_of_ceiling"] == pytest.approx(0.41 / 0.62)
 
 
@@ -91,10 +126,14 @@ def test_a_cached_entry_with_only_the_last_batch_has_no_vp_end():
     alone = critic.critic_frame([only_last], ["vapo"], last_n=4).set_index("row")
     for col in ("ev_vp_end", "ev_oracle_vp_end", "vp_end_of_ceiling", "vp_end_of_ceiling_min"):
         assert math.isnan(alone.loc["vapo", col]), col
-    assert "| – | 0.52 |" in critic.markdown_table(alone.reset_index())  # EV VP end shown as –, EV early beside it
+    assert "| – | 0.52 |" in critic.markdown_table(
+        alone.reset_index()
+    )  # EV VP end shown as –, EV early beside it
     ran = run("vapo", 1)  # this seed ran its phase: its median counts, alone
     mixed = critic.critic_frame([only_last, ran], ["vapo"], last_n=4).set_index("row")
-    assert mixed.loc["vapo", "ev_vp_end"] == pytest.approx(median([0.01 * i for i in range(12)][-critic.LAST_VP:]))
+    assert mixed.loc["vapo", "ev_vp_end"] == pytest.approx(
+        median([0.01 * i for i in range(12)][-critic.LAST_VP :])
+    )
     assert "kept only the last batch's EV" in critic.CRITIC_TEXT and "shows –" in critic.CRITIC_TEXT
 
 

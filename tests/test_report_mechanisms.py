@@ -2,6 +2,7 @@
 right PPO iterations (first CALIBRATION_UPDATES, last N, all), then the mean over seeds; the
 variance ratio as a ratio of per-run means; value-pretraining rows left out; absent for runs logged
 without the length columns (so the committed older reports are unchanged, test_committed_reports)."""
+
 from __future__ import annotations
 
 import math
@@ -22,19 +23,22 @@ def log(row, seed, n_ppo=12, pretrain=3, scale=1.0):
     whose value at PPO iteration i is a known function of i."""
     i = list(range(n_ppo))
     pre = [1000.0] * pretrain
-    cols = {"step": list(range(pretrain + n_ppo)), "train/value_pretraining": [1] * pretrain + [0] * n_ppo,
-            "value/bias_pos_first": pre + [scale * (x - 5) for x in i],
-            "gae/lambda_policy_min": pre + [0.9 + 0.001 * x for x in i],
-            "gae/lambda_policy_max": pre + [0.99 + 0.0001 * x for x in i],
-            "policy/clipfrac_low": pre + [0.01 * x for x in i],
-            "policy/clipfrac_high": pre + [0.0 if x % 3 else 0.02 for x in i],
-            "policy/entropy": pre + [1.0 - 0.05 * x for x in i],
-            "gae/lambda_policy_len_20-49": pre + [0.95] * n_ppo,
-            "gae/adv_bias_len_20-49": pre + [scale * x for x in i],
-            "gae/adv_var_len_20-49": pre + [2.0] * n_ppo,
-            "gae/adv_var_mc_len_20-49": pre + [4.0 + x for x in i],
-            "policy/loss_share_len_20-49": pre + [0.25] * n_ppo,
-            "policy/loss_share_len_ge1000": pre + [0.75] * n_ppo}
+    cols = {
+        "step": list(range(pretrain + n_ppo)),
+        "train/value_pretraining": [1] * pretrain + [0] * n_ppo,
+        "value/bias_pos_first": pre + [scale * (x - 5) for x in i],
+        "gae/lambda_policy_min": pre + [0.9 + 0.001 * x for x in i],
+        "gae/lambda_policy_max": pre + [0.99 + 0.0001 * x for x in i],
+        "policy/clipfrac_low": pre + [0.01 * x for x in i],
+        "policy/clipfrac_high": pre + [0.0 if x % 3 else 0.02 for x in i],
+        "policy/entropy": pre + [1.0 - 0.05 * x for x in i],
+        "gae/lambda_policy_len_20-49": pre + [0.95] * n_ppo,
+        "gae/adv_bias_len_20-49": pre + [scale * x for x in i],
+        "gae/adv_var_len_20-49": pre + [2.0] * n_ppo,
+        "gae/adv_var_mc_len_20-49": pre + [4.0 + x for x in i],
+        "policy/loss_share_len_20-49": pre + [0.25] * n_ppo,
+        "policy/loss_share_len_ge1000": pre + [0.75] * n_ppo,
+    }
     return RunLog(Path(f"/x/{row}-{seed}"), row, seed, 4, n_ppo, [], "gae", pd.DataFrame(cols))
 
 
@@ -74,8 +78,14 @@ def test_critic_free_rows_have_no_advantage_numbers():
 
 
 def test_runs_without_the_length_columns_have_no_section():
-    df = pd.DataFrame({"step": [0, 1], "train/value_pretraining": [0, 0], "policy/entropy": [1.0, 2.0],
-                       "value/bias_pos_ge128": [0.1, 0.2]})
+    df = pd.DataFrame(
+        {
+            "step": [0, 1],
+            "train/value_pretraining": [0, 0],
+            "policy/entropy": [1.0, 2.0],
+            "value/bias_pos_ge128": [0.1, 0.2],
+        }
+    )
     logs = [RunLog(Path("/x"), "vapo", 0, 4, 1, [], "gae", df)]
     assert mechanism_frames(logs, ["vapo"], 10) is None
     assert bias_buckets(logs) == BIAS_BUCKETS
@@ -94,8 +104,17 @@ def test_mechanism_figures_are_written(tmp_path):
     for lg in logs:
         lg.metrics["train/ppo_update"] = (lg.metrics["step"] - 2).clip(lower=0)
     calibration = {"bias": {}, "vp": {}, "buckets": BIAS_BUCKETS}
-    written = plot_all(logs, ["vapo", "vanilla_ppo"], tmp_path, 4, {"tokens": 1.0, "seconds": 1.0}, calibration,
-                       mechanisms=True)
+    written = plot_all(
+        logs,
+        ["vapo", "vanilla_ppo"],
+        tmp_path,
+        4,
+        {"tokens": 1.0, "seconds": 1.0},
+        calibration,
+        mechanisms=True,
+    )
     assert [p.name for p in written] == [f"{n}.png" for n in (*NAMES, *MECHANISM_FIGURES)]
     assert all(p.stat().st_size > 1000 for p in written)
-    assert [p.name for p in plot_all(logs, ["vapo"], tmp_path / "old", 4, {}, calibration)] == [f"{n}.png" for n in NAMES]
+    assert [p.name for p in plot_all(logs, ["vapo"], tmp_path / "old", 4, {}, calibration)] == [
+        f"{n}.png" for n in NAMES
+    ]

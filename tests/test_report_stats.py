@@ -4,6 +4,7 @@ recomputations on random inputs, and hand-computed / closed-form numbers.
 
     .venv/bin/python -m pytest tests/test_report_stats.py
 """
+
 from __future__ import annotations
 
 import math
@@ -14,15 +15,46 @@ import pytest
 from vapo_lit import seed_stats as stats
 
 # scipy.stats.t.ppf(0.975, df), df = 1..30 (scipy 1.17.1)
-T975 = [12.706204736174694, 4.302652729749462, 3.1824463052837078, 2.7764451051977934, 2.5705818356363146,
-        2.4469118511449786, 2.364624251592784, 2.306004135204166, 2.262157162798205, 2.228138851986274,
-        2.200985160091639, 2.1788128296672284, 2.1603686564627913, 2.144786687917804, 2.131449545559776,
-        2.1199052992212546, 2.1098155778333156, 2.1009220402410382, 2.0930240544083087, 2.085963447265864,
-        2.0796138447276795, 2.0738730679040254, 2.0686576104190486, 2.0638985616280245, 2.0595385527532972,
-        2.0555294386428735, 2.0518305164802846, 2.0484071417952454, 2.045229642132703, 2.0422724563012378]
+T975 = [
+    12.706204736174694,
+    4.302652729749462,
+    3.1824463052837078,
+    2.7764451051977934,
+    2.5705818356363146,
+    2.4469118511449786,
+    2.364624251592784,
+    2.306004135204166,
+    2.262157162798205,
+    2.228138851986274,
+    2.200985160091639,
+    2.1788128296672284,
+    2.1603686564627913,
+    2.144786687917804,
+    2.131449545559776,
+    2.1199052992212546,
+    2.1098155778333156,
+    2.1009220402410382,
+    2.0930240544083087,
+    2.085963447265864,
+    2.0796138447276795,
+    2.0738730679040254,
+    2.0686576104190486,
+    2.0638985616280245,
+    2.0595385527532972,
+    2.0555294386428735,
+    2.0518305164802846,
+    2.0484071417952454,
+    2.045229642132703,
+    2.0422724563012378,
+]
 # 2 * scipy.stats.t.sf(t, df)
-SF2 = [(2.5, 3, 0.08770664700806556), (0.7, 1, 0.6111997755715705), (4.0, 9, 0.0031104283103858543),
-       (12.0, 4, 0.000276428548502973), (1.96, 1000, 0.050273184955748736)]
+SF2 = [
+    (2.5, 3, 0.08770664700806556),
+    (0.7, 1, 0.6111997755715705),
+    (4.0, 9, 0.0031104283103858543),
+    (12.0, 4, 0.000276428548502973),
+    (1.96, 1000, 0.050273184955748736),
+]
 A = [61.2, 80.5, 44.9, 70.3, 55.0]
 B = [92.1, 93.4, 90.8, 94.0, 91.7]
 # scipy.stats.ttest_rel(A, B): statistic, pvalue, confidence_interval(0.95)
@@ -41,7 +73,11 @@ def test_t_quantiles_and_tails_equal_scipy():
 
 def test_summary_is_the_textbook_t_interval():
     s = stats.summarize([1.0, 2.0, 4.0])
-    assert s["n"] == 3 and s["mean"] == pytest.approx(7 / 3) and s["std"] == pytest.approx(np.std([1, 2, 4], ddof=1))
+    assert (
+        s["n"] == 3
+        and s["mean"] == pytest.approx(7 / 3)
+        and s["std"] == pytest.approx(np.std([1, 2, 4], ddof=1))
+    )
     assert s["ci_hi"] - s["mean"] == pytest.approx(T975[1] * s["std"] / math.sqrt(3))
     one = stats.summarize([0.5, float("nan"), None])
     assert one["n"] == 1 and math.isnan(one["std"]) and math.isnan(one["ci_lo"])
@@ -112,13 +148,13 @@ def test_shared_seed_effect_paired_interval_excludes_zero_where_unpaired_does_no
     """Rows share a large per-seed effect and differ by a small constant: pairing removes the
     shared part (the issue's case: 2 seeds gave an unpaired interval of [-101.9, 225.7])."""
     rng = np.random.default_rng(1)
-    seed_effect = rng.normal(0, 20, 5)                     # what a seed shares across rows
+    seed_effect = rng.normal(0, 20, 5)  # what a seed shares across rows
     ref = 70 + seed_effect
-    row = ref - 2.0 + rng.normal(0, 0.3, 5)                # 2 points worse, little own noise
+    row = ref - 2.0 + rng.normal(0, 0.3, 5)  # 2 points worse, little own noise
     paired = stats.paired_delta(dict(enumerate(row)), dict(enumerate(ref)))
     unpaired = stats.welch_delta(row, ref)
-    assert paired["ci_hi"] < 0                             # resolved
-    assert unpaired["ci_lo"] < 0 < unpaired["ci_hi"]       # not resolved
+    assert paired["ci_hi"] < 0  # resolved
+    assert unpaired["ci_lo"] < 0 < unpaired["ci_hi"]  # not resolved
     assert paired["mean"] == pytest.approx(unpaired["mean"])  # same point estimate when every seed pairs
 
 
@@ -139,7 +175,7 @@ def test_holm_equals_reference():
     for _ in range(100):
         ps = list(rng.uniform(0, 0.2, int(rng.integers(1, 12))))
         assert stats.holm(ps) == pytest.approx(_holm_reference(ps), abs=1e-15)
-    out = stats.holm([0.02, float("nan"), 0.04])          # undefined p: not in the family
+    out = stats.holm([0.02, float("nan"), 0.04])  # undefined p: not in the family
     assert out[0] == pytest.approx(0.04) and math.isnan(out[1]) and out[2] == pytest.approx(0.04)
     assert stats.holm([0.9, 0.8]) == [1.0, 1.0]  # capped at 1, monotone in p
 
@@ -172,14 +208,16 @@ def test_decide_seeds_rule():
     zero = [0.0, 0.0, 0.0]
     d = stats.decide_seeds({"a": resolved, "b": zero}, seeds=3, max_seeds=10)
     assert d.seeds is None and d.status == {"a": "resolved", "b": "unreachable"}
-    noisy = [2.0 + x for x in (3.0, -3.0, 0.0)]           # mean 2, sd 3 -> 12 pairs needed
+    noisy = [2.0 + x for x in (3.0, -3.0, 0.0)]  # mean 2, sd 3 -> 12 pairs needed
     d = stats.decide_seeds({"a": resolved, "c": noisy}, seeds=3, max_seeds=20)
     assert d.status["c"] == "needs 12 pairs" and d.seeds == 12
     d = stats.decide_seeds({"c": noisy}, seeds=3, max_seeds=10)
     assert d.status["c"] == "unreachable" and d.seeds is None
     d = stats.decide_seeds({"c": noisy[:1]}, seeds=3, max_seeds=10)  # a failed cell left one pair
     assert d.status["c"] == "needs 2 pairs" and d.seeds == 4
-    d = stats.decide_seeds({"c": [1.0, 2.0, 3.0]}, seeds=4, max_seeds=6)  # needs 4 pairs, has 3 (a failed cell)
+    d = stats.decide_seeds(
+        {"c": [1.0, 2.0, 3.0]}, seeds=4, max_seeds=6
+    )  # needs 4 pairs, has 3 (a failed cell)
     assert d.status["c"] == "needs 4 pairs" and d.seeds == 5
     d = stats.decide_seeds({"c": [1.0, 2.0, 3.0]}, seeds=6, max_seeds=6)
     assert d.seeds is None and "cap of 6 seeds" in d.reason
@@ -217,7 +255,10 @@ def test_spearman_matches_a_reference_with_and_without_ties(seed):
     for n in (3, 7, 12):
         x = rng.normal(size=n)
         y = rng.integers(0, 4, size=n).astype(float) if seed % 2 else x + rng.normal(size=n)  # ties when odd
-        rx, ry = pd.Series(x).rank(method="average").to_numpy(), pd.Series(y).rank(method="average").to_numpy()
+        rx, ry = (
+            pd.Series(x).rank(method="average").to_numpy(),
+            pd.Series(y).rank(method="average").to_numpy(),
+        )
         assert stats.ranks(y.tolist()) == ry.tolist()
         want = np.corrcoef(rx, ry)[0, 1] if ry.std() > 0 else float("nan")
         got = stats.spearman(x.tolist(), y.tolist())
@@ -230,6 +271,8 @@ def test_ranks_average_ties_and_spearman_edge_cases():
     assert math.isnan(stats.spearman([1, 2], [1, 2]))  # fewer than 3 pairs
     assert math.isnan(stats.spearman([1, 2, 3], [5, 5, 5]))  # no spread on one side
     assert stats.spearman([1, float("nan"), 2, 3], [1, 9, 2, 3]) == pytest.approx(1.0)  # NaN pairs left out
-    assert stats.spearman([1, 2, 3, 4], [np.float32("nan"), 3, 2, 1]) == pytest.approx(-1.0)  # NumPy's NaN too
+    assert stats.spearman([1, 2, 3, 4], [np.float32("nan"), 3, 2, 1]) == pytest.approx(
+        -1.0
+    )  # NumPy's NaN too
     with pytest.raises(ValueError, match="NaN or None has no rank"):
         stats.ranks([1.0, float("nan"), 0.5])

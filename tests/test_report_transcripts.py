@@ -1,5 +1,6 @@
 """The report's "What the model wrote": episodes picked from the runs' samples.jsonl, by hand-made
 samples whose choice can be checked by eye."""
+
 from __future__ import annotations
 
 import json
@@ -11,11 +12,23 @@ from vapo_lit.cli.report import main as report
 from vapo_lit.report import transcripts
 
 
-def sample(update, index, reward, *, phase="eval", response=None, calls=0, prompt="<user>What is 2+3?<assistant>"):
-    return {"iteration": update, "ppo_update": update, "phase": phase, "index": index, "prompt": prompt,
-            "response": response if response is not None else f"u{update} i{index} r{reward}", "reward": reward,
-            "verdict": {"reward": reward}, "truncated": False, "response_tokens": 3,
-            "observations": [], "tool_calls": [{"name": "calculator"}] * calls}
+def sample(
+    update, index, reward, *, phase="eval", response=None, calls=0, prompt="<user>What is 2+3?<assistant>"
+):
+    return {
+        "iteration": update,
+        "ppo_update": update,
+        "phase": phase,
+        "index": index,
+        "prompt": prompt,
+        "response": response if response is not None else f"u{update} i{index} r{reward}",
+        "reward": reward,
+        "verdict": {"reward": reward},
+        "truncated": False,
+        "response_tokens": 3,
+        "observations": [],
+        "tool_calls": [{"name": "calculator"}] * calls,
+    }
 
 
 def write_samples(run_dir, rows):
@@ -23,8 +36,17 @@ def write_samples(run_dir, rows):
 
 
 def test_pick_takes_the_first_rewarded_and_unrewarded_episode_of_the_first_and_last_eval():
-    rows = [sample(0, 1, 0.0), sample(0, 0, 0.0), sample(0, 2, 1.0), sample(3, 0, 1.0, phase="train"),
-            sample(6, 0, 1.0), sample(6, 1, 1.0), sample(9, 3, 0.0), sample(9, 1, 1.0), sample(9, 2, 0.0)]
+    rows = [
+        sample(0, 1, 0.0),
+        sample(0, 0, 0.0),
+        sample(0, 2, 1.0),
+        sample(3, 0, 1.0, phase="train"),
+        sample(6, 0, 1.0),
+        sample(6, 1, 1.0),
+        sample(9, 3, 0.0),
+        sample(9, 1, 1.0),
+        sample(9, 2, 0.0),
+    ]
     got = [(r["ppo_update"], r["index"]) for r in transcripts.pick(rows)]
     assert got == [(0, 2), (0, 0), (9, 1), (9, 2)]  # update 6 is neither first nor last; train rows never
     assert [(r["ppo_update"], r["index"]) for r in transcripts.pick([sample(0, 0, 0.0)])] == [(0, 0)]
@@ -34,19 +56,24 @@ def test_pick_takes_the_first_rewarded_and_unrewarded_episode_of_the_first_and_l
 def test_the_report_shows_the_lowest_seed_with_samples_and_leaves_the_rest_alone(tmp_path):
     out = tmp_path / "g"
     evals = {0: 0.25, 2: 0.5, 4: 0.75}
-    cells = [(row, seed, write_run(out / "runs" / f"{row}-s{seed}", row, seed, evals, steps=4))
-             for row in ("vapo", "vapo-no-clip_higher") for seed in range(2)]
+    cells = [
+        (row, seed, write_run(out / "runs" / f"{row}-s{seed}", row, seed, evals, steps=4))
+        for row in ("vapo", "vapo-no-clip_higher")
+        for seed in range(2)
+    ]
     write_manifest(out, "g", ["vapo", "vapo-no-clip_higher"], cells)
     assert report([str(out), "--grid", "g", "--no-figures"]) == 0
     md = (out / "reports" / "g" / "table.md").read_text()
     assert "What the model wrote" not in md and not (out / "reports" / "g" / "transcripts.csv").exists()
 
     long = "x" * (transcripts.RESPONSE_CHARS + 5) + "~~~ fence"
-    write_samples(out / "runs" / "vapo-s1", [sample(0, 0, 0.0, calls=1), sample(4, 0, 1.0, response=long, calls=2)])
+    write_samples(
+        out / "runs" / "vapo-s1", [sample(0, 0, 0.0, calls=1), sample(4, 0, 1.0, response=long, calls=2)]
+    )
     write_samples(out / "runs" / "vapo-s0", [sample(0, 0, 1.0, response="seed zero")])
     assert report([str(out), "--grid", "g", "--no-figures"]) == 0
     md = (out / "reports" / "g" / "table.md").read_text()
-    section = md[md.index("## What the model wrote"):]
+    section = md[md.index("## What the model wrote") :]
     assert "seed zero" in section and "u0 i0" not in section  # seed 0 is the lowest that kept samples
     assert "**VAPO (full)**, seed 0, eval at update 0: reward 1, 0 tool calls" in section
     frame = pd.read_csv(out / "reports" / "g" / "transcripts.csv")

@@ -1,4 +1,5 @@
 """KV-cached sampling: behaviour log-probs, padding/positions, reproducibility, top-p."""
+
 import pytest
 import torch
 
@@ -20,29 +21,65 @@ def tiny_model(kind: str, vocab_size: int, tok):
     if kind == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
-        cfg = LlamaConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cfg = LlamaConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         return LlamaForCausalLM(cfg).eval()
     if kind == "gpt2":
         from transformers import GPT2Config, GPT2LMHeadModel
 
-        cfg = GPT2Config(vocab_size=vocab_size, n_embd=32, n_layer=2, n_head=4, n_positions=128,
-                         bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cfg = GPT2Config(
+            vocab_size=vocab_size,
+            n_embd=32,
+            n_layer=2,
+            n_head=4,
+            n_positions=128,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         return GPT2LMHeadModel(cfg).eval()
     if kind == "qwen2":
         from transformers import Qwen2Config, Qwen2ForCausalLM
 
-        cfg = Qwen2Config(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                          num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128,
-                          bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cfg = Qwen2Config(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         return Qwen2ForCausalLM(cfg).eval()
     if kind == "mistral":
         from transformers import MistralConfig, MistralForCausalLM
 
-        cfg = MistralConfig(vocab_size=vocab_size, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
-                            num_key_value_heads=2, intermediate_size=64, max_position_embeddings=128, sliding_window=None,
-                            bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+        cfg = MistralConfig(
+            vocab_size=vocab_size,
+            hidden_size=32,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            num_key_value_heads=2,
+            intermediate_size=64,
+            max_position_embeddings=128,
+            sliding_window=None,
+            bos_token_id=tok.bos_token_id,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
         return MistralForCausalLM(cfg).eval()
     raise ValueError(kind)
 
@@ -94,7 +131,7 @@ def test_logprobs_match_full_forward(task, kind, temperature, top_p):
     check_invariants(ro, len(PROMPTS), 20, tok)
     P = ro.prompt_ids.shape[1]
     with torch.no_grad():
-        full = sequence_logprobs(model, ro.input_ids, ro.attention_mask, temperature=temperature)[:, P - 1:]
+        full = sequence_logprobs(model, ro.input_ids, ro.attention_mask, temperature=temperature)[:, P - 1 :]
     m = ro.response_mask
     assert torch.allclose(full * m, ro.logprobs, atol=1e-4)
     # and each row alone, without any padding, gives the same log-probs (positions are right)
@@ -103,7 +140,7 @@ def test_logprobs_match_full_forward(task, kind, temperature, top_p):
         ids = ro.input_ids[i][keep][None]
         p_i = int(ro.prompt_mask[i].sum())
         with torch.no_grad():
-            alone = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)[0, p_i - 1:]
+            alone = sequence_logprobs(model, ids, torch.ones_like(ids), temperature=temperature)[0, p_i - 1 :]
         L = int(ro.lengths[i])
         assert torch.allclose(alone[:L], ro.logprobs[i, :L], atol=1e-4)
 
@@ -125,7 +162,9 @@ def test_stops_when_all_ended_and_truncation(task):
     eager = EosBiased(base, tok.eos_token_id, 50.0)
     ro = generate(eager, tok, PROMPTS, max_new_tokens=30, seeds=0)
     assert ro.response_ids.shape[1] == 1 and bool(ro.terminated.all())
-    assert ro.texts == [""] * len(PROMPTS) and torch.equal(ro.lengths, torch.ones(len(PROMPTS), dtype=torch.long))
+    assert ro.texts == [""] * len(PROMPTS) and torch.equal(
+        ro.lengths, torch.ones(len(PROMPTS), dtype=torch.long)
+    )
     never = EosBiased(base, tok.eos_token_id, -1e4)
     ro = generate(never, tok, PROMPTS, max_new_tokens=9, seeds=0)
     assert ro.response_ids.shape[1] == 9 and bool(ro.truncated.all())
@@ -199,7 +238,9 @@ def test_a_response_does_not_depend_on_its_batch(task):
     seeds = [sample_seed(5, i) for i in range(len(prompts))]
     whole = generate(model, tok, prompts, max_new_tokens=12, seeds=seeds)
     order = [7, 2, 11, 0, 5, 9, 1, 4, 10, 3, 8, 6]
-    shuffled = generate(model, tok, [prompts[i] for i in order], max_new_tokens=12, seeds=[seeds[i] for i in order])
+    shuffled = generate(
+        model, tok, [prompts[i] for i in order], max_new_tokens=12, seeds=[seeds[i] for i in order]
+    )
     for j, i in enumerate(order):
         L = int(whole.lengths[i])
         assert int(shuffled.lengths[j]) == L and whole.texts[i] == shuffled.texts[j]
@@ -229,7 +270,7 @@ def test_uniforms_per_row_steps_equal_each_rows_own_draw():
     seeds = torch.tensor([sample_seed(11, i) for i in range(64)])
     steps = torch.randint(0, 5000, (64,), generator=torch.Generator().manual_seed(0))
     steps[:4] = torch.tensor([0, 1, 2**40 + 3, 2**62 - 1])
-    want = torch.cat([uniforms(seeds[i:i + 1], int(steps[i])) for i in range(64)])
+    want = torch.cat([uniforms(seeds[i : i + 1], int(steps[i])) for i in range(64)])
     assert torch.equal(uniforms(seeds, steps), want)
 
 
@@ -248,9 +289,19 @@ def test_fast_decode_equals_transformers_forward(task, kind, eos_bias):
     prompts = PROMPTS * 6
     seeds = [sample_seed(9, i) for i in range(len(prompts))]
     for temperature, top_p in ((1.0, 1.0), (0.7, 0.8)):
-        fast = generate(model, tok, prompts, max_new_tokens=24, temperature=temperature, top_p=top_p, seeds=seeds)
-        plain = generate(model, tok, prompts, max_new_tokens=24, temperature=temperature, top_p=top_p, seeds=seeds,
-                         fast=False)
+        fast = generate(
+            model, tok, prompts, max_new_tokens=24, temperature=temperature, top_p=top_p, seeds=seeds
+        )
+        plain = generate(
+            model,
+            tok,
+            prompts,
+            max_new_tokens=24,
+            temperature=temperature,
+            top_p=top_p,
+            seeds=seeds,
+            fast=False,
+        )
         assert fast.texts == plain.texts and torch.equal(fast.response_ids, plain.response_ids)
         assert torch.equal(fast.lengths, plain.lengths) and torch.equal(fast.truncated, plain.truncated)
         torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-6)
@@ -333,7 +384,11 @@ def test_fast_decode_cache_in_the_compute_dtype_and_gqa_without_copies(task, mon
     prompts, seeds = PROMPTS * 3, [sample_seed(6, i) for i in range(len(PROMPTS) * 3)]
     with torch.autocast("cpu", dtype=torch.bfloat16):
         plain = generate(model, tok, prompts, max_new_tokens=16, seeds=seeds, fast=False)
-        monkeypatch.setattr(torch.Tensor, "repeat_interleave", lambda t, *a, **k: copies.append(t.shape) or real_repeat(t, *a, **k))
+        monkeypatch.setattr(
+            torch.Tensor,
+            "repeat_interleave",
+            lambda t, *a, **k: copies.append(t.shape) or real_repeat(t, *a, **k),
+        )
         fast = generate(model, tok, prompts, max_new_tokens=16, seeds=seeds)
     monkeypatch.undo()
     assert [t.dtype for t in made[0].k + made[0].v] == [torch.bfloat16] * 4
@@ -341,8 +396,12 @@ def test_fast_decode_cache_in_the_compute_dtype_and_gqa_without_copies(task, mon
     assert torch.equal(fast.response_ids, plain.response_ids)
     torch.testing.assert_close(fast.logprobs, plain.logprobs, rtol=0, atol=1e-6)
     with torch.no_grad():  # without autocast: the weights' own dtype
-        fp32 = StaticDecoder(model, model(input_ids=torch.ones((2, 3), dtype=torch.long), use_cache=True).past_key_values,
-                             torch.ones((2, 3)), 8)
+        fp32 = StaticDecoder(
+            model,
+            model(input_ids=torch.ones((2, 3), dtype=torch.long), use_cache=True).past_key_values,
+            torch.ones((2, 3)),
+            8,
+        )
     assert fp32.k[0].dtype == torch.float32
 
 
@@ -356,7 +415,9 @@ def test_fast_decode_keep_compacts_in_place(task):
     n, P = 6, 4
     ids = torch.randint(3, len(tok), (n, P))
     with torch.no_grad():
-        dec = StaticDecoder(model, model(input_ids=ids, use_cache=True).past_key_values, torch.ones((n, P)), 10)
+        dec = StaticDecoder(
+            model, model(input_ids=ids, use_cache=True).past_key_values, torch.ones((n, P)), 10
+        )
         for t in range(2):
             dec.step(torch.randint(3, len(tok), (n,)), torch.full((n,), P + t))
     keep = torch.tensor([True, False, False, True, True, False])

@@ -1,6 +1,7 @@
 """The run card's values follow the settings the run uses (token denominator, lambdas, the warmup's
 lambda, where the behaviour log-probs come from, the clip range, the NLL weight), and every field
 its `definitions` names exists and links to a heading of docs/ that exists."""
+
 from __future__ import annotations
 
 import json
@@ -21,8 +22,10 @@ ALL = list(COMPONENTS)
 
 
 def _built(tmp_path_factory, **delta):
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]),
-                {"model": "random", "wandb": "disabled", "cache_dir": str(tmp_path_factory.mktemp("cache")), **delta})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {"model": "random", "wandb": "disabled", "cache_dir": str(tmp_path_factory.mktemp("cache")), **delta},
+    )
     mod = build_module(cfg)
     mod.base_cfg = mod.cfg  # what card_for changes
     return mod
@@ -55,8 +58,14 @@ def test_dropping_token_level_loss_flips_the_token_denominator(module):
 
 def test_the_lambdas_follow_the_config(module):
     lam = card_for(module, vapo={"alpha": 0.7, "lambda_critic": 0.9}, ppo={"gamma": 0.99})["lambdas"]
-    assert lam == {"estimator": "gae", "lambda_policy": "length_adaptive", "alpha": 0.7, "lambda_critic": 0.9,
-                   "gamma": 0.99, "state_values": "critic"}
+    assert lam == {
+        "estimator": "gae",
+        "lambda_policy": "length_adaptive",
+        "alpha": 0.7,
+        "lambda_critic": 0.9,
+        "gamma": 0.99,
+        "state_values": "critic",
+    }
     lam = card_for(module, without("length_adaptive_gae"), ppo={"lam": 0.8})["lambdas"]
     assert lam["lambda_policy"] == 0.8 and lam["alpha"] is None and lam["lambda_critic"] == 1.0
     lam = card_for(module, without("length_adaptive_gae", "decoupled_gae"), ppo={"lam": 0.8})["lambdas"]
@@ -67,13 +76,20 @@ def test_the_warmup_records_its_lambda_only_with_value_pretraining(module):
     warm = card_for(module, vapo={"value_pretrain_steps": 7})["value_initialisation_and_warmup"]
     assert warm["value_pretraining"] and warm["warmup_steps_max"] == 7 and warm["warmup_lambda_critic"] == 1.0
     warm = card_for(module, without("value_pretraining"))["value_initialisation_and_warmup"]
-    assert not warm["value_pretraining"] and warm["warmup_steps_max"] == 0 and warm["warmup_lambda_critic"] is None
+    assert (
+        not warm["value_pretraining"]
+        and warm["warmup_steps_max"] == 0
+        and warm["warmup_lambda_critic"] is None
+    )
     assert warm["warmup_critic_lr_epochs"] is None
 
 
 def test_the_warmup_records_the_critics_rate_in_value_pretraining(module):
-    warm = card_for(module, ppo={"critic_lr": 6e-5, "critic_epochs": 1},
-                    vapo={"value_pretrain_critic_lr": 3e-4, "value_pretrain_critic_epochs": 4})
+    warm = card_for(
+        module,
+        ppo={"critic_lr": 6e-5, "critic_epochs": 1},
+        vapo={"value_pretrain_critic_lr": 3e-4, "value_pretrain_critic_epochs": 4},
+    )
     assert warm["value_initialisation_and_warmup"]["warmup_critic_lr_epochs"] == [3e-4, 4]
     same = card_for(module, ppo={"critic_lr": 6e-5, "critic_epochs": 2})["value_initialisation_and_warmup"]
     assert same["warmup_critic_lr_epochs"] == [6e-5, 2]  # None: the ppo ones
@@ -88,10 +104,18 @@ def test_the_behaviour_logprobs_source_follows_recompute_logprobs(module, recomp
 
 def test_clip_nll_and_whitening_follow_the_config(module):
     card = card_for(module, vapo={"eps_high": 0.3, "mu": 0.2}, ppo={"eps": 0.1, "whiten_advantages": True})
-    assert card["eps"] == {"eps_low": 0.1, "eps_high": 0.3} and card["positive_samples"]["nll_coefficient"] == 0.2
+    assert (
+        card["eps"] == {"eps_low": 0.1, "eps_high": 0.3}
+        and card["positive_samples"]["nll_coefficient"] == 0.2
+    )
     assert card["advantage_normalisation"] == "whitened"
-    card = card_for(module, without("clip_higher", "positive_lm_loss"), ppo={"eps": 0.1, "whiten_advantages": False})
-    assert card["eps"] == {"eps_low": 0.1, "eps_high": 0.1} and card["positive_samples"]["nll_coefficient"] == 0.0
+    card = card_for(
+        module, without("clip_higher", "positive_lm_loss"), ppo={"eps": 0.1, "whiten_advantages": False}
+    )
+    assert (
+        card["eps"] == {"eps_low": 0.1, "eps_high": 0.1}
+        and card["positive_samples"]["nll_coefficient"] == 0.0
+    )
     assert card["advantage_normalisation"] == "none"
 
 
@@ -104,7 +128,9 @@ def test_a_single_turn_card_has_no_multi_turn_section(module):
 def test_a_multi_turn_card_records_the_environment(tmp_path_factory):
     mod = _built(tmp_path_factory, task="toolchain", task_options={}, observations="step")
     card = card_for(mod)
-    assert card["multi_turn"]["observations"] == "step" and card["multi_turn"]["tools"] == sorted(mod.task.tools)
+    assert card["multi_turn"]["observations"] == "step" and card["multi_turn"]["tools"] == sorted(
+        mod.task.tools
+    )
     assert card["multi_turn"]["token_budget"] == mod.max_new_tokens
     assert {"multi_turn", "multi_turn.max_turns"} <= set(card["definitions"])
     check_definitions(card)
@@ -130,8 +156,10 @@ def anchors(page: Path) -> set[str]:
 
 
 def test_slug_matches_the_links_the_docs_already_use():
-    assert slug("What the paper leaves open, and a run must record (its \"run card\")") == \
-        "what-the-paper-leaves-open-and-a-run-must-record-its-run-card"
+    assert (
+        slug('What the paper leaves open, and a run must record (its "run card")')
+        == "what-the-paper-leaves-open-and-a-run-must-record-its-run-card"
+    )
     assert slug("Report columns (`table.csv`, `seeds.csv`)") == "report-columns-tablecsv-seedscsv"
 
 
@@ -139,7 +167,9 @@ def check_definitions(card: dict) -> None:
     for field, link in card["definitions"].items():
         node = card
         for key in field.split("."):
-            assert isinstance(node, dict) and key in node, f"definitions names {field!r}, not a field of the card"
+            assert isinstance(node, dict) and key in node, (
+                f"definitions names {field!r}, not a field of the card"
+            )
             node = node[key]
         page, _, anchor = link.partition("#")
         assert page.startswith("docs/") and (ROOT / page).is_file(), link

@@ -2,6 +2,7 @@
 and every evaluation (prompt, response, reward, verdict; a multi-turn episode's observations and tool
 calls), a resumed run neither loses nor repeats a line, no secret is written, and vapo-train prints
 one every N iterations. (The W&B table: tests/test_wandb.py, test_training_run_axes.)"""
+
 from __future__ import annotations
 
 import json
@@ -29,9 +30,20 @@ def lines(run_dir: Path) -> list[dict]:
 
 
 def smoke(tmp_path, **delta):
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "model": "random", "wandb": "disabled", "steps": 2, "eval_every": 1, "out_dir": str(tmp_path / "runs"),
-        "name": "r", "cache_dir": str(tmp_path / "cache"), "threads": 1, **delta})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "model": "random",
+            "wandb": "disabled",
+            "steps": 2,
+            "eval_every": 1,
+            "out_dir": str(tmp_path / "runs"),
+            "name": "r",
+            "cache_dir": str(tmp_path / "cache"),
+            "threads": 1,
+            **delta,
+        },
+    )
     train(cfg)
     return tmp_path / "runs" / "r"
 
@@ -43,7 +55,9 @@ def test_a_single_turn_run_writes_its_episodes(tmp_path, capsys):
     iterations = len(metrics) - 2  # the header and the base eval's row
     train_rows = [r for r in rows if r["phase"] == "train"]
     assert [r["iteration"] for r in train_rows] == [i for i in range(1, iterations + 1) for _ in range(4)]
-    assert [r["value_pretraining"] for r in train_rows[:8]] == [True] * 8 and "value_pretraining" not in train_rows[8]
+    assert [r["value_pretraining"] for r in train_rows[:8]] == [
+        True
+    ] * 8 and "value_pretraining" not in train_rows[8]
     evals = [(r["iteration"], r["ppo_update"]) for r in rows if r["phase"] == "eval"]
     assert evals == [(0, 0)] * 4 + [(3, 1)] * 4 + [(4, 2)] * 4  # the base policy's, then one per PPO update
     task = get_task("chain", **PRESETS["smoke"]["task_options"])
@@ -57,7 +71,9 @@ def test_a_single_turn_run_writes_its_episodes(tmp_path, capsys):
     assert [r["index"] for r in train_rows[:4]] == [0, 4, 8, 12]  # spread over the batch's 16 responses
     out = capsys.readouterr().out
     assert out.count("--- sample: iteration") == 2  # iterations 2 and 4 of 4
-    assert "--- sample: iteration 2 · ppo 0 · train" in out and f"response: {train_rows[4]['response']}" in out
+    assert (
+        "--- sample: iteration 2 · ppo 0 · train" in out and f"response: {train_rows[4]['response']}" in out
+    )
 
 
 def test_samples_per_iteration_zero_writes_no_file(tmp_path):
@@ -92,9 +108,13 @@ def test_an_episodes_line_names_its_calls_and_the_tools_answers():
     assert [o["text"] for o in row["observations"]] == [answer, "error unknown tool"]
     tokens = exp.response_ids[0].tolist()
     for o in row["observations"]:
-        assert task.tokenizer.decode(tokens[o["start"]:o["end"]]) == o["text"]
-        assert exp.obs_mask[0, o["start"]:o["end"]].all() and not exp.mask[0, o["start"]:o["end"]].any()
-    assert row["reward"] == float(exp.scores[0]) and (row["iteration"], row["ppo_update"], row["phase"]) == (7, 5, "train")
+        assert task.tokenizer.decode(tokens[o["start"] : o["end"]]) == o["text"]
+        assert exp.obs_mask[0, o["start"] : o["end"]].all() and not exp.mask[0, o["start"] : o["end"]].any()
+    assert row["reward"] == float(exp.scores[0]) and (row["iteration"], row["ppo_update"], row["phase"]) == (
+        7,
+        5,
+        "train",
+    )
 
 
 def test_no_secret_reaches_the_file(tmp_path, monkeypatch):
@@ -103,9 +123,20 @@ def test_no_secret_reaches_the_file(tmp_path, monkeypatch):
     from vapo_lit.samples import episode_row
 
     monkeypatch.setenv("WANDB_API_KEY", "k3yK3yK3y")
-    row = episode_row(None, iteration=1, ppo_update=1, phase="train", index=0,
-                      prompt="connect to postgresql://vapo:pw9Secret@db/x", response="the key is k3yK3yK3y", reward=0.0,
-                      error=None, strict=None, truncated=False, tokens=3)
+    row = episode_row(
+        None,
+        iteration=1,
+        ppo_update=1,
+        phase="train",
+        index=0,
+        prompt="connect to postgresql://vapo:pw9Secret@db/x",
+        response="the key is k3yK3yK3y",
+        reward=0.0,
+        error=None,
+        strict=None,
+        truncated=False,
+        tokens=3,
+    )
     f = SamplesFile(tmp_path / FILE, None)
     f.append([row])
     text = (tmp_path / FILE).read_text()
@@ -131,22 +162,61 @@ def test_resume_keeps_the_lines_up_to_the_checkpoint(tmp_path):
 def test_a_run_killed_mid_checkpoint_resumes_to_the_uninterrupted_runs_lines(tmp_path):
     """A multi-turn run killed while writing its second checkpoint (its samples up to that iteration on
     disk, the checkpoint two iterations back) and resumed: the same lines as a run never killed."""
-    env = {**{k: v for k, v in os.environ.items() if k != "VAPO_LIT_FAULT"}, "WANDB_MODE": "offline",
-           "PYTHONPATH": str(ROOT), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--model", "random",
-            "--task", "toolchain", "--task_options", json.dumps(TOOLCHAIN["task_options"]), "--steps", "3",
-            "--checkpoint_every", "2", "--eval_every", "1", "--wandb", "disabled", "--threads", "1",
-            "--out_dir", str(tmp_path / "runs")]
-    ref = subprocess.run(base + ["--name", "ref", "--cache_dir", str(tmp_path / "c1")], env=env, capture_output=True,
-                         text=True, timeout=300)
+    env = {
+        **{k: v for k, v in os.environ.items() if k != "VAPO_LIT_FAULT"},
+        "WANDB_MODE": "offline",
+        "PYTHONPATH": str(ROOT),
+        "OMP_NUM_THREADS": "1",
+    }
+    base = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--task",
+        "toolchain",
+        "--task_options",
+        json.dumps(TOOLCHAIN["task_options"]),
+        "--steps",
+        "3",
+        "--checkpoint_every",
+        "2",
+        "--eval_every",
+        "1",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--out_dir",
+        str(tmp_path / "runs"),
+    ]
+    ref = subprocess.run(
+        base + ["--name", "ref", "--cache_dir", str(tmp_path / "c1")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert ref.returncode == 0, ref.stderr[-2000:]
-    killed = subprocess.run(base + ["--name", "killed", "--cache_dir", str(tmp_path / "c2")],
-                            env={**env, "VAPO_LIT_FAULT": "checkpoint:2"},
-                            capture_output=True, text=True, timeout=300)
+    killed = subprocess.run(
+        base + ["--name", "killed", "--cache_dir", str(tmp_path / "c2")],
+        env={**env, "VAPO_LIT_FAULT": "checkpoint:2"},
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert killed.returncode == -9, killed.stderr[-2000:]
     cut = lines(tmp_path / "runs" / "killed")
     assert max(r["iteration"] for r in cut) == 4  # iterations 3 and 4 are past the checkpoint (iteration 2)
-    resumed = subprocess.run([sys.executable, "-m", "vapo_lit.cli.train", "--resume", str(tmp_path / "runs" / "killed")],
-                             env=env, capture_output=True, text=True, timeout=300)
+    resumed = subprocess.run(
+        [sys.executable, "-m", "vapo_lit.cli.train", "--resume", str(tmp_path / "runs" / "killed")],
+        env=env,
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
     assert resumed.returncode == 0, resumed.stderr[-2000:]
     assert lines(tmp_path / "runs" / "killed") == lines(tmp_path / "runs" / "ref")

@@ -3,6 +3,7 @@ references: a stub critic with known per-column outputs pins which column every 
 bootstrap come from; a stub actor does the same for the log-probs; a real tiny critic shows that
 the samples of one prompt share V at response position 0 (that state is the prompt alone); the
 score, advantages and diagnostics stages are recomputed by hand on random batches."""
+
 from __future__ import annotations
 
 import math
@@ -13,14 +14,24 @@ import torch
 from wiring import adaptive_lambda, ref_advantages, whiten
 
 from vapo_lit import passes
-from vapo_lit.experience import (AdvantageSettings, Experience, bucket_labels, fill_advantages, fill_values,
-                                 rollout_stats, score, value_stats)
+from vapo_lit.experience import (
+    AdvantageSettings,
+    Experience,
+    bucket_labels,
+    fill_advantages,
+    fill_values,
+    rollout_stats,
+    score,
+    value_stats,
+)
 from vapo_lit.tasks.base import Verdict
 
 PAD = 0
 
 
-def make_exp(lengths, truncated=None, P: int = 5, group_size: int = 1, seed: int = 0, vocab: int = 9) -> Experience:
+def make_exp(
+    lengths, truncated=None, P: int = 5, group_size: int = 1, seed: int = 0, vocab: int = 9
+) -> Experience:
     """Random left-padded prompts (row i's last prompt column holds the tag 10 + i), right-padded
     responses of the given lengths (R = max length), random behaviour log-probs."""
     g = torch.Generator().manual_seed(seed)
@@ -33,10 +44,18 @@ def make_exp(lengths, truncated=None, P: int = 5, group_size: int = 1, seed: int
     mask = (torch.arange(R)[None, :] < lengths[:, None]).float()
     response_ids = (torch.randint(1, vocab, (n, R), generator=g) * mask).long()
     truncated = torch.tensor(truncated if truncated is not None else [bool(l == R) for l in lengths.tolist()])
-    return Experience(problems=[f"p{i // group_size}" for i in range(n)], group_size=group_size, prompt_ids=prompt_ids,
-                      prompt_mask=prompt_mask, response_ids=response_ids, mask=mask,
-                      behaviour_logprobs=-torch.rand(n, R, generator=g) * mask, lengths=lengths, truncated=truncated,
-                      texts=[f"t{i}" for i in range(n)])
+    return Experience(
+        problems=[f"p{i // group_size}" for i in range(n)],
+        group_size=group_size,
+        prompt_ids=prompt_ids,
+        prompt_mask=prompt_mask,
+        response_ids=response_ids,
+        mask=mask,
+        behaviour_logprobs=-torch.rand(n, R, generator=g) * mask,
+        lengths=lengths,
+        truncated=truncated,
+        texts=[f"t{i}" for i in range(n)],
+    )
 
 
 def unshifted_columns(ids):
@@ -114,11 +133,27 @@ class ColumnActor(torch.nn.Module):
 @pytest.mark.parametrize("temperature,chunk", [(1.0, None), (0.5, None), (0.5, 2)])
 def test_logprobs_come_from_the_column_before_each_token(temperature, chunk):
     exp = make_exp([3, 6, 1], P=5)
-    exp.response_ids[:, ::2] = 1 * exp.mask[:, ::2].long()  # token 1 (the one the column moves) at even positions
-    logp, ent = passes.response_logprobs(ColumnActor(), exp.input_ids, exp.attention_mask, exp.prompt_width,
-                                         exp.response_ids, temperature=temperature, entropy=True, chunk=chunk)
-    none_asked = passes.response_logprobs(ColumnActor(), exp.input_ids, exp.attention_mask, exp.prompt_width,
-                                          exp.response_ids, temperature=temperature)[1]
+    exp.response_ids[:, ::2] = (
+        1 * exp.mask[:, ::2].long()
+    )  # token 1 (the one the column moves) at even positions
+    logp, ent = passes.response_logprobs(
+        ColumnActor(),
+        exp.input_ids,
+        exp.attention_mask,
+        exp.prompt_width,
+        exp.response_ids,
+        temperature=temperature,
+        entropy=True,
+        chunk=chunk,
+    )
+    none_asked = passes.response_logprobs(
+        ColumnActor(),
+        exp.input_ids,
+        exp.attention_mask,
+        exp.prompt_width,
+        exp.response_ids,
+        temperature=temperature,
+    )[1]
     assert none_asked is None and not ent.requires_grad
     P = exp.prompt_width
     for i in range(exp.n):
@@ -144,13 +179,27 @@ def test_logprobs_of_a_real_model_in_position_chunks(chunk):
     actor, _ = random_tiny_policy(task, 0)
     actor = actor.double()
     exp = make_exp([3, 6, 1, 5], P=5, vocab=len(task.tokenizer))
-    logp, ent = passes.response_logprobs(actor, exp.input_ids, exp.attention_mask, exp.prompt_width,
-                                         exp.response_ids, temperature=0.7, entropy=True, chunk=chunk)
+    logp, ent = passes.response_logprobs(
+        actor,
+        exp.input_ids,
+        exp.attention_mask,
+        exp.prompt_width,
+        exp.response_ids,
+        temperature=0.7,
+        entropy=True,
+        chunk=chunk,
+    )
     want = ref_logprobs(actor, exp, temperature=0.7)
     torch.testing.assert_close(logp * exp.mask, want * exp.mask, rtol=0, atol=1e-10)
-    logits = actor(input_ids=exp.input_ids, attention_mask=exp.attention_mask,
-                   position_ids=(exp.attention_mask.cumsum(-1) - 1).clamp(min=0)).logits / 0.7
-    p = torch.softmax(logits[:, exp.prompt_width - 1:-1], -1)
+    logits = (
+        actor(
+            input_ids=exp.input_ids,
+            attention_mask=exp.attention_mask,
+            position_ids=(exp.attention_mask.cumsum(-1) - 1).clamp(min=0),
+        ).logits
+        / 0.7
+    )
+    p = torch.softmax(logits[:, exp.prompt_width - 1 : -1], -1)
     torch.testing.assert_close(ent * exp.mask, -(p * p.log()).sum(-1) * exp.mask, rtol=0, atol=1e-10)
     assert logp.requires_grad and not ent.requires_grad
 
@@ -188,8 +237,9 @@ def test_group_samples_share_the_value_of_the_prompt_state():
     problems = task.train_problems(3, seed=1)
     k = 4
     per_response = [p for p in problems for _ in range(k)]
-    ro = make_engine("hf", actor, tok).generate([p.prompt for p in per_response], SamplingParams(max_new_tokens=6),
-                                                list(range(len(per_response))))
+    ro = make_engine("hf", actor, tok).generate(
+        [p.prompt for p in per_response], SamplingParams(max_new_tokens=6), list(range(len(per_response)))
+    )
     exp = Experience.from_rollout(ro, per_response, group_size=k)
     fill_values(exp, critic)
     v0 = exp.values[:, 0].view(-1, k)
@@ -205,8 +255,14 @@ def test_group_samples_share_the_value_of_the_prompt_state():
 # ----------------------------------------------------------------------------- score
 def test_score_puts_the_verdict_on_the_last_token():
     exp = make_exp([3, 7, 1, 4, 7, 2], group_size=2)
-    verdicts = [Verdict(1.0, strict=True), Verdict(0.0, strict=False), Verdict(0.0, error="Timeout"),
-                Verdict(1.0, strict=False), Verdict(1.0), Verdict(1.0, strict=True)]
+    verdicts = [
+        Verdict(1.0, strict=True),
+        Verdict(0.0, strict=False),
+        Verdict(0.0, error="Timeout"),
+        Verdict(1.0, strict=False),
+        Verdict(1.0),
+        Verdict(1.0, strict=True),
+    ]
     st = score(exp, verdicts)
     want = torch.zeros_like(exp.mask)
     for i, (v, length) in enumerate(zip(verdicts, exp.lengths.tolist())):
@@ -220,9 +276,14 @@ def test_score_puts_the_verdict_on_the_last_token():
     assert st.verifier_errors == 1
     assert st.mixed_groups_frac == pytest.approx(2 / 3)  # groups (1,0), (0,1) mixed; (1,1) not
     logged = st.log()
-    assert logged["objective/score"] == st.score and logged["rollout/mixed_groups_frac"] == st.mixed_groups_frac
+    assert (
+        logged["objective/score"] == st.score and logged["rollout/mixed_groups_frac"] == st.mixed_groups_frac
+    )
     assert logged["rollout/positive_tokens"] == 16.0 and logged["rollout/verifier_errors"] == 1.0
-    assert logged["objective/strict_accuracy"] == st.strict_accuracy and logged["objective/accuracy"] == st.accuracy
+    assert (
+        logged["objective/strict_accuracy"] == st.strict_accuracy
+        and logged["objective/accuracy"] == st.accuracy
+    )
     assert logged["rollout/positive_responses"] == 4.0
     with pytest.raises(ValueError, match="5 verdicts for 6 responses"):
         score(exp, verdicts[:5])
@@ -257,31 +318,44 @@ def test_fixed_lambda_shared_by_actor_and_critic():
     st = fill_advantages(exp, AdvantageSettings(lam=0.9, whiten=False))
     want = ref_advantages(exp, [0.9] * exp.n)
     torch.testing.assert_close(exp.advantages.double(), want, rtol=1e-5, atol=1e-6)
-    torch.testing.assert_close(exp.returns.double(), (exp.values.double() + want) * exp.mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        exp.returns.double(), (exp.values.double() + want) * exp.mask, rtol=1e-5, atol=1e-6
+    )
     mc = ref_advantages(exp, [1.0] * exp.n)
-    torch.testing.assert_close(exp.mc_returns.double(), (exp.values.double() + mc) * exp.mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        exp.mc_returns.double(), (exp.values.double() + mc) * exp.mask, rtol=1e-5, atol=1e-6
+    )
     assert exp.lam_policy.tolist() == pytest.approx([0.9] * exp.n)
-    assert (st.lambda_policy_mean, st.lambda_policy_min, st.lambda_policy_max, st.lambda_policy_clamped) == \
-        pytest.approx((0.9, 0.9, 0.9, 0))
+    assert (
+        st.lambda_policy_mean,
+        st.lambda_policy_min,
+        st.lambda_policy_max,
+        st.lambda_policy_clamped,
+    ) == pytest.approx((0.9, 0.9, 0.9, 0))
 
 
 @pytest.mark.parametrize("gamma", [1.0, 0.9])
 def test_length_adaptive_and_decoupled_lambdas(gamma):
     exp = scored(LENGTHS, seed=3)
     alpha = 0.3
-    st = fill_advantages(exp, AdvantageSettings(gamma=gamma, lam=0.95, alpha=alpha, lam_critic=0.5, whiten=True))
+    st = fill_advantages(
+        exp, AdvantageSettings(gamma=gamma, lam=0.95, alpha=alpha, lam_critic=0.5, whiten=True)
+    )
     lams = [adaptive_lambda(int(length), alpha, gamma) for length in exp.mask.sum(1).tolist()]
     assert exp.lam_policy.tolist() == pytest.approx(lams, abs=1e-6)
     raw = [(1 - 1 / (alpha * length)) / gamma for length in exp.mask.sum(1).tolist()]
     assert st.lambda_policy_clamped == sum(not 0 <= r <= 1 for r in raw) > 0
-    assert (st.lambda_policy_mean, st.lambda_policy_min, st.lambda_policy_max) == \
-        pytest.approx((sum(lams) / len(lams), min(lams), max(lams)), abs=1e-6)
+    assert (st.lambda_policy_mean, st.lambda_policy_min, st.lambda_policy_max) == pytest.approx(
+        (sum(lams) / len(lams), min(lams), max(lams)), abs=1e-6
+    )
     assert st.log()["gae/lambda_policy_clamped"] == float(st.lambda_policy_clamped)
     assert st.log()["gae/lambda_policy_mean"] == st.lambda_policy_mean
     actor = whiten(ref_advantages(exp, lams, gamma), exp.mask)
     torch.testing.assert_close(exp.advantages.double(), actor, rtol=1e-4, atol=1e-5)
     critic = ref_advantages(exp, [0.5] * exp.n, gamma)
-    torch.testing.assert_close(exp.returns.double(), (exp.values.double() + critic) * exp.mask, rtol=1e-5, atol=1e-6)
+    torch.testing.assert_close(
+        exp.returns.double(), (exp.values.double() + critic) * exp.mask, rtol=1e-5, atol=1e-6
+    )
 
 
 def test_monte_carlo_critic_targets_are_the_outcome():
@@ -293,7 +367,9 @@ def test_monte_carlo_critic_targets_are_the_outcome():
     outcome = (exp.scores + exp.bootstrap)[:, None] * exp.mask
     torch.testing.assert_close(exp.returns.double(), outcome.double(), rtol=0, atol=1e-5)
     torch.testing.assert_close(exp.mc_returns, exp.returns)
-    assert not torch.allclose(exp.advantages * exp.mask, outcome - exp.values, atol=1e-3)  # the actor's lambda < 1
+    assert not torch.allclose(
+        exp.advantages * exp.mask, outcome - exp.values, atol=1e-3
+    )  # the actor's lambda < 1
 
 
 def test_grpo_is_the_group_normalised_outcome():
@@ -318,10 +394,17 @@ def test_rollout_stats():
     exp = make_exp([3, 12, 1, 12, 7, 5, 9, 12], group_size=4)
     st = rollout_stats(exp).log()
     lengths = torch.tensor([3.0, 12, 1, 12, 7, 5, 9, 12])
-    assert st == pytest.approx({
-        "rollout/response_length": float(lengths.mean()), "rollout/response_length_min": 1.0,
-        "rollout/response_length_max": 12.0, "rollout/response_length_p90": float(torch.quantile(lengths, 0.9)),
-        "rollout/truncated_frac": 3 / 8, "rollout/prompts": 2.0, "rollout/samples_per_prompt": 4.0})
+    assert st == pytest.approx(
+        {
+            "rollout/response_length": float(lengths.mean()),
+            "rollout/response_length_min": 1.0,
+            "rollout/response_length_max": 12.0,
+            "rollout/response_length_p90": float(torch.quantile(lengths, 0.9)),
+            "rollout/truncated_frac": 3 / 8,
+            "rollout/prompts": 2.0,
+            "rollout/samples_per_prompt": 4.0,
+        }
+    )
 
 
 def _ev(v, r):
@@ -367,7 +450,9 @@ def test_value_stats_against_plain_formulas(reference):
     assert bucket_labels((20, 50)) == ["lt20", "20-49", "ge50"]
     # the typed fields are what the log shows; the target EV is against the critic's own targets always
     assert typed.explained_variance == st["value/explained_variance"] and typed.bias == st["value/bias"]
-    assert st["value/explained_variance_target"] == pytest.approx(_ev(v[m], exp.returns.double()[m]), rel=1e-5)
+    assert st["value/explained_variance_target"] == pytest.approx(
+        _ev(v[m], exp.returns.double()[m]), rel=1e-5
+    )
 
 
 # ----------------------------------------------------------------------------- the Experience itself
@@ -381,8 +466,23 @@ def test_experience_views_and_select():
     assert exp.n == 4 and exp.prompt_width == 5
     idx = torch.tensor([2, 0])
     sub = exp.select(idx)
-    for name in ("prompt_ids", "prompt_mask", "response_ids", "mask", "behaviour_logprobs", "lengths", "truncated",
-                 "scores", "rewards", "values", "bootstrap", "lam_policy", "advantages", "returns", "mc_returns"):
+    for name in (
+        "prompt_ids",
+        "prompt_mask",
+        "response_ids",
+        "mask",
+        "behaviour_logprobs",
+        "lengths",
+        "truncated",
+        "scores",
+        "rewards",
+        "values",
+        "bootstrap",
+        "lam_policy",
+        "advantages",
+        "returns",
+        "mc_returns",
+    ):
         assert torch.equal(getattr(sub, name), getattr(exp, name)[idx]), name
     assert sub.problems == [exp.problems[2], exp.problems[0]] and sub.texts == [exp.texts[2], exp.texts[0]]
     assert sub.verdicts == [exp.verdicts[2], exp.verdicts[0]] and sub.group_size == exp.group_size
@@ -393,14 +493,28 @@ def test_from_rollout_keeps_every_field():
     from vapo_lit.rollout import Rollout
 
     src = make_exp([2, 4, 1])
-    ro = Rollout(prompt_ids=src.prompt_ids, prompt_mask=src.prompt_mask, response_ids=src.response_ids,
-                 response_mask=src.mask, logprobs=src.behaviour_logprobs, lengths=src.lengths,
-                 terminated=~src.truncated, truncated=src.truncated, texts=src.texts)
+    ro = Rollout(
+        prompt_ids=src.prompt_ids,
+        prompt_mask=src.prompt_mask,
+        response_ids=src.response_ids,
+        response_mask=src.mask,
+        logprobs=src.behaviour_logprobs,
+        lengths=src.lengths,
+        terminated=~src.truncated,
+        truncated=src.truncated,
+        texts=src.texts,
+    )
     exp = Experience.from_rollout(ro, ["a", "b", "c"], group_size=3)
     assert exp.problems == ["a", "b", "c"] and exp.group_size == 3 and exp.texts == src.texts
-    for a, b in (("prompt_ids", "prompt_ids"), ("mask", "response_mask"), ("behaviour_logprobs", "logprobs"),
-                 ("lengths", "lengths"), ("truncated", "truncated"), ("response_ids", "response_ids"),
-                 ("prompt_mask", "prompt_mask")):
+    for a, b in (
+        ("prompt_ids", "prompt_ids"),
+        ("mask", "response_mask"),
+        ("behaviour_logprobs", "logprobs"),
+        ("lengths", "lengths"),
+        ("truncated", "truncated"),
+        ("response_ids", "response_ids"),
+        ("prompt_mask", "prompt_mask"),
+    ):
         assert getattr(exp, a) is getattr(ro, b)
     assert Experience.from_rollout(ro, ["a", "b", "c"]).group_size == 1
     with pytest.raises(ValueError, match="2 problems for 3 responses"):
@@ -436,7 +550,9 @@ def test_length_diagnostics_of_the_advantages_and_the_loss_weight():
     assert st.log()["gae/lambda_policy_len_lt20"] == st.by_length["lt20"]["lambda_policy"]
     idx = torch.tensor([0, 2, 4, 6])  # lengths 5, 60, 150, 520
     for aggregation in ("token", "sample"):
-        share = loss_share_by_length(exp, idx, aggregation, exp.mask[idx].sum() if aggregation == "token" else 4)
+        share = loss_share_by_length(
+            exp, idx, aggregation, exp.mask[idx].sum() if aggregation == "token" else 4
+        )
         mass = {}
         for i in idx.tolist():
             w = 1 / sum(lengths[j] for j in idx.tolist()) if aggregation == "token" else 1 / (4 * lengths[i])
@@ -447,9 +563,14 @@ def test_length_diagnostics_of_the_advantages_and_the_loss_weight():
             assert s == pytest.approx(mass.get(label, 0.0) / total, rel=1e-9, abs=1e-12)
 
 
-@pytest.mark.parametrize("settings", [AdvantageSettings(lam=0.95, whiten=False),  # vanilla PPO: one lambda
-                                      AdvantageSettings(alpha=0.05, lam_critic=0.9, whiten=True)],  # decoupled
-                         ids=["shared_lambda", "decoupled"])
+@pytest.mark.parametrize(
+    "settings",
+    [
+        AdvantageSettings(lam=0.95, whiten=False),  # vanilla PPO: one lambda
+        AdvantageSettings(alpha=0.05, lam_critic=0.9, whiten=True),
+    ],  # decoupled
+    ids=["shared_lambda", "decoupled"],
+)
 def test_length_diagnostics_measure_against_monte_carlo_not_the_critic_targets(settings):
     """`gae/adv_bias_len_*` and `gae/adv_var_mc_len_*` compare the actor's advantages with the
     Monte-Carlo advantage G - V (lambda = 1), whatever lambda the critic's targets use. Measured
@@ -460,14 +581,22 @@ def test_length_diagnostics_measure_against_monte_carlo_not_the_critic_targets(s
     lengths = [5, 25, 60, 25, 150, 9, 30, 12]
     exp = scored(lengths, seed=6)
     st = fill_advantages(exp, settings)
-    lams = ([settings.lam] * exp.n if settings.alpha is None
-            else [adaptive_lambda(length, settings.alpha, 1.0) for length in lengths])
+    lams = (
+        [settings.lam] * exp.n
+        if settings.alpha is None
+        else [adaptive_lambda(length, settings.alpha, 1.0) for length in lengths]
+    )
     raw, mc = ref_advantages(exp, lams), ref_advantages(exp, [1.0] * exp.n)
     labels = bucket_labels(LENGTH_EDGES)
     bucket = [sum(length >= e for e in LENGTH_EDGES) for length in lengths]
     logged = st.log()
     for b in set(bucket):
-        toks = [(float(raw[i, t]), float(mc[i, t])) for i in range(exp.n) if bucket[i] == b for t in range(lengths[i])]
+        toks = [
+            (float(raw[i, t]), float(mc[i, t]))
+            for i in range(exp.n)
+            if bucket[i] == b
+            for t in range(lengths[i])
+        ]
         n = len(toks)
         bias = sum(a - m for a, m in toks) / n
         mean_mc = sum(m for _, m in toks) / n

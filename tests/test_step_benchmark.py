@@ -2,6 +2,7 @@
 side, and its plain implementations compute what vapo-lit computes on the same sampled tokens
 (log-probs, values, GAE, whitening, losses and their gradients), so the benchmark compares equal
 work. The timings themselves are never asserted (speed is measured by the script, not by tests)."""
+
 import re
 import subprocess
 import sys
@@ -50,14 +51,30 @@ def sampled(actor, tok, n_tokens=7, seeds=(11, 12, 13, 14), ragged=False):
 
 
 def test_quick_run_prints_the_format_and_equal_token_counts():
-    out = subprocess.run([sys.executable, str(ROOT / "benchmarks" / "step.py"), "--quick"], capture_output=True,
-                         text=True, timeout=600, check=False, env={**__import__("os").environ, "PYTHONPATH": str(ROOT)})
+    out = subprocess.run(
+        [sys.executable, str(ROOT / "benchmarks" / "step.py"), "--quick"],
+        capture_output=True,
+        text=True,
+        timeout=600,
+        check=False,
+        env={**__import__("os").environ, "PYTHONPATH": str(ROOT)},
+    )
     assert out.returncode == 0, out.stderr[-3000:]
     lines = out.stdout.strip().splitlines()
     last = re.fullmatch(r"speedup vs plain: (\d+\.\d\d)x; vs TRL: (\d+\.\d\dx|skipped \(.+\))", lines[-1])
     assert last, lines[-1]
-    rows = {m.group(1): m for m in (re.match(r"\| (ours|plain|trl) \| (\S+) \[(\S+)-(\S+)\] \| (\d+) \[\d+-\d+\] "
-                                             r"\| (\d+) \| (\d+)-(\d+) \| (\d+\.\d\d)x \|", ln) for ln in lines) if m}
+    rows = {
+        m.group(1): m
+        for m in (
+            re.match(
+                r"\| (ours|plain|trl) \| (\S+) \[(\S+)-(\S+)\] \| (\d+) \[\d+-\d+\] "
+                r"\| (\d+) \| (\d+)-(\d+) \| (\d+\.\d\d)x \|",
+                ln,
+            )
+            for ln in lines
+        )
+        if m
+    }
     expected_sides = {"ours", "plain"} | ({"trl"} if step.trl_missing() is None else set())
     assert set(rows) == expected_sides, out.stdout
     assert last.group(2).startswith("skipped") == ("trl" not in rows)
@@ -69,13 +86,17 @@ def test_quick_run_prints_the_format_and_equal_token_counts():
     assert rows["plain"].group(9) == last.group(1)  # the same ratio of medians in the table and the last line
     if "trl" in rows:
         assert rows["trl"].group(9) + "x" == last.group(2)
-    assert any(ln.startswith("| rollout |") for ln in lines) and any(ln.startswith("| actor update |") for ln in lines)
+    assert any(ln.startswith("| rollout |") for ln in lines) and any(
+        ln.startswith("| actor update |") for ln in lines
+    )
 
 
 def test_bad_shape_is_refused_before_any_work(capsys):
     with pytest.raises(SystemExit) as e:
         step.main(["--responses", "10", "--mini-batch", "4"])
-    assert e.value.code == 2 and "--responses 10 must be a multiple of --mini-batch 4" in capsys.readouterr().err
+    assert (
+        e.value.code == 2 and "--responses 10 must be a multiple of --mini-batch 4" in capsys.readouterr().err
+    )
     with pytest.raises(SystemExit):
         step.main(["--sides", "plain,ours"])
     assert "ours first" in capsys.readouterr().err
@@ -94,17 +115,23 @@ def test_plain_logprobs_and_values_equal_ours_on_the_same_tokens(models, tok):
     ids, attn, P = ro.input_ids, ro.attention_mask, ro.prompt_ids.shape[1]
     with torch.no_grad():
         plain_lp, plain_ent = step.plain_logprobs(actor, ids, attn, P, ro.response_ids, 1.0, entropy=True)
-        ours_lp, ours_ent = passes.response_logprobs(actor, ids, attn, P, ro.response_ids, temperature=1.0, entropy=True)
+        ours_lp, ours_ent = passes.response_logprobs(
+            actor, ids, attn, P, ro.response_ids, temperature=1.0, entropy=True
+        )
         plain_v = step.plain_values(critic, ids, attn, P)
     m = ro.response_mask
     assert m.sum() < m.numel()  # ragged: padding in the masks
-    torch.testing.assert_close(plain_lp * m, ro.logprobs, atol=2e-5, rtol=1e-5)  # the sampler's behaviour log-probs
+    torch.testing.assert_close(
+        plain_lp * m, ro.logprobs, atol=2e-5, rtol=1e-5
+    )  # the sampler's behaviour log-probs
     torch.testing.assert_close(plain_lp * m, ours_lp * m, atol=2e-5, rtol=1e-5)  # the update's recomputation
     torch.testing.assert_close(plain_ent * m, ours_ent * m, atol=2e-5, rtol=1e-5)
     exp = Experience.from_rollout(ro, [None] * len(prompts))
     fill_values(exp, critic, chunk=3)
     torch.testing.assert_close(plain_v * m, exp.values, atol=2e-5, rtol=1e-5)
-    torch.testing.assert_close(plain_v * m, passes.state_values(critic, ids, attn, P)[:, :-1] * m, atol=2e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        plain_v * m, passes.state_values(critic, ids, attn, P)[:, :-1] * m, atol=2e-5, rtol=1e-5
+    )
 
 
 def test_plain_encode_equals_our_prompt_encoding(tok):
@@ -123,8 +150,16 @@ def test_plain_generate_gives_our_tokens_and_logprobs_when_greedy(models, tok):
     prompts = ["chain 3 from 7:", "chain 9 from 12:", "chain 0 from 5:"]
     ro = generate(actor, tok, prompts, max_new_tokens=12, temperature=0.0)
     ids, attn = step.plain_encode(tok, prompts)
-    resp, lp = step.plain_generate(actor, ids, attn, max_new_tokens=12, temperature=1.0, pad_id=tok.pad_token_id,
-                                   eos_id=tok.eos_token_id, greedy=True)
+    resp, lp = step.plain_generate(
+        actor,
+        ids,
+        attn,
+        max_new_tokens=12,
+        temperature=1.0,
+        pad_id=tok.pad_token_id,
+        eos_id=tok.eos_token_id,
+        greedy=True,
+    )
     assert torch.equal(resp, ro.response_ids)
     torch.testing.assert_close(lp.double(), ro.logprobs.double(), atol=1e-6, rtol=1e-6)
 
@@ -145,10 +180,18 @@ def test_reverse_loop_gae_and_whitening_equal_ours():
     lam = torch.rand(6, generator=g)
     adv, ret = algos.decoupled_gae(rewards, values, mask, lam, 1.0, gamma=1.0)
     torch.testing.assert_close(step.reverse_gae(rewards, values, mask, lam), adv, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close((step.reverse_gae(rewards, values, mask, 1.0) + values) * mask, ret, atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(step.reverse_gae(rewards, values, mask, 0.9, gamma=0.97),
-                               algos.gae(rewards, values, mask, 0.9, gamma=0.97)[0], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(step.plain_whiten(adv, mask), algos.masked_whiten(adv, mask), atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        (step.reverse_gae(rewards, values, mask, 1.0) + values) * mask, ret, atol=1e-5, rtol=1e-5
+    )
+    torch.testing.assert_close(
+        step.reverse_gae(rewards, values, mask, 0.9, gamma=0.97),
+        algos.gae(rewards, values, mask, 0.9, gamma=0.97)[0],
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    torch.testing.assert_close(
+        step.plain_whiten(adv, mask), algos.masked_whiten(adv, mask), atol=1e-5, rtol=1e-5
+    )
 
 
 def test_plain_advantages_equal_our_stage_with_the_default_recipe():
@@ -158,10 +201,15 @@ def test_plain_advantages_equal_our_stage_with_the_default_recipe():
     exp = SimpleNamespace(rewards=rewards, values=values, mask=mask, n=6, bootstrap=None, scores=scores)
     fill_advantages(exp, AdvantageSettings(alpha=1.0, lam_critic=1.0, whiten=True))
     lam = (1 - 1 / (1.0 * lengths.float())).clamp(0, 1)
-    torch.testing.assert_close(step.plain_whiten(step.reverse_gae(rewards, values, mask, lam), mask), exp.advantages,
-                               atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close((step.reverse_gae(rewards, values, mask, 1.0) + values) * mask, exp.returns,
-                               atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(
+        step.plain_whiten(step.reverse_gae(rewards, values, mask, lam), mask),
+        exp.advantages,
+        atol=1e-5,
+        rtol=1e-5,
+    )
+    torch.testing.assert_close(
+        (step.reverse_gae(rewards, values, mask, 1.0) + values) * mask, exp.returns, atol=1e-5, rtol=1e-5
+    )
 
 
 def test_plain_losses_and_gradients_equal_ours(models, tok):
@@ -172,7 +220,9 @@ def test_plain_losses_and_gradients_equal_ours(models, tok):
     score(exp, [Verdict(r) for r in (1.0, 0.0, 1.0, 0.0)])
     fill_values(exp, critic)
     fill_advantages(exp, AdvantageSettings(alpha=1.0, lam_critic=1.0, whiten=True))
-    old = exp.behaviour_logprobs - 0.3 * torch.randn(exp.mask.shape, generator=torch.Generator().manual_seed(0))
+    old = exp.behaviour_logprobs - 0.3 * torch.randn(
+        exp.mask.shape, generator=torch.Generator().manual_seed(0)
+    )
     den, pos_den = exp.mask.sum(), (exp.mask * exp.positive[:, None]).sum()
 
     def grads(model):
@@ -182,13 +232,24 @@ def test_plain_losses_and_gradients_equal_ours(models, tok):
 
     # actor: token-level clipped loss with Clip-Higher + 0.1 x positive NLL (the default recipe)
     lp = step.plain_logprobs(actor, ids, attn, P, ro.response_ids, 1.0)[0]
-    plain_loss = step.plain_policy_loss(lp, old, exp.advantages, exp.mask, exp.positive, eps_low=0.2, eps_high=0.28,
-                                        mu=0.1, den=den, pos_den=pos_den)[0]
+    plain_loss = step.plain_policy_loss(
+        lp,
+        old,
+        exp.advantages,
+        exp.mask,
+        exp.positive,
+        eps_low=0.2,
+        eps_high=0.28,
+        mu=0.1,
+        den=den,
+        pos_den=pos_den,
+    )[0]
     plain_loss.backward()
     plain_grads = grads(actor)
     lp = passes.response_logprobs(actor, ids, attn, P, ro.response_ids, temperature=1.0)[0]
-    pg, _ = algos.policy_loss(lp, old, exp.advantages, exp.mask, eps_low=0.2, eps_high=0.28, aggregation="token",
-                              denominator=den)
+    pg, _ = algos.policy_loss(
+        lp, old, exp.advantages, exp.mask, eps_low=0.2, eps_high=0.28, aggregation="token", denominator=den
+    )
     ours_loss = pg + 0.1 * algos.positive_nll(lp, exp.mask, exp.positive, denominator=pos_den)[0]
     ours_loss.backward()
     torch.testing.assert_close(plain_loss, ours_loss, atol=1e-5, rtol=1e-5)
@@ -214,14 +275,25 @@ def test_long_runs_a_second_shape_and_reports_it_before_the_last_line(monkeypatc
     assert step.main(["--quick", "--long", "--sides", "ours,plain"]) == 0
     lines = capsys.readouterr().out.strip().splitlines()
     tables = [ln for ln in lines if ln.startswith("batch: ")]
-    assert len(tables) == 2 and tables[0].startswith("batch: 8 responses x 8 tokens") \
-        and tables[1].startswith("batch: 8 responses x 12 tokens"), tables
-    tokens = [int(m.group(1)) for m in (re.match(r"\| ours \| \S+ \[\S+\] \| \d+ \[\d+-\d+\] \| (\d+) \|", ln)
-                                        for ln in lines) if m]
+    assert (
+        len(tables) == 2
+        and tables[0].startswith("batch: 8 responses x 8 tokens")
+        and tables[1].startswith("batch: 8 responses x 12 tokens")
+    ), tables
+    tokens = [
+        int(m.group(1))
+        for m in (re.match(r"\| ours \| \S+ \[\S+\] \| \d+ \[\d+-\d+\] \| (\d+) \|", ln) for ln in lines)
+        if m
+    ]
     assert tokens == [8 * 8, 8 * 12]
-    assert re.fullmatch(r"8 x 12 tokens \(mini-batch 4, micro-batch 2\): speedup vs plain: \d+\.\d\dx; "
-                        r"vs TRL: skipped \(not in --sides\)", lines[-2]), lines[-2]
-    assert re.fullmatch(r"speedup vs plain: \d+\.\d\dx; vs TRL: skipped \(not in --sides\)", lines[-1]), lines[-1]
+    assert re.fullmatch(
+        r"8 x 12 tokens \(mini-batch 4, micro-batch 2\): speedup vs plain: \d+\.\d\dx; "
+        r"vs TRL: skipped \(not in --sides\)",
+        lines[-2],
+    ), lines[-2]
+    assert re.fullmatch(r"speedup vs plain: \d+\.\d\dx; vs TRL: skipped \(not in --sides\)", lines[-1]), (
+        lines[-1]
+    )
 
 
 def test_the_decode_floor_counts_the_step_by_hand():
@@ -230,12 +302,21 @@ def test_the_decode_floor_counts_the_step_by_hand():
     import generate as gen_bench
     from transformers import LlamaConfig, LlamaForCausalLM
 
-    cfg = LlamaConfig(vocab_size=50, hidden_size=16, num_hidden_layers=3, num_attention_heads=4, num_key_value_heads=2,
-                      intermediate_size=24, tie_word_embeddings=False)
+    cfg = LlamaConfig(
+        vocab_size=50,
+        hidden_size=16,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        num_key_value_heads=2,
+        intermediate_size=24,
+        tie_word_embeddings=False,
+    )
     model = LlamaForCausalLM(cfg)
     rows, prompt, tokens, d = 5, 7, 11, 4
     per_layer = 16 * 16 + 2 * (16 * 2 * d) + 16 * 16 + 3 * 16 * 24  # q, k and v (2 kv heads), o, gate/up/down
-    flops = 2 * rows * (3 * per_layer + 16 * 50) + 4 * rows * 3 * 4 * d * (prompt + 5)  # mean context 7 + 10 / 2
+    flops = 2 * rows * (3 * per_layer + 16 * 50) + 4 * rows * 3 * 4 * d * (
+        prompt + 5
+    )  # mean context 7 + 10 / 2
     cache = 2 * 3 * rows * 2 * d * (prompt + 5) * 4
     params = 3 * (per_layer + 2 * 16) + 16 + 2 * 50 * 16  # + the norms, embedding and head
     f = gen_bench.step_floor(model, rows, prompt, tokens, rate=1e9, bandwidth=1e8)

@@ -13,6 +13,7 @@ recorded `Experience` at those weights, with the loss the switches ask for, and 
 match. Every test also checks that the reference with the switch flipped does NOT match, so a
 switch that is silently a no-op (e.g. Clip-Higher's eps_high left at eps) fails.
 """
+
 from __future__ import annotations
 
 import pytest
@@ -23,17 +24,28 @@ LOUD = {"ppo": {"ppo_epochs": 3, "actor_lr": 3e-2}}
 RUNS = {
     "vanilla": ([], {}),
     "clip_higher": (["clip_higher"], {}),
-    "token_level_loss": (["token_level_loss"], {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5, "grad_clip": 0.4}}),
+    "token_level_loss": (
+        ["token_level_loss"],
+        {"ppo": {"logits_chunk": 5, "rollout_batch_size": 5, "grad_clip": 0.4}},
+    ),
     "positive_lm_loss": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "ppo": {"recompute_logprobs": True}}),
     "positive_lm_loss_none": (["positive_lm_loss"], {"vapo": {"mu": 0.5}, "verifier": lambda text: 0.0}),
     # the no-grad chunked pass (reference and recomputed behaviour log-probs) at a temperature != 1
-    "kl_penalty": (["kl_penalty"], {"vapo": {"kl_coef": 0.5},
-                                    "ppo": {"logits_chunk": 7, "temperature": 0.7, "recompute_logprobs": True}}),
+    "kl_penalty": (
+        ["kl_penalty"],
+        {
+            "vapo": {"kl_coef": 0.5},
+            "ppo": {"logits_chunk": 7, "temperature": 0.7, "recompute_logprobs": True},
+        },
+    ),
     "critic_clip": ([], {"ppo": {"critic_epochs": 2, "critic_lr": 3e-2, "value_clip": 0.05}}),
 }
 OTHER_RUNS = {  # runs with another number of actor steps than RUNS' three
     # two mini-batches of 8 per epoch: the batch and the mini-batch no longer coincide
-    "two_minibatches": (["positive_lm_loss", "token_level_loss"], {"vapo": {"mu": 0.5}, "ppo": {"mini_batch_size": 8}}),
+    "two_minibatches": (
+        ["positive_lm_loss", "token_level_loss"],
+        {"vapo": {"mu": 0.5}, "ppo": {"mini_batch_size": 8}},
+    ),
 }
 
 
@@ -54,8 +66,18 @@ def runs(tmp_path_factory):
 
 
 # ----------------------------------------------------------------------------- references
-def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float, kl_coef: float = 0.0,
-                    grad_clip: float | None = None, rows: list | None = None, nll_over_batch: bool = False) -> dict:
+def actor_reference(
+    run,
+    step,
+    *,
+    eps_high: float,
+    token_level: bool,
+    mu: float,
+    kl_coef: float = 0.0,
+    grad_clip: float | None = None,
+    rows: list | None = None,
+    nll_over_batch: bool = False,
+) -> dict:
     """The actor loss at the step's weights, from the recorded Experience, written out by hand;
     its gradient clipped to `grad_clip` (None: the run's ppo.grad_clip). Over the Experience rows
     `rows` only (a mini-batch: every denominator counts those rows; None: the whole batch);
@@ -95,12 +117,16 @@ def actor_reference(run, step, *, eps_high: float, token_level: bool, mu: float,
         r, valid = ratio.detach(), m.bool()
         log_r = (logp - exp.behaviour_logprobs).detach()
         return {
-            "grads": {n: g * coef for n, g in zip(names, grads)}, "norm": norm, "loss/policy": float(pg),
-            "loss/nll": float(nll), "loss/total": float(loss),
+            "grads": {n: g * coef for n, g in zip(names, grads)},
+            "norm": norm,
+            "loss/policy": float(pg),
+            "loss/nll": float(nll),
+            "loss/total": float(loss),
             "policy/clipfrac_high": float(((adv > 0) & (r > 1 + eps_high))[valid].float().mean()),
             "policy/clipfrac_low": float(((adv < 0) & (r < 1 - ppo.eps))[valid].float().mean()),
             "policy/approx_kl": float((torch.expm1(log_r) - log_r)[valid].mean()),
-            "policy/ratio_mean": float(r[valid].mean()), "policy/ratio_max": float(r[valid].max()),
+            "policy/ratio_mean": float(r[valid].mean()),
+            "policy/ratio_max": float(r[valid].max()),
         }
 
 
@@ -135,9 +161,12 @@ TOL = 1e-4  # micro-batch accumulation and float32 reduction order
 
 def settings_of(name: str, run) -> dict:
     sw = run.module.switches
-    return {"eps_high": sw.eps_high if sw.clip_higher else run.cfg.ppo.eps, "token_level": sw.token_level_loss,
-            "mu": sw.mu if sw.positive_lm_loss else 0.0,
-            "kl_coef": run.cfg.vapo.kl_coef if "kl_penalty" in run.cfg.components else 0.0}
+    return {
+        "eps_high": sw.eps_high if sw.clip_higher else run.cfg.ppo.eps,
+        "token_level": sw.token_level_loss,
+        "mu": sw.mu if sw.positive_lm_loss else 0.0,
+        "kl_coef": run.cfg.vapo.kl_coef if "kl_penalty" in run.cfg.components else 0.0,
+    }
 
 
 # ----------------------------------------------------------------------------- the actor
@@ -151,19 +180,33 @@ def test_every_actor_step_is_the_gradient_of_the_switched_loss(runs, name):
         assert gap(s.grads, ref["grads"]) < TOL, (name, k, gap(s.grads, ref["grads"]))
     # the logged metrics are the steps' values averaged over the update (max for ratio_max)
     logged = run.row(1)
-    for key in ("loss/policy", "loss/nll", "loss/total", "policy/clipfrac_high", "policy/clipfrac_low",
-                "policy/approx_kl", "policy/ratio_mean"):
+    for key in (
+        "loss/policy",
+        "loss/nll",
+        "loss/total",
+        "policy/clipfrac_high",
+        "policy/clipfrac_low",
+        "policy/approx_kl",
+        "policy/ratio_mean",
+    ):
         assert logged[key] == pytest.approx(sum(r[key] for r in refs) / 3, rel=1e-4, abs=1e-6), key
     assert logged["policy/ratio_max"] == pytest.approx(max(r["policy/ratio_max"] for r in refs), rel=1e-5)
     assert logged["policy/grad_norm"] == pytest.approx(sum(r["norm"] for r in refs) / 3, rel=1e-4)
     assert logged["policy/clipfrac_high"] > 0 and logged["policy/clipfrac_low"] > 0  # the clip binds
 
 
-@pytest.mark.parametrize("name,flip", [
-    ("vanilla", {"eps_high": 0.28}), ("vanilla", {"token_level": True}), ("vanilla", {"mu": 0.5}),
-    ("clip_higher", {"eps_high": 0.2}), ("token_level_loss", {"token_level": False}),
-    ("positive_lm_loss", {"mu": 0.0}), ("kl_penalty", {"kl_coef": 0.0}),
-])
+@pytest.mark.parametrize(
+    "name,flip",
+    [
+        ("vanilla", {"eps_high": 0.28}),
+        ("vanilla", {"token_level": True}),
+        ("vanilla", {"mu": 0.5}),
+        ("clip_higher", {"eps_high": 0.2}),
+        ("token_level_loss", {"token_level": False}),
+        ("positive_lm_loss", {"mu": 0.0}),
+        ("kl_penalty", {"kl_coef": 0.0}),
+    ],
+)
 def test_the_flipped_switch_gives_another_update(runs, name, flip):
     """So the test above can fail: with the switch flipped the reference misses some step."""
     run = runs(name)
@@ -179,7 +222,9 @@ def test_clip_higher_is_set_up_by_the_trainer_and_changes_the_run(runs):
     # clipfrac_high counts ratios above 1 + 0.28 (not 1 + 0.2) where A > 0
     steps = on.probe.of("actor")
     high = [actor_reference(on, s, **settings_of("clip_higher", on))["policy/clipfrac_high"] for s in steps]
-    sym = [actor_reference(on, s, eps_high=0.2, token_level=False, mu=0.0)["policy/clipfrac_high"] for s in steps]
+    sym = [
+        actor_reference(on, s, eps_high=0.2, token_level=False, mu=0.0)["policy/clipfrac_high"] for s in steps
+    ]
     assert on.row(1)["policy/clipfrac_high"] == pytest.approx(sum(high) / 3, rel=1e-4)
     assert sum(sym) > sum(high) * 1.2
     # the same first step (ratio 1: nothing clipped), then the runs part
@@ -197,8 +242,9 @@ def test_positive_nll_is_exactly_zero_without_positives(runs):
     # mu-scaled: total = policy + mu * nll, step by step (so also on average)
     mu = some.module.switches.mu
     assert mu == 0.5
-    assert some.row(1)["loss/total"] == pytest.approx(some.row(1)["loss/policy"] + mu * some.row(1)["loss/nll"],
-                                                      rel=1e-5)
+    assert some.row(1)["loss/total"] == pytest.approx(
+        some.row(1)["loss/policy"] + mu * some.row(1)["loss/nll"], rel=1e-5
+    )
     assert runs("vanilla").row(1)["loss/nll"] == 0.0  # off: no term although positives exist
 
 
@@ -242,8 +288,10 @@ def test_value_clipping_and_gradient_clipping_bind(runs):
     second = run.probe.of("critic")[1]
     assert gap(second.grads, critic_reference(run, second, value_clip=None)["grads"]) > 100 * TOL
     run = runs("token_level_loss")
-    unclipped = [actor_reference(run, s, **settings_of("token_level_loss", run), grad_clip=0.0)
-                 for s in run.probe.of("actor")]
+    unclipped = [
+        actor_reference(run, s, **settings_of("token_level_loss", run), grad_clip=0.0)
+        for s in run.probe.of("actor")
+    ]
     assert any(r["norm"] > 0.4 for r in unclipped) and any(r["norm"] < 0.4 for r in unclipped)
     assert max(gap(s.grads, r["grads"]) for s, r in zip(run.probe.of("actor"), unclipped)) > 100 * TOL
 
@@ -288,8 +336,13 @@ def test_micro_batch_sums_are_token_weighted_whatever_the_cut():
     from vapo_lit.update_stats import ActorStats, MicroBatchSums
 
     g = torch.Generator().manual_seed(0)
-    minibatches = [[torch.rand(int(n), generator=g, dtype=torch.float64) for n in torch.randint(1, 9, (10,), generator=g)]
-                   for _ in range(3)]  # 3 mini-batches of 10 rows, each row a few tokens' values
+    minibatches = [
+        [
+            torch.rand(int(n), generator=g, dtype=torch.float64)
+            for n in torch.randint(1, 9, (10,), generator=g)
+        ]
+        for _ in range(3)
+    ]  # 3 mini-batches of 10 rows, each row a few tokens' values
     want = sum(float(torch.cat(rows).mean()) for rows in minibatches) / len(minibatches)
     got = []
     for trial in range(3):
@@ -299,8 +352,12 @@ def test_micro_batch_sums_are_token_weighted_whatever_the_cut():
             edges = _cut(len(rows), g)
             for lo, hi in zip(edges, edges[1:]):
                 micro = torch.cat(rows[lo:hi])
-                sums.add(len(micro) / tokens, weighted={"z": 1.0, "a": micro.mean()}, totals={"loss": micro.sum() / tokens},
-                         peaks={"top": micro.max()})
+                sums.add(
+                    len(micro) / tokens,
+                    weighted={"z": 1.0, "a": micro.mean()},
+                    totals={"loss": micro.sum() / tokens},
+                    peaks={"top": micro.max()},
+                )
         means, totals, peaks = sums.reduce()
         assert list(means) == ["a", "z"] and means["z"] == pytest.approx(1.0, rel=1e-15)
         assert means["a"] == pytest.approx(want, rel=1e-13)
@@ -333,8 +390,10 @@ def test_each_minibatch_step_is_normalised_by_its_own_minibatch(runs):
         assert gap(s.grads, ref["grads"]) < TOL, (k, gap(s.grads, ref["grads"]))
     for key in ("loss/nll", "loss/policy", "loss/total"):
         assert run.row(1)[key] == pytest.approx(sum(r[key] for r in refs) / 6, rel=1e-4, abs=1e-6), key
-    wrong = [gap(s.grads, actor_reference(run, s, **settings, rows=s.rows, nll_over_batch=True)["grads"])
-             for s in steps]
+    wrong = [
+        gap(s.grads, actor_reference(run, s, **settings, rows=s.rows, nll_over_batch=True)["grads"])
+        for s in steps
+    ]
     assert max(wrong) > 100 * TOL, wrong
     whole = [gap(s.grads, actor_reference(run, s, **settings)["grads"]) for s in steps]
     assert max(whole) > 100 * TOL, whole
@@ -349,20 +408,30 @@ def test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight(tmp_pat
     the recorded Experience and the rows of each optimizer step; averaging the empty mini-batch in
     would make it NaN."""
     from vapo_lit.experience import LENGTH_EDGES, bucket_labels
+    from vapo_lit.rng import Stream
     from vapo_lit.tasks.base import Verdict
 
     group = 2
 
     def prepare(module):
         def verify_batch(problems, texts):  # rows in order, `group` consecutive rows per prompt
-            first = set(next(module._minibatches(len(texts), salt=20))[0].tolist())  # the actor's first mini-batch
+            first = set(
+                next(module._minibatches(len(texts), Stream.ACTOR_MINIBATCH))[0].tolist()
+            )  # the actor's first mini-batch
             flat = {i // group for i in first}
             return [Verdict(1.0 if i // group in flat or i % group == 0 else 0.0) for i in range(len(texts))]
 
         module.task.verify_batch = verify_batch
 
-    run = probe_run(tmp_path, ["group_sampling"], verifier=None, prepare=prepare, advantage_estimator="grpo",
-                    vapo={"samples_per_prompt": group}, ppo={"mini_batch_size": 4})
+    run = probe_run(
+        tmp_path,
+        ["group_sampling"],
+        verifier=None,
+        prepare=prepare,
+        advantage_estimator="grpo",
+        vapo={"samples_per_prompt": group},
+        ppo={"mini_batch_size": 4},
+    )
     exp = run.probe.iterations[0].exp
     steps = run.probe.of("actor", 0)
     assert len(steps) == 4 and sorted(r for s in steps for r in s.rows) == list(range(exp.n))
@@ -373,7 +442,9 @@ def test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight(tmp_pat
     for s in steps:  # sample-level loss: w = 1 / (rows of the mini-batch * the response's length)
         mass = {b: 0.0 for b in set(bucket)}
         for i in s.rows:
-            mass[bucket[i]] += sum(abs(float(exp.advantages[i, t])) for t in range(lengths[i])) / (len(s.rows) * lengths[i])
+            mass[bucket[i]] += sum(abs(float(exp.advantages[i, t])) for t in range(lengths[i])) / (
+                len(s.rows) * lengths[i]
+            )
         total = sum(mass.values())
         if total == 0:
             empty += 1
@@ -381,5 +452,6 @@ def test_the_loss_share_skips_a_minibatch_without_policy_gradient_weight(tmp_pat
         shares.append({b: m / total for b, m in mass.items()})
     assert empty >= 1 and shares  # the run did build a mini-batch without weight, and others with
     for b in set(bucket):
-        assert run.last[f"policy/loss_share_len_{b}"] == pytest.approx(sum(x[b] for x in shares) / len(shares),
-                                                                        rel=1e-9, abs=1e-12)
+        assert run.last[f"policy/loss_share_len_{b}"] == pytest.approx(
+            sum(x[b] for x in shares) / len(shares), rel=1e-9, abs=1e-12
+        )

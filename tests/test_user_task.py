@@ -1,6 +1,7 @@
 """A user's own task named on the command line (`--task path/to/file.py:Class`, `--task module:Class`):
 loaded without a wrapper script, presets applying only the options it accepts, bad names refused in
 one line before anything is written."""
+
 from __future__ import annotations
 
 import subprocess
@@ -23,7 +24,7 @@ def the_docs_task_file(folder: Path) -> Path:
     text = DOC.read_text()
     start = text.index("```python\n# mytasks.py") + len("```python\n")
     path = folder / "mytasks.py"
-    path.write_text(text[start:text.index("```", start)])
+    path.write_text(text[start : text.index("```", start)])
     return path
 
 
@@ -47,12 +48,21 @@ def test_a_file_and_a_module_path_load_the_users_class(tmp_path, monkeypatch, re
     assert option_names("mytasks:CellSum") == []
 
 
-@pytest.mark.parametrize("name, needle", [
-    ("nosuch_pkg.tasks:Env", "task='nosuch_pkg.tasks:Env': no module named 'nosuch_pkg.tasks' (run from the folder"),
-    ("{dir}/missing.py:Env", "missing.py not found"),
-    ("{dir}/mytasks.py:Nope", "has no class 'Nope'; it defines: CellSum"),
-    ("cellsum2", "task='cellsum2' is not a task; valid tasks: chain, longchain, math, math_tools, toolchain, or a class of your own"),
-])
+@pytest.mark.parametrize(
+    "name, needle",
+    [
+        (
+            "nosuch_pkg.tasks:Env",
+            "task='nosuch_pkg.tasks:Env': no module named 'nosuch_pkg.tasks' (run from the folder",
+        ),
+        ("{dir}/missing.py:Env", "missing.py not found"),
+        ("{dir}/mytasks.py:Nope", "has no class 'Nope'; it defines: CellSum"),
+        (
+            "cellsum2",
+            "task='cellsum2' is not a task; valid tasks: chain, longchain, math, math_tools, toolchain, or a class of your own",
+        ),
+    ],
+)
 def test_a_bad_task_name_is_one_line_before_anything_is_written(tmp_path, capsys, name, needle, registry):
     the_docs_task_file(tmp_path)
     out = tmp_path / "runs"
@@ -72,17 +82,37 @@ def test_presets_apply_only_the_options_the_task_accepts(tmp_path, capsys, regis
     assert yaml.safe_load(capsys.readouterr().out)["task_options"] == {}
     assert main(["--preset", "smoke", "--print-config"]) == 0  # the built-in task keeps them
     assert yaml.safe_load(capsys.readouterr().out)["task_options"] == PRESETS["smoke"]["task_options"]
-    assert main(["--preset", "smoke", "--task", f"{path}:CellSum", "--task_options", '{"max_n": 3}',
-                 "--model", "random", "--out_dir", str(tmp_path / "runs")]) == 2
+    assert (
+        main(
+            [
+                "--preset",
+                "smoke",
+                "--task",
+                f"{path}:CellSum",
+                "--task_options",
+                '{"max_n": 3}',
+                "--model",
+                "random",
+                "--out_dir",
+                str(tmp_path / "runs"),
+            ]
+        )
+        == 2
+    )
     assert "unknown option(s) 'max_n' for task" in capsys.readouterr().err
 
 
 def test_the_python_api_refuses_unknown_options_in_the_same_line(tmp_path, registry):
     path = the_docs_task_file(tmp_path)
-    cfg = merge(RunConfig(), {**PRESETS["smoke"], "task": f"{path}:CellSum", "model": "random",
-                              "out_dir": str(tmp_path / "runs")})
-    with pytest.raises(ValueError, match=r"^task_options: unknown option\(s\) 'eval_per_bucket', 'max_n' for task "
-                                         r"'.*mytasks.py:CellSum'; it takes none$"):
+    cfg = merge(
+        RunConfig(),
+        {**PRESETS["smoke"], "task": f"{path}:CellSum", "model": "random", "out_dir": str(tmp_path / "runs")},
+    )
+    with pytest.raises(
+        ValueError,
+        match=r"^task_options: unknown option\(s\) 'eval_per_bucket', 'max_n' for task "
+        r"'.*mytasks.py:CellSum'; it takes none$",
+    ):
         preflight(cfg)
     assert not (tmp_path / "runs").exists()
 
@@ -90,9 +120,27 @@ def test_the_python_api_refuses_unknown_options_in_the_same_line(tmp_path, regis
 def test_the_docs_task_trains_from_the_command_line(tmp_path):
     """The user's file, the CLI alone: a real run (random tiny model) of the docs' multi-turn task."""
     path = the_docs_task_file(tmp_path)
-    cmd = [sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--task", f"{path}:CellSum",
-           "--model", "random", "--steps", "1", "--out_dir", str(tmp_path / "runs"), "--name", "r",
-           "--wandb", "disabled", "--threads", "1"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        "--preset",
+        "smoke",
+        "--task",
+        f"{path}:CellSum",
+        "--model",
+        "random",
+        "--steps",
+        "1",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--name",
+        "r",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-2000:]
     assert (tmp_path / "runs" / "r" / "metrics.csv").is_file()
@@ -108,15 +156,25 @@ def the_docs_chat_walkthrough(folder: Path) -> tuple[Path, Path]:
     text = DOC.read_text()
     start = text.index("```python\n# calc_env.py") + len("```python\n")
     env_file = folder / "calc_env.py"
-    env_file.write_text(text[start:text.index("```", start)])
+    env_file.write_text(text[start : text.index("```", start)])
     tok = chat_tokenizer("chatml")
     model_dir = folder / "my-chat-model"
     import torch
 
     torch.manual_seed(0)
-    LlamaForCausalLM(LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                                 num_attention_heads=2, num_key_value_heads=2, max_position_embeddings=1024,
-                                 eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)).save_pretrained(model_dir)
+    LlamaForCausalLM(
+        LlamaConfig(
+            vocab_size=len(tok),
+            hidden_size=32,
+            intermediate_size=64,
+            num_hidden_layers=1,
+            num_attention_heads=2,
+            num_key_value_heads=2,
+            max_position_embeddings=1024,
+            eos_token_id=tok.eos_token_id,
+            pad_token_id=tok.pad_token_id,
+        )
+    ).save_pretrained(model_dir)
     tok.save_pretrained(model_dir)
     return env_file, model_dir
 
@@ -124,9 +182,23 @@ def the_docs_chat_walkthrough(folder: Path) -> tuple[Path, Path]:
 def test_the_chat_walkthrough_runs_as_written(tmp_path):
     env_file, _ = the_docs_chat_walkthrough(tmp_path)
     text = DOC.read_text()
-    command = next(line for line in text.splitlines() if line.startswith("vapo-train --task calc_env.py:Calc"))
-    cmd = [sys.executable, "-m", "vapo_lit.cli.train", *command.split()[1:], "--out_dir", str(tmp_path / "runs"),
-           "--name", "r", "--wandb", "disabled", "--threads", "1"]
+    command = next(
+        line for line in text.splitlines() if line.startswith("vapo-train --task calc_env.py:Calc")
+    )
+    cmd = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        *command.split()[1:],
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--name",
+        "r",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, cwd=tmp_path)
     assert done.returncode == 0, done.stderr[-3000:]
     import json
@@ -154,10 +226,22 @@ def test_the_walkthroughs_verifier_reads_only_the_models_final_turn(tmp_path, re
     tok = env.tokenizer
     eot = tok.convert_tokens_to_ids("<|im_end|>")
     enc = lambda text: tok(text, add_special_tokens=False)["input_ids"]  # noqa: E731
-    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s * %s"}}\n</tool_call>' % (a, b)
+    call = '<tool_call>\n{"name": "calculator", "arguments": {"expression": "%s * %s"}}\n</tool_call>' % (
+        a,
+        b,
+    )
     for final, reward in (("True", 0.0), (f"It is {p.answer}.", 1.0)):
-        ro = generate_episodes(IdScripted([enc(call) + [eot] + enc(final) + [eot]], len(tok)), tok, env, [p.prompt],
-                               temperature=0.0, max_new_tokens=env.max_new_tokens, seeds=0)
+        ro = generate_episodes(
+            IdScripted([enc(call) + [eot] + enc(final) + [eot]], len(tok)),
+            tok,
+            env,
+            [p.prompt],
+            temperature=0.0,
+            max_new_tokens=env.max_new_tokens,
+            seeds=0,
+        )
         text = ro.texts[0]
-        assert int(ro.turns[0]) == 2 and re.findall(r"-?\d+", text)[-1] == p.answer  # the tool's answer, or the model's
+        assert (
+            int(ro.turns[0]) == 2 and re.findall(r"-?\d+", text)[-1] == p.answer
+        )  # the tool's answer, or the model's
         assert env.verify(p, text).reward == reward, text

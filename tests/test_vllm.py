@@ -7,6 +7,7 @@ head size vLLM's CPU backend runs, in float32 (vLLM has no float64), its log-pro
 trainer's to float32 tolerance; the same seeds give the same responses, a response does not depend
 on its batch; weights pushed by `load_weights` (and only then) are the ones it samples from. Then a
 real `vapo-train` run and a 2-row grid with it, and the one-line refusals of preflight."""
+
 from __future__ import annotations
 
 import csv
@@ -30,8 +31,11 @@ from vapo_lit.rng import sample_seed
 from vapo_lit.tasks import get_task
 
 HAS_VLLM = importlib.util.find_spec("vllm") is not None
-NEEDS_VLLM = pytest.mark.skipif(not HAS_VLLM, reason="vLLM is not installed here (make test-vllm builds .venv-vllm "
-                                                     "with vLLM's CPU build and runs these)")
+NEEDS_VLLM = pytest.mark.skipif(
+    not HAS_VLLM,
+    reason="vLLM is not installed here (make test-vllm builds .venv-vllm "
+    "with vLLM's CPU build and runs these)",
+)
 TOL = 1e-5
 """vLLM's float32 log-probs against the trainer's float32 recomputation (measured: up to 5e-7 on the
 models here; its kernels sum in another order)."""
@@ -45,13 +49,24 @@ def task():
     return get_task("chain", max_n=12, n_buckets=2)
 
 
-def model_of(tok, kind: str = "llama", *, hidden=64, heads=1, kv_heads=None, tied=True, seed=0, positions=512):
+def model_of(
+    tok, kind: str = "llama", *, hidden=64, heads=1, kv_heads=None, tied=True, seed=0, positions=512
+):
     """A random transformers causal LM on the task's vocabulary, in a shape vLLM's CPU backend runs."""
     torch.manual_seed(seed)
-    common = dict(vocab_size=len(tok), hidden_size=hidden, num_hidden_layers=2, num_attention_heads=heads,
-                  num_key_value_heads=kv_heads or heads, intermediate_size=2 * hidden, max_position_embeddings=positions,
-                  bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id,
-                  tie_word_embeddings=tied)
+    common = dict(
+        vocab_size=len(tok),
+        hidden_size=hidden,
+        num_hidden_layers=2,
+        num_attention_heads=heads,
+        num_key_value_heads=kv_heads or heads,
+        intermediate_size=2 * hidden,
+        max_position_embeddings=positions,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=tied,
+    )
     if kind == "llama":
         from transformers import LlamaConfig, LlamaForCausalLM
 
@@ -79,8 +94,9 @@ def make(model, tok) -> RolloutEngine:
 def recomputed(model, ro, temperature):
     P = ro.prompt_ids.shape[1]
     with torch.no_grad():
-        return passes.response_logprobs(model, ro.input_ids, ro.attention_mask, P, ro.response_ids,
-                                        temperature=temperature)[0]
+        return passes.response_logprobs(
+            model, ro.input_ids, ro.attention_mask, P, ro.response_ids, temperature=temperature
+        )[0]
 
 
 @NEEDS_VLLM
@@ -90,7 +106,9 @@ def test_behaviour_logprobs_equal_the_training_recomputation(task, shared, tempe
     the engine's recomputation (other T) are the trainer's log softmax(logits / T) of the sampled token."""
     model, engine = shared
     tok = task.tokenizer
-    ro = engine.generate(PROMPTS * 3, SamplingParams(max_new_tokens=14, temperature=temperature, top_p=top_p), 4)
+    ro = engine.generate(
+        PROMPTS * 3, SamplingParams(max_new_tokens=14, temperature=temperature, top_p=top_p), 4
+    )
     check_invariants(ro, len(PROMPTS) * 3, 14, tok)
     assert (engine.recompute_seconds > 0) == (temperature not in (0.0, 1.0))
     m = ro.response_mask.bool()
@@ -100,8 +118,11 @@ def test_behaviour_logprobs_equal_the_training_recomputation(task, shared, tempe
     if temperature == 0.0:  # greedy: every token is the argmax of the trainer's logits
         P = ro.prompt_ids.shape[1]
         with torch.no_grad():
-            logits = model(input_ids=ro.input_ids, attention_mask=ro.attention_mask,
-                           position_ids=passes.position_ids_from_mask(ro.attention_mask)).logits[:, P - 1:-1]
+            logits = model(
+                input_ids=ro.input_ids,
+                attention_mask=ro.attention_mask,
+                position_ids=passes.position_ids_from_mask(ro.attention_mask),
+            ).logits[:, P - 1 : -1]
         assert torch.equal(logits.argmax(-1)[m], ro.response_ids[m])
 
 
@@ -133,7 +154,9 @@ def test_a_response_does_not_depend_on_its_batch(task, shared):
     for i in (0, 6, 11):
         one = engine.generate([prompts[i]], s, [seeds[i]])
         assert one.texts[0] == whole.texts[i]
-        torch.testing.assert_close(one.logprobs[0], whole.logprobs[i, :int(whole.lengths[i])], rtol=0, atol=0)
+        torch.testing.assert_close(
+            one.logprobs[0], whole.logprobs[i, : int(whole.lengths[i])], rtol=0, atol=0
+        )
 
 
 @NEEDS_VLLM
@@ -196,11 +219,17 @@ def _perturb(model, seed: int, scale: float) -> None:
 
 
 @NEEDS_VLLM
-@pytest.mark.parametrize("kind,shape", [
-    ("llama", {"tied": True}),                                          # the built-in variant's shape
-    ("llama", {"tied": False, "hidden": 128, "heads": 4, "kv_heads": 2}),  # grouped K/V heads, own output layer
-    ("qwen2", {"tied": False, "hidden": 64, "heads": 2}),                  # q/k/v biases, head size 32
-])
+@pytest.mark.parametrize(
+    "kind,shape",
+    [
+        ("llama", {"tied": True}),  # the built-in variant's shape
+        (
+            "llama",
+            {"tied": False, "hidden": 128, "heads": 4, "kv_heads": 2},
+        ),  # grouped K/V heads, own output layer
+        ("qwen2", {"tied": False, "hidden": 64, "heads": 2}),  # q/k/v biases, head size 32
+    ],
+)
 def test_load_weights_makes_vllm_score_with_the_new_weights(task, kind, shape):
     """The actor changes (every weight); vLLM's log-probs of a fixed continuation equal the trainer's
     after `load_weights` and not before (names mapped by vLLM's loader: fused q/k/v and gate/up, tied
@@ -210,7 +239,10 @@ def test_load_weights_makes_vllm_score_with_the_new_weights(task, kind, shape):
     engine = make(model, tok)
     s = SamplingParams(max_new_tokens=20)
     engine.generate(PROMPTS, s, 1)  # vLLM starts, with the initial weights
-    fixed = [x + y for x, y in zip([tok(p)["input_ids"] for p in PROMPTS], ([5, 9, 11, 3, 7, 2], [4, 4, 8], [1], [6, 2]))]
+    fixed = [
+        x + y
+        for x, y in zip([tok(p)["input_ids"] for p in PROMPTS], ([5, 9, 11, 3, 7, 2], [4, 4, 8], [1], [6, 2]))
+    ]
     start = min(map(len, fixed)) - 1
 
     def trainer():
@@ -219,7 +251,7 @@ def test_load_weights_makes_vllm_score_with_the_new_weights(task, kind, shape):
             ids = torch.tensor([x])
             with torch.no_grad():
                 lp = passes.sequence_logprobs(model, ids, torch.ones_like(ids), temperature=1.0)[0]
-            out.append(lp[start - 1:])  # column c holds the log-prob of token c + 1
+            out.append(lp[start - 1 :])  # column c holds the log-prob of token c + 1
         return out
 
     for got, want in zip(engine.score(fixed, start), trainer()):
@@ -280,16 +312,26 @@ def test_a_weight_sync_leaves_nothing_computed_with_the_old_weights_in_the_prefi
 
     first = engine.generate(prompts, s, 0)  # vLLM starts; the prompts' full blocks go to the prefix cache
     block = engine.llm.llm_engine.vllm_config.cache_config.block_size
-    assert int(first.prompt_mask.sum(1).min()) >= 2 * block, "the prompts must fill KV blocks for the prefix cache"
+    assert int(first.prompt_mask.sum(1).min()) >= 2 * block, (
+        "the prompts must fill KV blocks for the prefix cache"
+    )
     assert gap(first) < TOL
     _perturb(model, seed=7, scale=0.3)
-    weights = list(full_weights(model))  # control: the new weights pushed as `load_weights` does, minus its reset
-    engine.llm.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
-    assert gap(engine.generate(prompts, s, 0)) > 0.1, "no stale K/V without a reset: the check below would see nothing"
+    weights = list(
+        full_weights(model)
+    )  # control: the new weights pushed as `load_weights` does, minus its reset
+    engine.llm.collective_rpc(
+        lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights))
+    )
+    assert gap(engine.generate(prompts, s, 0)) > 0.1, (
+        "no stale K/V without a reset: the check below would see nothing"
+    )
     engine.load_weights(model)  # the sync under test
     again = engine.generate(prompts, s, 0)
     m = again.response_mask.bool()
-    torch.testing.assert_close(again.logprobs[m], recomputed(model, again, 1.0)[m].float(), rtol=RTOL, atol=TOL)
+    torch.testing.assert_close(
+        again.logprobs[m], recomputed(model, again, 1.0)[m].float(), rtol=RTOL, atol=TOL
+    )
 
 
 @NEEDS_VLLM
@@ -301,6 +343,7 @@ def test_the_engine_refuses_float64(task):
 
 # ---- preflight: one line before any run folder ---------------------------------------------
 
+
 def _preflight(tmp_path, **delta):
     from vapo_lit.preflight import preflight
 
@@ -310,7 +353,9 @@ def _preflight(tmp_path, **delta):
 
 @pytest.mark.skipif(HAS_VLLM, reason="checks what a run says where vLLM is not installed")
 def test_preflight_without_vllm_names_the_install(tmp_path):
-    with pytest.raises(ValueError, match=r"^rollout_engine=vllm: vLLM is not installed; pip install 'vapo-lit\[vllm\]'"):
+    with pytest.raises(
+        ValueError, match=r"^rollout_engine=vllm: vLLM is not installed; pip install 'vapo-lit\[vllm\]'"
+    ):
         _preflight(tmp_path)
     assert not (tmp_path / "runs").exists()
 
@@ -324,14 +369,28 @@ def test_preflight_refusals_are_one_line(tmp_path, task):
     local = tmp_path / "head16"
     model_of(tok, hidden=64, heads=4).save_pretrained(local)  # head size 16, as the default built-in
     tok.save_pretrained(local)
-    cases = [({"model": str(local)}, r"head size 16 .*which vLLM's CPU backend does not run .*use a model with a head size"),
-             ({"builtin_shape": "default"}, r"head size 16 .*--builtin_shape auto or vllm"),
-             ({"model_dtype": "float64"}, r"not float64 .*use model_dtype float32"),
-             ({"precision": "64-true"}, r"not float64"),
-             ({"num_nodes": 2}, r"runs on one machine, one engine per training process \(num_nodes=2\): several machines"),
-             ({"vllm_kv_cache_gib": 100000.0}, r"KV cache needs 100000.00 GiB .* available; set a smaller vllm_kv_cache_gib"),
-             ({"vllm_kv_cache_gib": 1e-6}, r"vllm_kv_cache_gib=1e-06 holds less than one sequence of the model's 512 "
-                                           r"positions .*give at least 0.00")]
+    cases = [
+        (
+            {"model": str(local)},
+            r"head size 16 .*which vLLM's CPU backend does not run .*use a model with a head size",
+        ),
+        ({"builtin_shape": "default"}, r"head size 16 .*--builtin_shape auto or vllm"),
+        ({"model_dtype": "float64"}, r"not float64 .*use model_dtype float32"),
+        ({"precision": "64-true"}, r"not float64"),
+        (
+            {"num_nodes": 2},
+            r"runs on one machine, one engine per training process \(num_nodes=2\): several machines",
+        ),
+        (
+            {"vllm_kv_cache_gib": 100000.0},
+            r"KV cache needs 100000.00 GiB .* available; set a smaller vllm_kv_cache_gib",
+        ),
+        (
+            {"vllm_kv_cache_gib": 1e-6},
+            r"vllm_kv_cache_gib=1e-06 holds less than one sequence of the model's 512 "
+            r"positions .*give at least 0.00",
+        ),
+    ]
     for delta, pattern in cases:
         with pytest.raises(ValueError, match=pattern) as e:
             _preflight(tmp_path, accelerator="cpu", **delta)
@@ -365,6 +424,7 @@ def test_vllm_builtin_variant_has_a_head_size_vllm_runs(task):
 
 # ---- end to end: vapo-train and vapo-ablate with the vllm engine ----------------------------
 
+
 def _rows(path):
     with open(path, newline="") as f:
         return list(csv.DictReader(f))
@@ -378,11 +438,29 @@ def test_vapo_train_with_vllm_logs_the_sampler_gap_and_runs_tis(tmp_path):
     (float32: within the engine tolerance); with ppo.tis_cap the TIS weights are logged too, all within
     the cap and near 1 (the gap is that small)."""
     env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--model", "random", "--rollout_engine",
-            "vllm", "--out_dir", str(tmp_path / "runs"), "--wandb", "disabled", "--threads", "1",
-            "--cache_dir", str(tmp_path / "cache")]
+    base = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--rollout_engine",
+        "vllm",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+    ]
     for name, extra in (("plain", []), ("tis", ["--ppo.tis_cap", "2"])):
-        done = subprocess.run(base + ["--name", name] + extra, capture_output=True, text=True, timeout=600, env=env)
+        done = subprocess.run(
+            base + ["--name", name] + extra, capture_output=True, text=True, timeout=600, env=env
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         rows = [r for r in _rows(tmp_path / "runs" / name / "metrics.csv") if r["step"] != "0"]
         # plain: 2 value-pretraining iterations, 3 PPO updates; tis: the pretrained critic from the cache
@@ -390,10 +468,17 @@ def test_vapo_train_with_vllm_logs_the_sampler_gap_and_runs_tis(tmp_path):
         assert len(rows) == (5 if name == "plain" else 3)
         for r in rows:
             assert 0 <= float(r["rollout/sampler_logprob_diff_max"]) < TOL
-            assert 0 <= float(r["rollout/sampler_logprob_diff_mean"]) <= float(r["rollout/sampler_logprob_diff_max"])
+            assert (
+                0
+                <= float(r["rollout/sampler_logprob_diff_mean"])
+                <= float(r["rollout/sampler_logprob_diff_max"])
+            )
             assert abs(float(r["rollout/sampler_approx_kl"])) < 1e-9
             if name == "tis":
-                assert abs(float(r["rollout/tis_weight_mean"]) - 1) < 1e-4 and float(r["rollout/tis_capped_frac"]) == 0
+                assert (
+                    abs(float(r["rollout/tis_weight_mean"]) - 1) < 1e-4
+                    and float(r["rollout/tis_capped_frac"]) == 0
+                )
             else:
                 assert "rollout/tis_weight_mean" not in r
         card = json.loads((tmp_path / "runs" / name / "run_card.json").read_text())
@@ -406,9 +491,29 @@ def test_a_two_row_grid_with_vllm(tmp_path):
     """vapo-ablate with --rollout_engine vllm: full VAPO against VAPO without value pretraining, one
     seed, the smoke preset: both cells finish, the report is written and both rows logged the gap."""
     env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "vapo_lit.cli.ablate", "--drop", "value_pretraining", "--seeds", "1", "--preset", "smoke",
-           "--model", "random", "--rollout_engine", "vllm", "--out", str(tmp_path / "abl"), "--wandb", "disabled",
-           "--threads", "1", "--cache_dir", str(tmp_path / "cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.ablate",
+        "--drop",
+        "value_pretraining",
+        "--seeds",
+        "1",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--rollout_engine",
+        "vllm",
+        "--out",
+        str(tmp_path / "abl"),
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=900, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     runs = sorted((tmp_path / "abl" / "runs").iterdir())
@@ -430,13 +535,36 @@ def test_two_data_parallel_processes_with_vllm_equal_one(tmp_path, strategy):
     metric history equals it within float32 all-reduce rounding; every iteration's sampler gap stays
     at rounding level on both halves (each rank's engine got every weight sync)."""
     env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    base = [sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--model", "random", "--rollout_engine",
-            "vllm", "--accelerator", "cpu", "--out_dir", str(tmp_path / "runs"), "--wandb", "disabled",
-            "--threads", "1", "--eval_every", "1"]
+    base = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--rollout_engine",
+        "vllm",
+        "--accelerator",
+        "cpu",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--eval_every",
+        "1",
+    ]
     runs = {}
     for name, extra in (("single", []), ("ddp", ["--devices", "2", "--strategy", strategy])):
-        done = subprocess.run(base + ["--name", name, "--cache_dir", str(tmp_path / f"cache-{name}")] + extra,
-                              capture_output=True, text=True, timeout=900, env=env)
+        done = subprocess.run(
+            base + ["--name", name, "--cache_dir", str(tmp_path / f"cache-{name}")] + extra,
+            capture_output=True,
+            text=True,
+            timeout=900,
+            env=env,
+        )
         assert done.returncode == 0, done.stderr[-3000:]
         runs[name] = _rows(tmp_path / "runs" / name / "metrics.csv")
     assert "GLOBAL_RANK: 1, MEMBER: 2/2" in done.stderr  # really two processes
@@ -452,7 +580,10 @@ def test_two_data_parallel_processes_with_vllm_equal_one(tmp_path, strategy):
             if k.startswith("perf/") or a[k] == b[k]:
                 continue
             fa, fb = float(a[k]), float(b[k])
-            assert (math.isnan(fa) and math.isnan(fb)) or fa == pytest.approx(fb, rel=1e-4, abs=1e-6), (a["step"], k)
+            assert (math.isnan(fa) and math.isnan(fb)) or fa == pytest.approx(fb, rel=1e-4, abs=1e-6), (
+                a["step"],
+                k,
+            )
         if b.get("rollout/sampler_logprob_diff_max"):
             assert float(b["rollout/sampler_logprob_diff_max"]) < TOL
     card = json.loads((tmp_path / "runs" / "ddp" / "run_card.json").read_text())
@@ -475,8 +606,11 @@ def test_behaviour_logprobs_are_recomputed_by_default_with_vllm_and_with_tis():
     assert recompute_logprobs(merge(base, {"ppo": {"tis_cap": 2.0}}), "32-true", torch.float32) is True
     off = merge(base, {"rollout_engine": "vllm", "ppo": {"recompute_logprobs": False}})
     assert recompute_logprobs(off, "32-true", torch.float32) is False
-    with pytest.raises(ValueError, match=r"^ppo.tis_cap=2.0 weighs the trainer's behaviour log-probs against the "
-                                         r"sampler's, .*set ppo.recompute_logprobs to true or none"):
+    with pytest.raises(
+        ValueError,
+        match=r"^ppo.tis_cap=2.0 weighs the trainer's behaviour log-probs against the "
+        r"sampler's, .*set ppo.recompute_logprobs to true or none",
+    ):
         validate(merge(off, {"ppo": {"tis_cap": 2.0}}))
     with pytest.raises(ValueError, match=r"ppo.tis_cap=0.5 is out of range; valid range: >= 1.0"):
         validate(merge(base, {"ppo": {"tis_cap": 0.5}}))
@@ -494,7 +628,9 @@ def replay_observations(task, ro, i) -> None:
     from vapo_lit.engines.episodes import Rules
 
     rules = Rules.of(task, task.tokenizer)
-    prompt = task.tokenizer.decode(ro.prompt_ids[i][ro.prompt_mask[i].bool()].tolist(), skip_special_tokens=True)
+    prompt = task.tokenizer.decode(
+        ro.prompt_ids[i][ro.prompt_mask[i].bool()].tolist(), skip_special_tokens=True
+    )
     ep = rules.episodes([prompt])[0]
     n = int(ro.lengths[i])
     ids, action = ro.response_ids[i, :n].tolist(), ro.action_mask[i, :n].tolist()
@@ -507,8 +643,8 @@ def replay_observations(task, ro, i) -> None:
         if ids[j - 1] in eos or rules.stops.completed(ep.turn):
             ep.end_turn(rules, ids[:j], final=ids[j - 1] in eos)
             obs = ep.queue[: n - j]
-            assert ids[j:j + len(obs)] == obs and action[j:j + len(obs)] == [0.0] * len(obs), (i, j)
-            assert float(ro.logprobs[i, j:j + len(obs)].abs().sum()) == 0.0
+            assert ids[j : j + len(obs)] == obs and action[j : j + len(obs)] == [0.0] * len(obs), (i, j)
+            assert float(ro.logprobs[i, j : j + len(obs)].abs().sum()) == 0.0
             j += len(obs)
             ep.queue = []
             if ep.done:
@@ -551,10 +687,31 @@ def test_vapo_train_multi_turn_with_vllm(tmp_path):
     """vapo-train on the multi-turn toolchain task with --rollout_engine vllm (the random model in its
     vLLM shape): the run finishes and logs turns and the sampler's gap."""
     env = {"WANDB_MODE": "offline", "PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "OMP_NUM_THREADS": "1"}
-    cmd = [sys.executable, "-m", "vapo_lit.cli.train", "--preset", "smoke", "--task", "toolchain", "--task_options",
-           json.dumps({"max_n": 3, "eval_per_bucket": 2}), "--model", "random", "--rollout_engine", "vllm",
-           "--out_dir", str(tmp_path / "runs"), "--name", "r", "--wandb", "disabled", "--threads", "1",
-           "--cache_dir", str(tmp_path / "cache")]
+    cmd = [
+        sys.executable,
+        "-m",
+        "vapo_lit.cli.train",
+        "--preset",
+        "smoke",
+        "--task",
+        "toolchain",
+        "--task_options",
+        json.dumps({"max_n": 3, "eval_per_bucket": 2}),
+        "--model",
+        "random",
+        "--rollout_engine",
+        "vllm",
+        "--out_dir",
+        str(tmp_path / "runs"),
+        "--name",
+        "r",
+        "--wandb",
+        "disabled",
+        "--threads",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True, timeout=600, env=env)
     assert done.returncode == 0, done.stderr[-3000:]
     rows = [r for r in _rows(tmp_path / "runs" / "r" / "metrics.csv") if r["step"] != "0"]

@@ -5,6 +5,7 @@ no network connection is attempted offline.
 
     .venv/bin/python -m pytest tests/test_wandb.py
 """
+
 from __future__ import annotations
 
 import csv
@@ -29,7 +30,7 @@ from vapo_lit.wandb_runs import AXES, PPO_AXIS, PRETRAIN_AXIS, SAMPLES_KEY, stab
 from report_synth import write_manifest, write_run
 from wandb_offline import read_run, wait_complete
 
-SECRET_PW = "Sup3rSecretPw"    # in sys.argv, as a storage URL's password
+SECRET_PW = "Sup3rSecretPw"  # in sys.argv, as a storage URL's password
 SECRET_KEY = "0123456789abcdef0123456789abcdef01234567"  # WANDB_API_KEY, with the mode forced offline
 
 
@@ -42,7 +43,9 @@ def offline_runs(folder: Path) -> list[Path]:
 
 def table_of(run_file: Path, key: str) -> dict:
     """The wandb.Table logged under `key` (the last one), as {'columns', 'data'}."""
-    paths = [h[f"{key}/path"] for h in read_run(run_file)["history"] if f"{key}/path" in h]  # (a nested value)
+    paths = [
+        h[f"{key}/path"] for h in read_run(run_file)["history"] if f"{key}/path" in h
+    ]  # (a nested value)
     assert paths, f"{run_file}: no {key} logged"
     return json.loads((run_file.parent / "files" / paths[-1]).read_text())
 
@@ -115,9 +118,20 @@ def offline(monkeypatch, tmp_path):
 def test_training_run_axes(tmp_path, offline):
     """Every PPO metric is stepped on ppo/update (0 = the base policy, 1 = the first update, value
     pretraining does not move it); value pretraining is under value_pretrain/ on its own axis."""
-    cfg = merge(merge(RunConfig(), PRESETS["smoke"]), {
-        "model": "random", "wandb": "offline", "steps": 3, "eval_every": 1, "out_dir": str(tmp_path / "runs"),
-        "name": "r", "cache_dir": str(tmp_path / "cache"), "threads": 1, "vapo": {"value_pretrain_steps": 2}})
+    cfg = merge(
+        merge(RunConfig(), PRESETS["smoke"]),
+        {
+            "model": "random",
+            "wandb": "offline",
+            "steps": 3,
+            "eval_every": 1,
+            "out_dir": str(tmp_path / "runs"),
+            "name": "r",
+            "cache_dir": str(tmp_path / "cache"),
+            "threads": 1,
+            "vapo": {"value_pretrain_steps": 2},
+        },
+    )
     train(cfg)
     (run_file,) = offline_runs(tmp_path / "runs" / "r" / "wandb")
     run = read_run(run_file)
@@ -150,9 +164,29 @@ def test_training_run_axes(tmp_path, offline):
 
 
 def _grid(tmp_path, *extra) -> list[str]:
-    return ["--seeds", "2", "--preset", "smoke", "--model", "random", "--wandb", "offline", "--threads", "1",
-            "--steps", "2", "--eval_every", "1", "--cache_dir", str(tmp_path / "cache"), "--out", str(tmp_path / "out"),
-            "--drop", "positive_lm_loss", *extra]
+    return [
+        "--seeds",
+        "2",
+        "--preset",
+        "smoke",
+        "--model",
+        "random",
+        "--wandb",
+        "offline",
+        "--threads",
+        "1",
+        "--steps",
+        "2",
+        "--eval_every",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "out"),
+        "--drop",
+        "positive_lm_loss",
+        *extra,
+    ]
 
 
 def check_grid_run(folder: Path, group: str, project: str, cell_ids: list) -> Path:
@@ -169,7 +203,9 @@ def check_grid_run(folder: Path, group: str, project: str, cell_ids: list) -> Pa
         assert len(logged["data"]) == len(rows), name
         for got, want in zip(logged["data"], rows):
             assert all(same(g, w) for g, w in zip(got, want)), (name, got, want)
-    assert {"delta_final", "delta_final_p_holm", "delta_auc_p_holm"} <= set(table_of(run_file, "grid/table")["columns"])
+    assert {"delta_final", "delta_final_p_holm", "delta_auc_p_holm"} <= set(
+        table_of(run_file, "grid/table")["columns"]
+    )
     links = table_of(run_file, "grid/cells")
     assert sorted(r[links["columns"].index("wandb_id")] for r in links["data"]) == sorted(cell_ids)
     caveats = [r[0] for r in table_of(run_file, "grid/caveats")["data"]]
@@ -192,7 +228,10 @@ def test_grid_run_holds_the_report_and_is_one_run_after_two_reports(tmp_path, of
     cells = []
     for row in ("vapo", "vapo-no-clip_higher"):
         for seed in range(3):
-            evals = {u: 0.1 + 0.05 * u + (0.02 if row == "vapo" else 0.0) + 0.01 * seed * (u > 0) for u in range(0, 5, 2)}
+            evals = {
+                u: 0.1 + 0.05 * u + (0.02 if row == "vapo" else 0.0) + 0.01 * seed * (u > 0)
+                for u in range(0, 5, 2)
+            }
             d = write_run(out / "runs" / f"{row}-s{seed}", row, seed, evals, steps=4, wandb="offline")
             card = json.loads((d / "run_card.json").read_text())
             card["wandb"].update({"id": f"{row[-4:]}{seed}", "project": "proj", "group": "syn"})
@@ -204,7 +243,9 @@ def test_grid_run_holds_the_report_and_is_one_run_after_two_reports(tmp_path, of
     assert report([str(out), "--grid", "syn"]) == 0  # with figures
     printed = capsys.readouterr().out
     assert f"W&B grid run {stable_id('report', 'proj', 'syn')} (group syn, offline)" in printed
-    assert "wandb sync " in printed and not [line for line in printed.splitlines() if line.startswith("wandb:")]
+    assert "wandb sync " in printed and not [
+        line for line in printed.splitlines() if line.startswith("wandb:")
+    ]
     check_grid_run(folder, "syn", "proj", ids)
     before = time.time()
     assert report([str(out), "--grid", "syn", "--no-figures"]) == 0
@@ -222,14 +263,21 @@ def test_ablate_logs_cells_on_the_ppo_axis_and_the_grid_run(tmp_path, offline, c
     printed = capsys.readouterr().out
     assert not [line for line in printed.splitlines() if line.startswith("wandb:")]  # W&B's own lines: none
     grid = "drop-positive_lm_loss"
-    assert f"[{grid}] W&B grid run {stable_id('report', 'vapo-lit', grid)}" in printed and "wandb sync " in printed
+    assert (
+        f"[{grid}] W&B grid run {stable_id('report', 'vapo-lit', grid)}" in printed
+        and "wandb sync " in printed
+    )
     cards = sorted((tmp_path / "out" / "runs").glob("*/run_card.json"))
     cell_ids = [json.loads(c.read_text())["wandb"]["id"] for c in cards]
     assert len(cell_ids) == 4
     for card in cards:  # every PPO metric of every cell run on the ppo/update axis
         (run_file,) = offline_runs(card.parent / "wandb")
         axes = read_run(run_file)["metrics"]
-        ppo = {k: v for k, v in axes.items() if k.startswith(("policy/", "value/", "eval/", "objective/", "rollout/"))}
+        ppo = {
+            k: v
+            for k, v in axes.items()
+            if k.startswith(("policy/", "value/", "eval/", "objective/", "rollout/"))
+        }
         assert ppo and set(ppo.values()) == {PPO_AXIS}
     check_grid_run(tmp_path / "out" / "reports" / grid, grid, "vapo-lit", cell_ids)
     no_secret_in(tmp_path / "out")
@@ -271,9 +319,15 @@ def test_workspace_spec_offline():
     rows = sections[0]
     plots = [p["config"] for p in rows["panels"]]
     assert len(plots) == len(PANELS) == 7 and all(p["xAxis"] == PPO_AXIS for p in plots)
-    assert [p["metrics"] for p in plots] == [["eval/avg@8"], ["objective/score"], ["policy/entropy"],
-                                             ["rollout/response_length"], ["value/explained_variance"], ["value/bias"],
-                                             ["policy/clipfrac_low", "policy/clipfrac_high"]]
+    assert [p["metrics"] for p in plots] == [
+        ["eval/avg@8"],
+        ["objective/score"],
+        ["policy/entropy"],
+        ["rollout/response_length"],
+        ["value/explained_variance"],
+        ["value/bias"],
+        ["policy/clipfrac_low", "policy/clipfrac_high"],
+    ]
     assert all(p["groupAgg"] == "mean" for p in plots)
     pre = [p["config"] for p in sections[2]["panels"]]
     assert all(p["xAxis"] == PRETRAIN_AXIS for p in pre)
@@ -285,14 +339,35 @@ def test_sweep_study_run(tmp_path, offline, capsys):
     from vapo_lit.cli.sweep import main as sweep
 
     path = tmp_path / "tiny.yaml"
-    path.write_text(yaml.safe_dump({
-        "study": "tiny", "preset": "smoke", "objective": "final", "n_trials": 2,
-        "base": {"components": ["clip_higher", "token_level_loss"], "eval_every": 1, "steps": 1},
-        "sampler": {"name": "random", "seed": 0}, "pruner": {"name": "none"},
-        "space": {"vapo.eps_high": {"type": "float", "low": 0.2, "high": 0.4}},
-    }))
-    argv = [str(path), "--model", "random", "--wandb", "offline", "--threads", "1", "--cache_dir",
-            str(tmp_path / "cache"), "--out", str(tmp_path / "sw"), "--heartbeat", "1"]
+    path.write_text(
+        yaml.safe_dump(
+            {
+                "study": "tiny",
+                "preset": "smoke",
+                "objective": "final",
+                "n_trials": 2,
+                "base": {"components": ["clip_higher", "token_level_loss"], "eval_every": 1, "steps": 1},
+                "sampler": {"name": "random", "seed": 0},
+                "pruner": {"name": "none"},
+                "space": {"vapo.eps_high": {"type": "float", "low": 0.2, "high": 0.4}},
+            }
+        )
+    )
+    argv = [
+        str(path),
+        "--model",
+        "random",
+        "--wandb",
+        "offline",
+        "--threads",
+        "1",
+        "--cache_dir",
+        str(tmp_path / "cache"),
+        "--out",
+        str(tmp_path / "sw"),
+        "--heartbeat",
+        "1",
+    ]
     assert sweep(argv) == 0
     printed = capsys.readouterr().out
     assert "W&B study run" in printed and not [ln for ln in printed.splitlines() if ln.startswith("wandb:")]
@@ -314,7 +389,9 @@ def test_sweep_study_run(tmp_path, offline, capsys):
 
     for rec in records(run_file):
         if rec.WhichOneof("record_type") == "summary":
-            summary.update({i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update})
+            summary.update(
+                {i.key or "/".join(i.nested_key): json.loads(i.value_json) for i in rec.summary.update}
+            )
     assert summary["best/number"] == best.number and summary["best/value"] == best.value
     imp = table_of(run_file, "study/importances")
     assert [r[0] for r in imp["data"]] == ["vapo.eps_high"] and math.isclose(imp["data"][0][1], 1.0)

@@ -4,6 +4,7 @@ fresh virtualenv beside an existing torch and used from an empty folder.
 
     .venv/bin/python -m pytest tests/test_wheel.py            # -s prints each phase's time and pip's torch line
 """
+
 from __future__ import annotations
 
 import json
@@ -41,7 +42,9 @@ def test_every_source_package_and_data_file_is_listed():
     st = _pyproject()["tool"]["setuptools"]
     mapped = st["package-dir"]
     on_disk = set(find_packages(str(ROOT), include=["vapo_lit", "vapo_lit.*"]))
-    assert set(st["packages"]) == on_disk | set(mapped), "pyproject.toml [tool.setuptools] packages is out of date"
+    assert set(st["packages"]) == on_disk | set(mapped), (
+        "pyproject.toml [tool.setuptools] packages is out of date"
+    )
     assert mapped == {"vapo_lit.ablations": "ablations", "vapo_lit.sweeps": "sweeps"}
     for package, patterns in st["package-data"].items():
         folder = ROOT / mapped.get(package, package.replace(".", "/"))
@@ -62,11 +65,13 @@ def test_dependencies_are_ranges_that_admit_the_installed_versions():
     for r in reqs:
         ops = {s.operator for s in r.specifier}
         assert "==" not in ops and "<" in ops and ">=" in ops, f"{r}: want a range >=low,<next-major"
-        assert r.specifier.contains(version(r.name), prereleases=True), f"installed {r.name} {version(r.name)} not in {r}"
+        assert r.specifier.contains(version(r.name), prereleases=True), (
+            f"installed {r.name} {version(r.name)} not in {r}"
+        )
     extras = project["optional-dependencies"]
     assert {"dev", "postgres", "bench"} <= set(extras)
     makefile = (ROOT / "Makefile").read_text()
-    setup = makefile[makefile.index("$(STAMP): pyproject.toml"):].split("\n\n")[0]  # the .venv recipe
+    setup = makefile[makefile.index("$(STAMP): pyproject.toml") :].split("\n\n")[0]  # the .venv recipe
     assert setup.count('"torch==2.13.0"') == 2  # set-up pins the local CPU wheel, and keeps it
 
 
@@ -98,9 +103,12 @@ def test_own_files_and_folders_come_first(tmp_path, monkeypatch):
     """./ablations/NAME.yaml and ./sweeps/NAME.yaml shadow the shipped ones; a path works anywhere."""
     (tmp_path / "ablations").mkdir()
     (tmp_path / "sweeps").mkdir()
-    (tmp_path / "ablations" / "table1.yaml").write_text(yaml.safe_dump({"name": "mine", "rows": [{"only": []}]}))
-    (tmp_path / "sweeps" / "vapo_alpha.yaml").write_text(yaml.safe_dump(
-        {"study": "mine", "space": {"vapo.mu": {"type": "float", "low": 0.0, "high": 0.2}}}))
+    (tmp_path / "ablations" / "table1.yaml").write_text(
+        yaml.safe_dump({"name": "mine", "rows": [{"only": []}]})
+    )
+    (tmp_path / "sweeps" / "vapo_alpha.yaml").write_text(
+        yaml.safe_dump({"study": "mine", "space": {"vapo.mu": {"type": "float", "low": 0.0, "high": 0.2}}})
+    )
     own = tmp_path / "elsewhere" / "my_sweep.yml"
     own.parent.mkdir()
     own.write_text(yaml.safe_dump({"space": {"vapo.alpha": {"type": "float", "low": 0.1, "high": 1.0}}}))
@@ -121,7 +129,7 @@ def test_unknown_sweep_lists_the_shipped_ones_and_writes_nothing(tmp_path, monke
 
 
 # ----------------------------------------------------------------------------- the wheel, installed
-_CHECK = textwrap.dedent('''
+_CHECK = textwrap.dedent("""
     import json, warnings
     warnings.simplefilter("always")
     with warnings.catch_warnings(record=True) as caught:
@@ -149,13 +157,15 @@ _CHECK = textwrap.dedent('''
         "max_err": float((adv - ref).abs().max()), "ret_err": float((ret - ref - v).abs().max()),
         "warnings": [str(w.message) for w in caught],
     }))
-''')
+""")
 
 # torch's version, location and the identity of one of its files (a reinstall writes new files), read
 # without importing it (that alone takes seconds).
-_TORCH_ID = ("import importlib.metadata as m, importlib.util as u, json, os; f = u.find_spec('torch').origin; "
-             "s = os.stat(os.path.join(os.path.dirname(f), 'version.py')); "
-             "print(json.dumps([m.version('torch'), f, s.st_ino, s.st_mtime_ns]))")
+_TORCH_ID = (
+    "import importlib.metadata as m, importlib.util as u, json, os; f = u.find_spec('torch').origin; "
+    "s = os.stat(os.path.join(os.path.dirname(f), 'version.py')); "
+    "print(json.dumps([m.version('torch'), f, s.st_ino, s.st_mtime_ns]))"
+)
 
 
 class _Phase:
@@ -168,8 +178,9 @@ class _Phase:
         logs.mkdir(exist_ok=True)
         slug = "".join(c if c.isalnum() else "_" for c in name)
         self.out, self.err = open(logs / f"{slug}.out", "w+"), open(logs / f"{slug}.err", "w+")
-        self.proc = subprocess.Popen([str(c) for c in cmd], cwd=cwd, env=env, text=True, stdout=self.out,
-                                     stderr=self.err)
+        self.proc = subprocess.Popen(
+            [str(c) for c in cmd], cwd=cwd, env=env, text=True, stdout=self.out, stderr=self.err
+        )
 
     def result(self, timeout: float) -> str:
         try:
@@ -204,9 +215,15 @@ def test_wheel_installs_beside_torch_and_runs_from_an_empty_folder(tmp_path):
     # Not this checkout (PYTHONPATH); and the venv's modules are compiled on first import and kept
     # (--no-compile skips compiling all of torch and transformers up front; no .pyc would make every
     # process recompile what it imports).
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "VAPO_LIT_GAE_BACKEND")}
-    env.update(VAPO_LIT_CACHE=str(tmp_path / "cache"), PIP_NO_INPUT="1", PYTHONWARNINGS="ignore::DeprecationWarning")
+    env = {
+        k: v
+        for k, v in os.environ.items()
+        if k
+        not in ("PYTHONPATH", "PYTHONHOME", "VIRTUAL_ENV", "PYTHONDONTWRITEBYTECODE", "VAPO_LIT_GAE_BACKEND")
+    }
+    env.update(
+        VAPO_LIT_CACHE=str(tmp_path / "cache"), PIP_NO_INPUT="1", PYTHONWARNINGS="ignore::DeprecationWarning"
+    )
     # Build from a copy: setuptools writes build/ and *.egg-info next to the sources it builds.
     src = tmp_path / "src"
     src.mkdir()
@@ -214,22 +231,40 @@ def test_wheel_installs_beside_torch_and_runs_from_an_empty_folder(tmp_path):
         shutil.copy2(ROOT / name, src / name)
     for name in ("vapo_lit", "ablations", "sweeps"):
         shutil.copytree(ROOT / name, src / name, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
-    build = _Phase("build wheel", [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist",
-                                   src], cwd=tmp_path, env=env, times=times)
+    build = _Phase(
+        "build wheel",
+        [sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", tmp_path / "dist", src],
+        cwd=tmp_path,
+        env=env,
+        times=times,
+    )
 
     venv = tmp_path / "venv"
     py, bin_ = venv / "bin" / "python", venv / "bin"
     sweep = None
     try:
         _run("venv", [sys.executable, "-m", "venv", venv], cwd=tmp_path, env=env, times=times)
-        local_torch = f"torch=={torch.__version__}"  # the exact build this suite runs on (here: the CPU wheel on disk)
-        _run("install torch", [py, "-m", "pip", "install", "-q", "--no-compile", local_torch], cwd=tmp_path, env=env,
-             times=times)
+        local_torch = (
+            f"torch=={torch.__version__}"  # the exact build this suite runs on (here: the CPU wheel on disk)
+        )
+        _run(
+            "install torch",
+            [py, "-m", "pip", "install", "-q", "--no-compile", local_torch],
+            cwd=tmp_path,
+            env=env,
+            times=times,
+        )
         before = json.loads(_run("torch id", [py, "-c", _TORCH_ID], cwd=tmp_path, env=env, times=times))
         build.result(timeout=300)
         (wheel,) = (tmp_path / "dist").glob("vapo_lit-*.whl")
-        out = _run("install wheel", [py, "-m", "pip", "install", "--no-compile", wheel], cwd=tmp_path, env=env,
-                   times=times, timeout=420)
+        out = _run(
+            "install wheel",
+            [py, "-m", "pip", "install", "--no-compile", wheel],
+            cwd=tmp_path,
+            env=env,
+            times=times,
+            timeout=420,
+        )
         torch_lines = [ln for ln in out.splitlines() if "torch" in ln.split("(")[0] and "lightning" not in ln]
         print("\npip, installing the wheel beside torch:\n  " + "\n  ".join(torch_lines))
         assert any(ln.startswith("Requirement already satisfied: torch") for ln in torch_lines), out[-3000:]
@@ -238,7 +273,9 @@ def test_wheel_installs_beside_torch_and_runs_from_an_empty_folder(tmp_path):
         empty = tmp_path / "empty"
         empty.mkdir()
         site = next((venv / "lib").glob("python3*/site-packages"))
-        info = json.loads(_run("import + gae", [py, "-c", _CHECK], cwd=empty, env=env, times=times).splitlines()[-1])
+        info = json.loads(
+            _run("import + gae", [py, "-c", _CHECK], cwd=empty, env=env, times=times).splitlines()[-1]
+        )
         assert Path(info["vapo_lit"]).is_relative_to(site), info["vapo_lit"]  # the wheel, not this checkout
         assert info["native"] and info["failure"] is None, info
         assert not [w for w in info["warnings"] if "GAE" in w], info["warnings"]
@@ -247,15 +284,53 @@ def test_wheel_installs_beside_torch_and_runs_from_an_empty_folder(tmp_path):
         assert info["grids"] == GRIDS and info["sweeps"] == SWEEPS
         assert all(Path(d).is_relative_to(site) for d in info["grid_dirs"]), info["grid_dirs"]
 
-        bad = subprocess.run([bin_ / "vapo-ablate", "--grid", "nope"], cwd=empty, env=env, capture_output=True,
-                             text=True, timeout=120)
+        bad = subprocess.run(
+            [bin_ / "vapo-ablate", "--grid", "nope"],
+            cwd=empty,
+            env=env,
+            capture_output=True,
+            text=True,
+            timeout=120,
+        )
         assert bad.returncode == 2 and all(g in bad.stderr for g in GRIDS), bad.stderr
-        smoke = ["--preset", "smoke", "--model", "random", "--steps", "1", "--wandb", "disabled", "--threads", "1"]
+        smoke = [
+            "--preset",
+            "smoke",
+            "--model",
+            "random",
+            "--steps",
+            "1",
+            "--wandb",
+            "disabled",
+            "--threads",
+            "1",
+        ]
         runs = tmp_path / "out"
-        sweep = _Phase("vapo-sweep vapo_alpha", [bin_ / "vapo-sweep", "vapo_alpha", "--n-trials", "1", "--out",
-                                                 runs / "sw", *smoke], cwd=empty, env=env, times=times)
-        _run("vapo-ablate --grid table1", [bin_ / "vapo-ablate", "--grid", "table1", "--seeds", "1", "--eval_every",
-                                           "0", "--out", runs / "ab", *smoke], cwd=empty, env=env, times=times)
+        sweep = _Phase(
+            "vapo-sweep vapo_alpha",
+            [bin_ / "vapo-sweep", "vapo_alpha", "--n-trials", "1", "--out", runs / "sw", *smoke],
+            cwd=empty,
+            env=env,
+            times=times,
+        )
+        _run(
+            "vapo-ablate --grid table1",
+            [
+                bin_ / "vapo-ablate",
+                "--grid",
+                "table1",
+                "--seeds",
+                "1",
+                "--eval_every",
+                "0",
+                "--out",
+                runs / "ab",
+                *smoke,
+            ],
+            cwd=empty,
+            env=env,
+            times=times,
+        )
         rows = len(load_grid(str(ROOT / "ablations" / "table1.yaml")).rows)
         assert len(list((runs / "ab" / "runs").glob("*/summary.json"))) == rows
         assert (runs / "ab" / "reports" / "table1" / "table.md").is_file()

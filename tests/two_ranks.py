@@ -16,6 +16,7 @@ Each case exits 0 when its rule holds on this rank, else prints why and exits 1.
   barrier (each rank writes the time it raised to OUT_DIR/rank<r>.raised; rank 0 then waits up to 90 s for
   OUT_DIR/rank1.done, which rank 1 writes once it raised).
 """
+
 from __future__ import annotations
 
 import datetime
@@ -61,6 +62,7 @@ def case_route(rank: int) -> None:
             tensor = args[0] if name == "all_gather" else first
             reached.append((name, id(tensor)))
             return real(t, *args, **{**kw, "group": cpu_group})
+
         return call
 
     D._move = fake_move
@@ -73,15 +75,29 @@ def case_route(rank: int) -> None:
 
     total = D.all_reduce(torch.tensor([1.0 + rank], dtype=torch.float64))
     check(total.tolist() == [3.0] and total.device.type == "cpu", f"all_reduce gave {total}")
-    check(reached[-1][1] in moved, "all_reduce handed the group a tensor that did not go through the device rule")
+    check(
+        reached[-1][1] in moved,
+        "all_reduce handed the group a tensor that did not go through the device rule",
+    )
     check(D.agree_any(rank == 1), "agree_any missed rank 1's flag")
     n, R = 2, 3 + rank
-    exp = Experience(prompt_ids=torch.full((n, 2), rank), prompt_mask=torch.ones(n, 2, dtype=torch.long),
-                     response_ids=torch.full((n, R), 5), mask=torch.ones(n, R), behaviour_logprobs=torch.zeros(n, R),
-                     lengths=torch.full((n,), R), truncated=torch.zeros(n, dtype=torch.bool), problems=[0] * n,
-                     texts=["x"] * n, group_size=1)
+    exp = Experience(
+        prompt_ids=torch.full((n, 2), rank),
+        prompt_mask=torch.ones(n, 2, dtype=torch.long),
+        response_ids=torch.full((n, R), 5),
+        mask=torch.ones(n, R),
+        behaviour_logprobs=torch.zeros(n, R),
+        lengths=torch.full((n,), R),
+        truncated=torch.zeros(n, dtype=torch.bool),
+        problems=[0] * n,
+        texts=["x"] * n,
+        group_size=1,
+    )
     whole = D.gather_experience(exp, pad_id=0)
-    check(whole.prompt_ids[:, 0].tolist() == [0, 0, 1, 1] and whole.mask.shape == (4, 4), "gather_experience rows")
+    check(
+        whole.prompt_ids[:, 0].tolist() == [0, 0, 1, 1] and whole.mask.shape == (4, 4),
+        "gather_experience rows",
+    )
     lin = torch.nn.Linear(2, 2)
     with torch.no_grad():
         lin.weight.fill_(float(rank))
@@ -111,10 +127,14 @@ def case_min_ev(rank: int) -> None:
     from vapo_lit.pretrain import PretrainPhase
 
     target = 0.5
-    (cb,) = build_callbacks(["value_pretraining"], ComponentValues(value_pretrain_steps=50, value_pretrain_min_ev=target))
+    (cb,) = build_callbacks(
+        ["value_pretraining"], ComponentValues(value_pretrain_steps=50, value_pretrain_min_ev=target)
+    )
 
     class Module:
-        pretrain = PretrainPhase(active=True, steps_done=3, recent_ev=[target if rank == 0 else target - 1e-12])
+        pretrain = PretrainPhase(
+            active=True, steps_done=3, recent_ev=[target if rank == 0 else target - 1e-12]
+        )
         ended = False
 
         def end_value_pretraining(self):
@@ -161,7 +181,9 @@ def case_save_fail(rank: int, out: Path) -> None:
     (out / f"rank{rank}.raised").write_text(repr(time.time()))
     if rank == 1:
         (out / "rank1.done").write_text(type(raised).__name__)
-        check(isinstance(raised, RuntimeError) and "another rank failed" in str(raised), f"rank 1: {raised!r}")
+        check(
+            isinstance(raised, RuntimeError) and "another rank failed" in str(raised), f"rank 1: {raised!r}"
+        )
         return
     check(isinstance(raised, OSError), f"rank 0: {raised!r}")
     deadline = time.monotonic() + 90
@@ -174,7 +196,9 @@ def main() -> int:
     os.environ.update(MASTER_ADDR="127.0.0.1", MASTER_PORT=port)
     backend = "cuda:gloo" if case == "route" else "gloo"
     dist.init_process_group(backend, rank=rank, world_size=2, timeout=datetime.timedelta(seconds=300))
-    sync = dist.new_group(backend="gloo")  # a CPU group for the final barrier (the route case's refuses CPU tensors)
+    sync = dist.new_group(
+        backend="gloo"
+    )  # a CPU group for the final barrier (the route case's refuses CPU tensors)
     try:
         if case == "save_fail":
             case_save_fail(rank, out)

@@ -4,6 +4,7 @@ The file is a LevelDB-style log: a 7-byte header (":W&B", magic 0xBEE1, version)
 blocks of records, each with a 7-byte header (crc32c: 4, length: 2, type: 1; FULL=1, FIRST=2,
 MIDDLE=3, LAST=4) followed by a piece of a serialized `wandb_internal_pb2.Record`.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,11 +24,11 @@ def records(path):
         if left < 7:  # block trailer padding
             pos += left
             continue
-        _crc, length, kind = struct.unpack("<IHB", data[pos:pos + 7])
+        _crc, length, kind = struct.unpack("<IHB", data[pos : pos + 7])
         if kind == 0 and length == 0:
             pos += left  # zero padding to the end of the block
             continue
-        chunk = data[pos + 7:pos + 7 + length]
+        chunk = data[pos + 7 : pos + 7 + length]
         pos += 7 + length
         pending = chunk if kind in (1, 2) else pending + chunk
         if kind in (1, 4):
@@ -44,8 +45,12 @@ def read_run(path) -> dict:
     for rec in records(path):
         kind = rec.WhichOneof("record_type")
         if kind == "history":
-            out["history"].append({item.key or "/".join(item.nested_key): json.loads(item.value_json)
-                                   for item in rec.history.item})
+            out["history"].append(
+                {
+                    item.key or "/".join(item.nested_key): json.loads(item.value_json)
+                    for item in rec.history.item
+                }
+            )
         elif kind == "config":
             for item in rec.config.update:
                 out["config"][item.key] = json.loads(item.value_json)

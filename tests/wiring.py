@@ -15,6 +15,7 @@ The references below recompute what a stage or an update should have produced, w
 and the column convention written out (the state before response token t is the prefix ending at
 column P + t - 1), never with the project's own helpers.
 """
+
 from __future__ import annotations
 
 import copy
@@ -36,10 +37,21 @@ N = 16
 """Responses per iteration in every probe run (one mini-batch of 16, four micro-batches of 4)."""
 
 BASE = {
-    "model": "random", "wandb": "disabled", "steps": 1, "eval_every": 0, "eval_k": 1, "eval_problems": 2,
+    "model": "random",
+    "wandb": "disabled",
+    "steps": 1,
+    "eval_every": 0,
+    "eval_k": 1,
+    "eval_problems": 2,
     "checkpoint_every": 100,
-    "ppo": {"responses_per_step": N, "mini_batch_size": N, "micro_batch_size": 4, "ppo_epochs": 1,
-            "actor_lr": 1e-3, "critic_lr": 1e-3},
+    "ppo": {
+        "responses_per_step": N,
+        "mini_batch_size": N,
+        "micro_batch_size": 4,
+        "ppo_epochs": 1,
+        "actor_lr": 1e-3,
+        "critic_lr": 1e-3,
+    },
 }
 
 
@@ -92,8 +104,15 @@ class Probe(Callback):
                 return select(idx, trim=trim)
 
             exp.select = recording_select
-            self.iterations.append(Iteration(exp, pl_module.pretrain.active, _weights(pl_module.actor),
-                                             _weights(pl_module.critic), list(problems)))
+            self.iterations.append(
+                Iteration(
+                    exp,
+                    pl_module.pretrain.active,
+                    _weights(pl_module.actor),
+                    _weights(pl_module.critic),
+                    list(problems),
+                )
+            )
             return exp
 
         pl_module.rollout = recording_rollout
@@ -109,11 +128,16 @@ class Probe(Callback):
         first = optimizer.param_groups[0]["params"][0]
         model = pl_module.actor if any(first is p for p in pl_module.actor.parameters()) else pl_module.critic
         name = "actor" if model is pl_module.actor else "critic"
-        grads = {n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
-                 for n, p in model.named_parameters()}
+        grads = {
+            n: (p.grad.detach().clone() if p.grad is not None else torch.zeros_like(p))
+            for n, p in model.named_parameters()
+        }
         rows, self._selected = sorted(self._selected), []
-        self.steps.append(Step(name, len(self.iterations) - 1, optimizer.param_groups[0]["lr"], _weights(model), grads,
-                               rows))
+        self.steps.append(
+            Step(
+                name, len(self.iterations) - 1, optimizer.param_groups[0]["lr"], _weights(model), grads, rows
+            )
+        )
 
     def of(self, model: str, iteration: int | None = None) -> list[Step]:
         return [s for s in self.steps if s.model == model and (iteration is None or s.iteration == iteration)]
@@ -143,14 +167,24 @@ class ProbeRun:
         return {k: float(v) for k, v in r.items() if v != ""}
 
 
-def probe_run(tmp: Path, components, *, verifier=coin, prepare=None, name: str = "probe", **delta) -> ProbeRun:
+def probe_run(
+    tmp: Path, components, *, verifier=coin, prepare=None, name: str = "probe", **delta
+) -> ProbeRun:
     """One short real run (smoke preset shrunk further: BASE, then `delta`) with a `Probe` attached;
     `verifier(text) -> reward` replaces the task's (None keeps the task's own); `prepare(module)`
     may adjust the freshly built models."""
     cfg = merge(RunConfig(), PRESETS["smoke"])
     cfg = merge(cfg, BASE)
-    cfg = merge(cfg, {"out_dir": str(tmp / "runs"), "cache_dir": str(tmp / "cache"), "name": name,
-                      "components": list(components), **delta})
+    cfg = merge(
+        cfg,
+        {
+            "out_dir": str(tmp / "runs"),
+            "cache_dir": str(tmp / "cache"),
+            "name": name,
+            "components": list(components),
+            **delta,
+        },
+    )
 
     def factory(c):
         module = build_module(c)
@@ -221,7 +255,9 @@ def ref_logprobs(actor, exp, temperature: float = 1.0) -> torch.Tensor:
     return torch.stack(rows)
 
 
-def ref_gae(rewards_row, values_row, length: int, lam: float, gamma: float = 1.0, after: float = 0.0) -> list[float]:
+def ref_gae(
+    rewards_row, values_row, length: int, lam: float, gamma: float = 1.0, after: float = 0.0
+) -> list[float]:
     """Advantages of one row by the textbook backward loop (rewards and values of its `length` tokens;
     `after` = the value after the last token: 0 terminal, V(s_l) bootstrapped)."""
     adv, running = [0.0] * length, 0.0
@@ -238,7 +274,9 @@ def ref_advantages(exp, lam_per_row, gamma: float = 1.0) -> torch.Tensor:
     out = torch.zeros_like(exp.mask, dtype=torch.float64)
     for i in range(exp.mask.shape[0]):
         length = int(exp.mask[i].sum())
-        adv = ref_gae(exp.rewards[i], exp.values[i], length, float(lam_per_row[i]), gamma, float(exp.bootstrap[i]))
+        adv = ref_gae(
+            exp.rewards[i], exp.values[i], length, float(lam_per_row[i]), gamma, float(exp.bootstrap[i])
+        )
         out[i, :length] = torch.tensor(adv, dtype=torch.float64)
     return out
 
@@ -247,7 +285,9 @@ def whiten(x: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """(x - mean) / std over the valid tokens (population std), 0 on padding."""
     vals = x[mask.bool()].double()
     mean, var = vals.mean(), ((vals - vals.mean()) ** 2).mean()
-    return torch.where(mask.bool(), (x.double() - mean) / torch.sqrt(var + 1e-8), torch.zeros((), dtype=torch.float64))
+    return torch.where(
+        mask.bool(), (x.double() - mean) / torch.sqrt(var + 1e-8), torch.zeros((), dtype=torch.float64)
+    )
 
 
 def adaptive_lambda(length: int, alpha: float, gamma: float = 1.0) -> float:

@@ -12,6 +12,7 @@ judged against the value the response itself wrote before it (hard steps, k % 10
 demonstrator errs; every other step; counters), and the lambda_policy that length-adaptive GAE
 gives the shortest and longest correct responses at `--alpha`.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -52,8 +53,11 @@ def measure(model, task, samples: int, seed: int, alpha: float) -> str:
     sampling = SamplingParams(max_new_tokens=task.max_new_tokens, temperature=1.0, top_p=1.0)
     texts, lengths = [], []
     for s in range(0, samples, 256):
-        ro = engine.generate([p.prompt for p in probs[s:s + 256]], sampling,
-                             [sample_seed(seed, i) for i in range(s, min(s + 256, samples))])
+        ro = engine.generate(
+            [p.prompt for p in probs[s : s + 256]],
+            sampling,
+            [sample_seed(seed, i) for i in range(s, min(s + 256, samples))],
+        )
         texts += ro.texts
         lengths += ro.lengths.tolist()
     verdicts = [task.verify(p, t) for p, t in zip(probs, texts)]
@@ -62,21 +66,27 @@ def measure(model, task, samples: int, seed: int, alpha: float) -> str:
         for kind, (n, bad) in step_errors(task, p, t).items():
             errors[kind][0] += n
             errors[kind][1] += bad
-    lines = [f"{samples} samples of training prompts (temperature 1, top-p 1), seed {seed}; "
-             f"mean response length {statistics.mean(lengths):.0f} tokens",
-             f"reward {statistics.mean(v.reward for v in verdicts):.3f}, strict "
-             f"{statistics.mean(bool(v.strict) for v in verdicts):.3f}"]
+    lines = [
+        f"{samples} samples of training prompts (temperature 1, top-p 1), seed {seed}; "
+        f"mean response length {statistics.mean(lengths):.0f} tokens",
+        f"reward {statistics.mean(v.reward for v in verdicts):.3f}, strict "
+        f"{statistics.mean(bool(v.strict) for v in verdicts):.3f}",
+    ]
     for b in task.bucket_names():
         idx = [i for i, p in enumerate(probs) if task.bucket(p) == b]
         if idx:
-            lines.append(f"  {b}: {len(idx):4d} prompts, reward {statistics.mean(verdicts[i].reward for i in idx):.3f}, "
-                         f"strict {statistics.mean(bool(verdicts[i].strict) for i in idx):.3f}")
+            lines.append(
+                f"  {b}: {len(idx):4d} prompts, reward {statistics.mean(verdicts[i].reward for i in idx):.3f}, "
+                f"strict {statistics.mean(bool(verdicts[i].strict) for i in idx):.3f}"
+            )
     correct = sorted(length for length, v in zip(lengths, verdicts) if v.reward > 0)
     if correct:
         lam = [max(0.0, 1 - 1 / (alpha * n)) for n in (correct[0], correct[-1])]
-        lines.append(f"correct responses: {len(correct)}, length min {correct[0]} / median "
-                     f"{statistics.median(correct):.0f} / max {correct[-1]} tokens; lambda_policy at alpha {alpha}: "
-                     f"{lam[0]:.3f} .. {lam[1]:.4f}")
+        lines.append(
+            f"correct responses: {len(correct)}, length min {correct[0]} / median "
+            f"{statistics.median(correct):.0f} / max {correct[-1]} tokens; lambda_policy at alpha {alpha}: "
+            f"{lam[0]:.3f} .. {lam[1]:.4f}"
+        )
     else:
         lines.append("correct responses: none")
     for kind, (n, bad) in errors.items():
@@ -101,7 +111,9 @@ def main(argv=None) -> int:
     torch.set_num_threads(args.threads)
     task = get_task(args.task)
     if args.policy != "builtin" and not Path(args.policy).is_dir():
-        print(f"{args.policy!r} is not a folder; give 'builtin' or an exported policy folder", file=sys.stderr)
+        print(
+            f"{args.policy!r} is not a folder; give 'builtin' or an exported policy folder", file=sys.stderr
+        )
         return 2
     model, _ = load_policy(args.policy, task)
     print(measure(model, task, args.samples, args.seed, args.alpha))

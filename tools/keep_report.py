@@ -8,6 +8,7 @@ failed) is left out and named; the report says which seeds are missing.
 
 TO must not exist unless --replace is given (then its runs/ and grids/ are replaced).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -61,8 +62,18 @@ def main(argv=None) -> int:
         print(f"keep_report: no log in {args.out / run}; left out")
     from vapo_lit.cli.report import main as report
 
-    return report([str(args.to), "--grid", args.grid, "--to", str(args.to), "--wandb", "disabled",
-                   *(["--no-figures"] if args.no_figures else [])])
+    return report(
+        [
+            str(args.to),
+            "--grid",
+            args.grid,
+            "--to",
+            str(args.to),
+            "--wandb",
+            "disabled",
+            *(["--no-figures"] if args.no_figures else []),
+        ]
+    )
 
 
 if __name__ == "__main__":

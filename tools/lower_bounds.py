@@ -5,6 +5,7 @@ bound a tested one. Extras are stripped (constraints cannot carry them); a requi
 
     python tools/lower_bounds.py [EXTRA ...] > constraints.txt   # [project.dependencies] + the extras
 """
+
 import re
 import sys
 from pathlib import Path
@@ -25,10 +26,12 @@ def requirement_lists(text: str) -> dict[str, list[str]]:
             section = line.strip()
             continue
         opened = re.match(r"\s*([A-Za-z0-9_\-]+)\s*=\s*\[", line)
-        if opened and (section == "[project.optional-dependencies]"
-                       or (section == "[project]" and opened.group(1) == "dependencies")):
+        if opened and (
+            section == "[project.optional-dependencies]"
+            or (section == "[project]" and opened.group(1) == "dependencies")
+        ):
             current = lists.setdefault(opened.group(1), [])
-            line = line[opened.end():]
+            line = line[opened.end() :]
         if current is not None:
             current += re.findall(r'"([^"]+)"', line)
             if "]" in re.sub(r'"[^"]*"', "", line):

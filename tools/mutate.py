@@ -25,6 +25,7 @@ Not mutated: docstrings, error messages (raise/assert/f-strings), annotations, d
 Survivors judged equivalent (they cannot change behaviour) are listed in `tools/mutate_equivalent.txt`
 with the reason; the score is killed / (mutants - equivalent).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -44,23 +45,62 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 
 TARGETS: dict[str, tuple[tuple[str, ...] | None, list[str]]] = {
-    "vapo_lit/algos/advantage.py": (None, ["tests/test_gae.py", "tests/test_algos_paths.py", "tests/test_stages.py"]),
-    "vapo_lit/algos/losses.py": (None, ["tests/test_losses.py", "tests/test_algos_paths.py", "tests/test_updates.py"]),
-    "vapo_lit/algos/stats.py": (None, ["tests/test_losses.py", "tests/test_algos_paths.py", "tests/test_stages.py"]),
-    "vapo_lit/experience.py": (None, ["tests/test_stages.py", "tests/test_components.py", "tests/test_updates.py",
-                                      "tests/test_module.py", "tests/test_golden.py"]),
-    "vapo_lit/passes.py": (None, ["tests/test_stages.py", "tests/test_updates.py", "tests/test_engines.py",
-                                  "tests/test_module.py", "tests/test_golden.py"]),
-    "vapo_lit/module.py": (None, ["tests/test_components.py", "tests/test_updates.py", "tests/test_module.py",
-                                  "tests/test_golden.py"]),
-    "vapo_lit/update_stats.py": (None, ["tests/test_updates.py", "tests/test_components.py", "tests/test_module.py",
-                                        "tests/test_golden.py"]),
-    "vapo_lit/components/*.py": (None, ["tests/test_components.py", "tests/test_updates.py", "tests/test_module.py",
-                                        "tests/test_golden.py"]),
-    "vapo_lit/ablate/store.py": (("CellStore.claim", "CellStore._lowest_live", "CellStore.complete", "CellStore.fail",
-                                  "CellStore.release", "CellStore.fail_stale", "CellStore._transition"),
-                                 ["tests/test_claim.py",
-                                  "tests/test_ablate.py::test_store_claim_protocol_duplicates_and_stale_retry"]),
+    "vapo_lit/algos/advantage.py": (
+        None,
+        ["tests/test_gae.py", "tests/test_algos_paths.py", "tests/test_stages.py"],
+    ),
+    "vapo_lit/algos/losses.py": (
+        None,
+        ["tests/test_losses.py", "tests/test_algos_paths.py", "tests/test_updates.py"],
+    ),
+    "vapo_lit/algos/stats.py": (
+        None,
+        ["tests/test_losses.py", "tests/test_algos_paths.py", "tests/test_stages.py"],
+    ),
+    "vapo_lit/experience.py": (
+        None,
+        [
+            "tests/test_stages.py",
+            "tests/test_components.py",
+            "tests/test_updates.py",
+            "tests/test_module.py",
+            "tests/test_golden.py",
+        ],
+    ),
+    "vapo_lit/passes.py": (
+        None,
+        [
+            "tests/test_stages.py",
+            "tests/test_updates.py",
+            "tests/test_engines.py",
+            "tests/test_module.py",
+            "tests/test_golden.py",
+        ],
+    ),
+    "vapo_lit/module.py": (
+        None,
+        ["tests/test_components.py", "tests/test_updates.py", "tests/test_module.py", "tests/test_golden.py"],
+    ),
+    "vapo_lit/update_stats.py": (
+        None,
+        ["tests/test_updates.py", "tests/test_components.py", "tests/test_module.py", "tests/test_golden.py"],
+    ),
+    "vapo_lit/components/*.py": (
+        None,
+        ["tests/test_components.py", "tests/test_updates.py", "tests/test_module.py", "tests/test_golden.py"],
+    ),
+    "vapo_lit/ablate/store.py": (
+        (
+            "CellStore.claim",
+            "CellStore._lowest_live",
+            "CellStore.complete",
+            "CellStore.fail",
+            "CellStore.release",
+            "CellStore.fail_stale",
+            "CellStore._transition",
+        ),
+        ["tests/test_claim.py", "tests/test_ablate.py::test_store_claim_protocol_duplicates_and_stale_retry"],
+    ),
 }
 """Target files (globs) -> (the functions mutated there, None: all of it; the tests that should kill
 its mutants, fastest first; a test file that does not exist yet is left out)."""
@@ -69,29 +109,100 @@ DESELECT = ("tests/test_module.py::test_run_card_and_wandb_offline_run_on_disk",
 by this one was seen to miss its run record when the CPU is heavily oversubscribed (a flaky kill
 would count a mutant as caught)."""
 EQUIVALENT = Path(__file__).with_name("mutate_equivalent.txt")
-PREIMPORT = ("torch", "numpy", "lightning", "lightning.pytorch", "transformers", "safetensors", "optuna",
-             "sqlalchemy", "yaml", "pandas", "matplotlib", "wandb", "hypothesis", "pytest")
+PREIMPORT = (
+    "torch",
+    "numpy",
+    "lightning",
+    "lightning.pytorch",
+    "transformers",
+    "safetensors",
+    "optuna",
+    "sqlalchemy",
+    "yaml",
+    "pandas",
+    "matplotlib",
+    "wandb",
+    "hypothesis",
+    "pytest",
+)
 
-SWAPS = {"token": "sample", "sample": "token", "terminal": "bootstrap", "bootstrap": "terminal", "gae": "grpo",
-         "grpo": "gae", "targets": "mc", "mc": "targets", "position": "length", "length": "position"}
-BINOPS = {ast.Add: ast.Sub, ast.Sub: ast.Add, ast.Mult: ast.Div, ast.Div: ast.Mult, ast.FloorDiv: ast.Mult,
-          ast.Mod: ast.FloorDiv, ast.Pow: ast.Mult, ast.BitAnd: ast.BitOr, ast.BitOr: ast.BitAnd}
-CMPOPS = {ast.Eq: [ast.NotEq], ast.NotEq: [ast.Eq], ast.Lt: [ast.LtE, ast.Gt], ast.LtE: [ast.Lt, ast.GtE],
-          ast.Gt: [ast.GtE, ast.Lt], ast.GtE: [ast.Gt, ast.LtE], ast.Is: [ast.IsNot], ast.IsNot: [ast.Is],
-          ast.In: [ast.NotIn], ast.NotIn: [ast.In]}
-PLAIN_CALLS = {"float", "int", "bool", "str", "len", "range", "isinstance", "getattr", "setattr", "hasattr",
-               "print", "dict", "list", "tuple", "set", "zip", "sum", "max", "min", "sorted", "enumerate", "repr",
-               "type", "super", "iter", "next", "any", "all", "abs", "round"}
+SWAPS = {
+    "token": "sample",
+    "sample": "token",
+    "terminal": "bootstrap",
+    "bootstrap": "terminal",
+    "gae": "grpo",
+    "grpo": "gae",
+    "targets": "mc",
+    "mc": "targets",
+    "position": "length",
+    "length": "position",
+}
+BINOPS = {
+    ast.Add: ast.Sub,
+    ast.Sub: ast.Add,
+    ast.Mult: ast.Div,
+    ast.Div: ast.Mult,
+    ast.FloorDiv: ast.Mult,
+    ast.Mod: ast.FloorDiv,
+    ast.Pow: ast.Mult,
+    ast.BitAnd: ast.BitOr,
+    ast.BitOr: ast.BitAnd,
+}
+CMPOPS = {
+    ast.Eq: [ast.NotEq],
+    ast.NotEq: [ast.Eq],
+    ast.Lt: [ast.LtE, ast.Gt],
+    ast.LtE: [ast.Lt, ast.GtE],
+    ast.Gt: [ast.GtE, ast.Lt],
+    ast.GtE: [ast.Gt, ast.LtE],
+    ast.Is: [ast.IsNot],
+    ast.IsNot: [ast.Is],
+    ast.In: [ast.NotIn],
+    ast.NotIn: [ast.In],
+}
+PLAIN_CALLS = {
+    "float",
+    "int",
+    "bool",
+    "str",
+    "len",
+    "range",
+    "isinstance",
+    "getattr",
+    "setattr",
+    "hasattr",
+    "print",
+    "dict",
+    "list",
+    "tuple",
+    "set",
+    "zip",
+    "sum",
+    "max",
+    "min",
+    "sorted",
+    "enumerate",
+    "repr",
+    "type",
+    "super",
+    "iter",
+    "next",
+    "any",
+    "all",
+    "abs",
+    "round",
+}
 
 
 # ----------------------------------------------------------------------------- mutants
 @dataclass
 class Mutant:
-    path: str       # relative to the repo root
+    path: str  # relative to the repo root
     line: int
-    where: str      # the enclosing function (qualified), or "<module>"
-    what: str       # "`old` -> `new`"
-    source: str     # the whole mutated file
+    where: str  # the enclosing function (qualified), or "<module>"
+    what: str  # "`old` -> `new`"
+    source: str  # the whole mutated file
 
     @property
     def key(self) -> tuple[str, str, str]:
@@ -136,8 +247,12 @@ class _Planter(ast.NodeVisitor):
     def _scoped(self, node):
         self.stack.append(node.name)
         body = node.body
-        if body and isinstance(body[0], ast.Expr) and isinstance(getattr(body[0], "value", None), ast.Constant) \
-                and isinstance(body[0].value.value, str):
+        if (
+            body
+            and isinstance(body[0], ast.Expr)
+            and isinstance(getattr(body[0], "value", None), ast.Constant)
+            and isinstance(body[0].value.value, str)
+        ):
             body = body[1:]  # the docstring
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)):
             if node.name == "__repr__":
@@ -219,12 +334,16 @@ class _Planter(ast.NodeVisitor):
         other = ast.Or() if isinstance(node.op, ast.And) else ast.And()
         self.add(node, self.replaced(node, op=other))
         for i in range(len(node.values)):
-            rest = node.values[:i] + node.values[i + 1:]
-            self.add(node, self.replaced(node, values=rest) if len(rest) > 1 else "(" + self.text(rest[0]) + ")")
+            rest = node.values[:i] + node.values[i + 1 :]
+            self.add(
+                node, self.replaced(node, values=rest) if len(rest) > 1 else "(" + self.text(rest[0]) + ")"
+            )
         self.generic_visit(node)
 
     def visit_UnaryOp(self, node):
-        if isinstance(node.op, (ast.Not, ast.USub, ast.Invert)) and not isinstance(node.operand, ast.Constant):
+        if isinstance(node.op, (ast.Not, ast.USub, ast.Invert)) and not isinstance(
+            node.operand, ast.Constant
+        ):
             self.add(node, "(" + self.text(node.operand) + ")")
         self.generic_visit(node)
 
@@ -259,16 +378,23 @@ class _Planter(ast.NodeVisitor):
         if name not in PLAIN_CALLS:
             for i, kw in enumerate(node.keywords):
                 if kw.arg is not None:
-                    self.add(node, self.replaced(node, keywords=node.keywords[:i] + node.keywords[i + 1:]),
-                             f"drop `{kw.arg}=` in `{_short(self.text(node))}`")
+                    self.add(
+                        node,
+                        self.replaced(node, keywords=node.keywords[:i] + node.keywords[i + 1 :]),
+                        f"drop `{kw.arg}=` in `{_short(self.text(node))}`",
+                    )
             args = node.args
             for i in range(len(args) - 1):
-                if not any(isinstance(a, ast.Starred) for a in (args[i], args[i + 1])) \
-                        and ast.dump(args[i]) != ast.dump(args[i + 1]):
-                    swapped = args[:i] + [args[i + 1], args[i]] + args[i + 2:]
-                    self.add(node, self.replaced(node, args=swapped),
-                             f"swap `{_short(self.text(args[i]))}`, `{_short(self.text(args[i + 1]))}` "
-                             f"in `{_short(self.text(node))}`")
+                if not any(isinstance(a, ast.Starred) for a in (args[i], args[i + 1])) and ast.dump(
+                    args[i]
+                ) != ast.dump(args[i + 1]):
+                    swapped = args[:i] + [args[i + 1], args[i]] + args[i + 2 :]
+                    self.add(
+                        node,
+                        self.replaced(node, args=swapped),
+                        f"swap `{_short(self.text(args[i]))}`, `{_short(self.text(args[i + 1]))}` "
+                        f"in `{_short(self.text(node))}`",
+                    )
         self.generic_visit(node)
 
 
@@ -461,14 +587,22 @@ def _preimport() -> None:
 
 
 def main(argv=None) -> int:
-    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        description=__doc__.split("\n\n")[0], formatter_class=argparse.RawDescriptionHelpFormatter
+    )
     ap.add_argument("files", nargs="*", help="only these target files (globs; default: every target)")
     ap.add_argument("--list", action="store_true", help="print the mutants and exit")
     ap.add_argument("--sample", type=int, default=0, help="run a random subset of this many mutants")
     ap.add_argument("--seed", type=int, default=0, help="seed of --sample")
-    ap.add_argument("--jobs", type=int, default=1, help="mutants run at a time (each in its own scratch copy)")
-    ap.add_argument("--timeout", type=float, default=None,
-                    help="seconds per mutant (default: 3 x the unmutated run of its tests + 30)")
+    ap.add_argument(
+        "--jobs", type=int, default=1, help="mutants run at a time (each in its own scratch copy)"
+    )
+    ap.add_argument(
+        "--timeout",
+        type=float,
+        default=None,
+        help="seconds per mutant (default: 3 x the unmutated run of its tests + 30)",
+    )
     ap.add_argument("--report", type=Path, default=None, help="also write the results here (TSV)")
     args = ap.parse_args(argv)
 
@@ -510,11 +644,15 @@ def main(argv=None) -> int:
         # the unmutated tests must pass; their time sets the per-mutant timeout
         baseline: dict[tuple[str, ...], float] = {}
         for tests in {tuple(t) for _, t in mutants}:
-            runner.start(("baseline", tests), scratches[0].dir, list(tests), scratches[0].dir / "baseline.log")
+            runner.start(
+                ("baseline", tests), scratches[0].dir, list(tests), scratches[0].dir / "baseline.log"
+            )
             (_, tests_), status, secs, log = runner.wait_one()
             if status != "survived":
                 text = log.read_text()
-                errors = "\n".join(line for line in text.splitlines() if line.startswith(("E ", "FAILED", "ERROR")))
+                errors = "\n".join(
+                    line for line in text.splitlines() if line.startswith(("E ", "FAILED", "ERROR"))
+                )
                 print(f"the unmutated tests fail ({' '.join(tests)}); fix them first:\n{errors[-6000:]}")
                 return 2
             baseline[tests] = secs
@@ -562,7 +700,9 @@ def _first_failure(log: Path) -> str:
     return ""
 
 
-def summarize(results, equivalent, seconds: float, interrupted: bool, report: Path | None, killed_by=None) -> None:
+def summarize(
+    results, equivalent, seconds: float, interrupted: bool, report: Path | None, killed_by=None
+) -> None:
     if not results:
         print("no mutant was run")
         return
@@ -570,17 +710,27 @@ def summarize(results, equivalent, seconds: float, interrupted: bool, report: Pa
     for m, status, _ in results:
         by_file.setdefault(m.path, {}).setdefault(status, 0)
         by_file[m.path][status] += 1
-    print(f"\n{'file':40s} {'mutants':>7s} {'killed':>7s} {'timeout':>7s} {'equiv':>6s} {'surv':>5s} {'score':>6s}")
+    print(
+        f"\n{'file':40s} {'mutants':>7s} {'killed':>7s} {'timeout':>7s} {'equiv':>6s} {'surv':>5s} {'score':>6s}"
+    )
     tot = {"n": 0, "killed": 0, "timeout": 0, "equivalent": 0, "survived": 0, "error": 0}
     for path, c in sorted(by_file.items()):
         k, t, e, s = c.get("killed", 0), c.get("timeout", 0), c.get("equivalent", 0), c.get("survived", 0)
         n = sum(c.values())
-        for key, v in (("n", n), ("killed", k), ("timeout", t), ("equivalent", e), ("survived", s),
-                       ("error", c.get("error", 0))):
+        for key, v in (
+            ("n", n),
+            ("killed", k),
+            ("timeout", t),
+            ("equivalent", e),
+            ("survived", s),
+            ("error", c.get("error", 0)),
+        ):
             tot[key] += v
         print(f"{path:40s} {n:7d} {k:7d} {t:7d} {e:6d} {s:5d} {_score(k + t, n - e):>6s}")
-    print(f"{'total':40s} {tot['n']:7d} {tot['killed']:7d} {tot['timeout']:7d} {tot['equivalent']:6d} "
-          f"{tot['survived']:5d} {_score(tot['killed'] + tot['timeout'], tot['n'] - tot['equivalent']):>6s}")
+    print(
+        f"{'total':40s} {tot['n']:7d} {tot['killed']:7d} {tot['timeout']:7d} {tot['equivalent']:6d} "
+        f"{tot['survived']:5d} {_score(tot['killed'] + tot['timeout'], tot['n'] - tot['equivalent']):>6s}"
+    )
     if tot["error"]:
         print(f"{tot['error']} mutants collected no test (status 5): check the TARGETS mapping")
     survivors = [(m, st) for m, st, _ in results if st in ("survived", "error")]
@@ -588,15 +738,19 @@ def summarize(results, equivalent, seconds: float, interrupted: bool, report: Pa
         print(f"\nsurvivors ({len(survivors)}):")
         for m, st in survivors:
             print(f"  {m.path}:{m.line} [{m.where}] {m.what}")
-    print(f"\nmutation score {_score(tot['killed'] + tot['timeout'], tot['n'] - tot['equivalent'])} "
-          f"(killed {tot['killed'] + tot['timeout']} of {tot['n'] - tot['equivalent']} non-equivalent mutants; "
-          f"{tot['equivalent']} judged equivalent, see {EQUIVALENT.relative_to(ROOT)}) in {seconds / 60:.1f} min"
-          + (" [interrupted]" if interrupted else ""))
+    print(
+        f"\nmutation score {_score(tot['killed'] + tot['timeout'], tot['n'] - tot['equivalent'])} "
+        f"(killed {tot['killed'] + tot['timeout']} of {tot['n'] - tot['equivalent']} non-equivalent mutants; "
+        f"{tot['equivalent']} judged equivalent, see {EQUIVALENT.relative_to(ROOT)}) in {seconds / 60:.1f} min"
+        + (" [interrupted]" if interrupted else "")
+    )
     if report is not None:
         with open(report, "w") as f:
             f.write("path\tline\tfunction\tstatus\tseconds\tmutation\tkilled_by\n")
             for m, st, secs in results:
-                f.write(f"{m.path}\t{m.line}\t{m.where}\t{st}\t{secs:.1f}\t{m.what}\t{(killed_by or {}).get(m.key, '')}\n")
+                f.write(
+                    f"{m.path}\t{m.line}\t{m.where}\t{st}\t{secs:.1f}\t{m.what}\t{(killed_by or {}).get(m.key, '')}\n"
+                )
 
 
 def _score(killed: int, n: int) -> str:

@@ -1,5 +1,6 @@
 """Build what a run trains from its config: the task, the policy and its tokenizer, the critic
 (none for the critic-free estimator), wrapped in a `VapoModule`."""
+
 from __future__ import annotations
 
 import json
@@ -33,15 +34,19 @@ def build_module(cfg: RunConfig) -> VapoModule:
     from vapo_lit.tasks import get_task
 
     t0 = time.perf_counter()
-    status.say(f"task: {cfg.task}" + (f" {json.dumps(cfg.task_options, sort_keys=True)}" if cfg.task_options else ""))
+    status.say(
+        f"task: {cfg.task}" + (f" {json.dumps(cfg.task_options, sort_keys=True)}" if cfg.task_options else "")
+    )
     task = get_task(cfg.task, **task_options_of(cfg))
     critic_free = cfg.advantage_estimator == "grpo"
     # 64-true: build in float64 already (Lightning casts only after a checkpoint was loaded into the
     # module, so a float32 module would round a resumed run's float64 weights)
     dtype = "float64" if cfg.precision == "64-true" else cfg.model_dtype
     if cfg.model == "random":
-        status.say("policy: an untrained tiny Llama (model random)" + ("" if critic_free else
-                   "; critic: a copy of its backbone with a value head"))
+        status.say(
+            "policy: an untrained tiny Llama (model random)"
+            + ("" if critic_free else "; critic: a copy of its backbone with a value head")
+        )
         actor, tokenizer = random_tiny_policy(task, cfg.seed, heads=1 if vllm_shape(cfg) else 2)
         critic = None if critic_free else ValueModel.from_causal_lm(actor)
         if dtype != "auto":
@@ -52,9 +57,12 @@ def build_module(cfg: RunConfig) -> VapoModule:
     say_models_ready(cfg, actor, critic, time.perf_counter() - t0)
     low = {p.dtype for p in actor.parameters()} & {torch.bfloat16, torch.float16}
     if low:
-        warnings.warn(f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "
-                      "them in that precision and most updates at small learning rates round away; keep float32 master "
-                      "weights (--model_dtype float32) and compute in bf16 with --precision bf16-mixed", stacklevel=2)
+        warnings.warn(
+            f"the actor's weights are {', '.join(map(str, low))} (model_dtype={cfg.model_dtype}): AdamW steps "
+            "them in that precision and most updates at small learning rates round away; keep float32 master "
+            "weights (--model_dtype float32) and compute in bf16 with --precision bf16-mixed",
+            stacklevel=2,
+        )
     if cfg.gradient_checkpointing:
         for model in (actor, critic):
             if model is not None:
@@ -74,16 +82,24 @@ def load_models(cfg: RunConfig, task, dtype: str = "float32", log=None):
     dirs = builtin_cache_dirs(cfg, task) if cfg.model == "builtin" else {}
     builtin_log = {"log": lambda text: say(f"  {text}")} if log is not None and cfg.model == "builtin" else {}
     say(policy_line(cfg, dirs))
-    actor, tokenizer = load_policy(cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype,
-                                   **variant, **builtin_log)
+    actor, tokenizer = load_policy(
+        cfg.model, task, seed=cfg.model_seed, cache_dir=cfg.cache_dir, dtype=dtype, **variant, **builtin_log
+    )
     if cfg.advantage_estimator == "grpo":
         return actor, tokenizer, None
     init = resolve_critic_init(cfg.critic_init, cfg.model)
     from_builtin = variant and init in ("reward_model", "actor")
     say(critic_line(cfg, init, dirs))
-    critic = load_critic(cfg.critic_init, task, policy_spec=cfg.model, seed=cfg.model_seed, cache_dir=cfg.cache_dir,
-                         dtype=dtype, **critic_shape(cfg, task, variant if from_builtin else {}),
-                         **(builtin_log if init in ("reward_model", "actor") else {}))
+    critic = load_critic(
+        cfg.critic_init,
+        task,
+        policy_spec=cfg.model,
+        seed=cfg.model_seed,
+        cache_dir=cfg.cache_dir,
+        dtype=dtype,
+        **critic_shape(cfg, task, variant if from_builtin else {}),
+        **(builtin_log if init in ("reward_model", "actor") else {}),
+    )
     return actor, tokenizer, critic
 
 
@@ -93,18 +109,30 @@ def builtin_cache_dirs(cfg: RunConfig, task) -> dict[str, Path]:
     changes the shape) and the reward model."""
     from vapo_lit.cache import cache_root, config_key
     from vapo_lit.models import resolve_critic_init
-    from vapo_lit.models.builtin import (RewardModelConfig, default_model, default_sft, policy_build_config,
-                                         reward_build_config)
+    from vapo_lit.models.builtin import (
+        RewardModelConfig,
+        default_model,
+        default_sft,
+        policy_build_config,
+        reward_build_config,
+    )
 
     root, sft, variant = cache_root(cfg.cache_dir), default_sft(task), builtin_variant(cfg)
-    policy = policy_build_config(task, variant.get("model_config") or default_model(task), sft, cfg.model_seed)
+    policy = policy_build_config(
+        task, variant.get("model_config") or default_model(task), sft, cfg.model_seed
+    )
     dirs = {"policy": root / f"policy-{config_key(policy)}"}
-    if cfg.advantage_estimator != "grpo" and resolve_critic_init(cfg.critic_init, cfg.model) == "reward_model":
+    if (
+        cfg.advantage_estimator != "grpo"
+        and resolve_critic_init(cfg.critic_init, cfg.model) == "reward_model"
+    ):
         shape = critic_shape(cfg, task, variant).get("model_config") or default_model(task)
         base = policy_build_config(task, shape, sft, cfg.model_seed)
         dirs["critic's base policy"] = root / f"policy-{config_key(base)}"
         rm = RewardModelConfig(**getattr(task, "rm_overrides", {}))
-        dirs["reward model"] = root / f"reward_model-{config_key(reward_build_config(base, rm, cfg.model_seed))}"
+        dirs["reward model"] = (
+            root / f"reward_model-{config_key(reward_build_config(base, rm, cfg.model_seed))}"
+        )
     return dirs
 
 
@@ -112,7 +140,11 @@ def _build_note(cfg: RunConfig, what: str) -> str:
     """'about 5 min on a 2-core CPU' for a built-in model whose build was timed (BUILD_MINUTES)."""
     known = BUILD_MINUTES.get((cfg.task, json.dumps(cfg.task_options, sort_keys=True)), {})
     kind = "policy" if "policy" in what else "reward model"
-    took = f"{status.minutes(known[kind])} on a 2-core CPU" if kind in known else "a few minutes or more on a CPU"
+    took = (
+        f"{status.minutes(known[kind])} on a 2-core CPU"
+        if kind in known
+        else "a few minutes or more on a CPU"
+    )
     return f"{took}, once: it is cached for later runs"
 
 
@@ -121,7 +153,9 @@ def policy_line(cfg: RunConfig, dirs: dict) -> str:
     if cfg.model != "builtin":
         return f"policy: loading {cfg.model} ({weights_size(cfg.model)}, as {cfg.model_dtype})"
     if not dirs["policy"].is_dir():
-        return f"policy: building the built-in base policy into {dirs['policy']} ({_build_note(cfg, 'policy')})"
+        return (
+            f"policy: building the built-in base policy into {dirs['policy']} ({_build_note(cfg, 'policy')})"
+        )
     return f"policy: the built-in base policy, from the cache ({dirs['policy']})"
 
 
@@ -135,8 +169,10 @@ def critic_line(cfg: RunConfig, init: str, dirs: dict) -> str:
         return "critic: the built-in reward model"
     builds = [name for name in ("critic's base policy", "reward model") if not dirs[name].is_dir()]
     if builds:
-        return (f"critic: building the built-in {' and '.join(builds)} into {dirs[builds[-1]]} "
-                f"({_build_note(cfg, builds[-1])})")
+        return (
+            f"critic: building the built-in {' and '.join(builds)} into {dirs[builds[-1]]} "
+            f"({_build_note(cfg, builds[-1])})"
+        )
     return f"critic: the built-in reward model, from the cache ({dirs['reward model']})"
 
 
@@ -162,10 +198,16 @@ def say_models_ready(cfg: RunConfig, actor, critic, seconds: float) -> None:
 
     models = [m for m in (actor, critic) if m is not None]
     full, lean = checkpoint_bytes(models, optimizer=True), checkpoint_bytes(models, optimizer=False)
-    size = (f"each checkpoint about {fmt_bytes(full)} (checkpoint_optimizer false: {fmt_bytes(lean)})"
-            if cfg.checkpoint_optimizer else f"each checkpoint about {fmt_bytes(lean)} (no optimizer state)")
-    status.say(f"models ready in {seconds:.1f} s: policy {parameters(actor)}"
-               + (f", critic {parameters(critic)}" if critic is not None else "") + f"; {size}")
+    size = (
+        f"each checkpoint about {fmt_bytes(full)} (checkpoint_optimizer false: {fmt_bytes(lean)})"
+        if cfg.checkpoint_optimizer
+        else f"each checkpoint about {fmt_bytes(lean)} (no optimizer state)"
+    )
+    status.say(
+        f"models ready in {seconds:.1f} s: policy {parameters(actor)}"
+        + (f", critic {parameters(critic)}" if critic is not None else "")
+        + f"; {size}"
+    )
 
 
 def parameters(model) -> str:
@@ -186,7 +228,10 @@ def critic_shape(cfg: RunConfig, task, variant: dict) -> dict:
 
     from vapo_lit.models.builtin import default_model
 
-    return {**variant, "model_config": replace(variant.get("model_config") or default_model(task), **cfg.critic_model)}
+    return {
+        **variant,
+        "model_config": replace(variant.get("model_config") or default_model(task), **cfg.critic_model),
+    }
 
 
 def task_options_of(cfg: RunConfig) -> dict:
@@ -196,7 +241,12 @@ def task_options_of(cfg: RunConfig) -> dict:
 
     options = dict(cfg.task_options)
     valid = option_names(cfg.task)
-    if cfg.model not in ("builtin", "random") and "tokenizer" not in options and valid is not None and "tokenizer" in valid:
+    if (
+        cfg.model not in ("builtin", "random")
+        and "tokenizer" not in options
+        and valid is not None
+        and "tokenizer" in valid
+    ):
         options["tokenizer"] = cfg.model  # a task on your own model uses that model's tokenizer
     if "tools_prompt" not in options and valid is not None and "tools_prompt" in valid:
         options["tools_prompt"] = cfg.tools_prompt
@@ -226,9 +276,18 @@ def random_config(task, heads: int = 2):
     from transformers import LlamaConfig
 
     tok = task.tokenizer
-    return LlamaConfig(vocab_size=len(tok), hidden_size=32, intermediate_size=64, num_hidden_layers=1,
-                       num_attention_heads=heads, num_key_value_heads=heads, max_position_embeddings=1024,
-                       bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id, pad_token_id=tok.pad_token_id)
+    return LlamaConfig(
+        vocab_size=len(tok),
+        hidden_size=32,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        num_attention_heads=heads,
+        num_key_value_heads=heads,
+        max_position_embeddings=1024,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+    )
 
 
 def policy_config(cfg: RunConfig, task):

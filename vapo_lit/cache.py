@@ -8,6 +8,7 @@ manifest means "not cached" (the caller rebuilds with a warning). Only JSON and 
 written; nothing is ever pickled. A temporary directory whose builder died (its name carries host
 and pid) is removed by the next build on that host.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -88,9 +89,14 @@ def verify_dir(directory: Path) -> str | None:
     return None
 
 
-def cached_build(name: str, config: Any, build: Callable[[Path], None], *,
-                 cache_dir: str | os.PathLike | None = None,
-                 load: Callable[[Path], Any] | None = None) -> Path:
+def cached_build(
+    name: str,
+    config: Any,
+    build: Callable[[Path], None],
+    *,
+    cache_dir: str | os.PathLike | None = None,
+    load: Callable[[Path], Any] | None = None,
+) -> Path:
     """Return the directory of a verified cache entry for (`name`, `config`), building it if needed.
 
     `build(tmpdir)` must write the artefact files into `tmpdir`. A present but invalid entry
@@ -109,8 +115,9 @@ def cached_build(name: str, config: Any, build: Callable[[Path], None], *,
                 reason = f"failed to load ({type(e).__name__}: {e})"
         if reason is None:
             return final
-        warnings.warn(f"vapo-lit cache entry {final} is invalid ({reason}); rebuilding it",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"vapo-lit cache entry {final} is invalid ({reason}); rebuilding it", RuntimeWarning, stacklevel=3
+        )
     _remove_dead_builds(root, final.name)
     tmp = Path(tempfile.mkdtemp(prefix=f".{final.name}.tmp-{_host()}-{os.getpid()}-", dir=root))
     try:
@@ -143,7 +150,7 @@ def _remove_dead_builds(root: Path, name: str) -> None:
     """Remove `.NAME.tmp-HOST-PID-*` directories of this host whose process is gone (killed mid-build)."""
     for d in root.glob(f".{name}.tmp-{_host()}-*"):
         try:
-            pid = int(d.name[len(f".{name}.tmp-{_host()}-"):].split("-", 1)[0])
+            pid = int(d.name[len(f".{name}.tmp-{_host()}-") :].split("-", 1)[0])
             os.kill(pid, 0)
         except ProcessLookupError:
             shutil.rmtree(d, ignore_errors=True)

@@ -9,6 +9,7 @@ per parameter (4 in float32), that is about 3 b (P_a + P_c) bytes, or b (P_a + P
 `checkpoint_optimizer=False`, which keeps every parameter's entry in the optimizer state but empties
 it: a run resumed from such a checkpoint starts both optimizers' moments afresh (and warns).
 `checkpoint_keep` N keeps the N checkpoints before the current last.ckpt as `iter-NNNNNN.ckpt`."""
+
 from __future__ import annotations
 
 import errno
@@ -38,10 +39,16 @@ def check_checkpoint(path: Path) -> None:
     except (zipfile.BadZipFile, OSError, EOFError) as e:
         kept = sorted(path.parent.glob("iter-*.ckpt"))  # checkpoint_keep's, the newest last
         best = kept[-1] if kept else path.with_name("best.ckpt")
-        other = (f"continue from {best.name} instead (cp {best} {path}, then --resume again; the log is cut back "
-                 "to that iteration), or " if best.is_file() and best != path else "")
-        raise ValueError(f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); {other}start the run over "
-                         "under another --name") from None
+        other = (
+            f"continue from {best.name} instead (cp {best} {path}, then --resume again; the log is cut back "
+            "to that iteration), or "
+            if best.is_file() and best != path
+            else ""
+        )
+        raise ValueError(
+            f"checkpoint {path} is unreadable ({type(e).__name__}: {e}); {other}start the run over "
+            "under another --name"
+        ) from None
 
 
 def checkpoint_progress(path: Path) -> dict:
@@ -59,7 +66,9 @@ def has_optimizer_state(path: Path) -> bool:
     import torch
 
     states = torch.load(path, map_location="cpu", weights_only=False, mmap=True).get("optimizer_states") or []
-    return not states or any(entry for s in states if isinstance(s, dict) for entry in (s.get("state") or {}).values())
+    return not states or any(
+        entry for s in states if isinstance(s, dict) for entry in (s.get("state") or {}).values()
+    )
 
 
 def without_moments(state: dict) -> dict:
@@ -111,9 +120,13 @@ class RunCheckpoints(Callback):
         tmp = self.dir / f".{name}.tmp"
         error = None
         try:
-            checkpoint = trainer._checkpoint_connector.dump_checkpoint(False)  # optimizers, schedulers, callbacks
+            checkpoint = trainer._checkpoint_connector.dump_checkpoint(
+                False
+            )  # optimizers, schedulers, callbacks
             if not self.optimizer:
-                checkpoint["optimizer_states"] = [without_moments(s) for s in checkpoint.get("optimizer_states", [])]
+                checkpoint["optimizer_states"] = [
+                    without_moments(s) for s in checkpoint.get("optimizer_states", [])
+                ]
             trainer.strategy.save_checkpoint(checkpoint, str(tmp))
             action = faults.due("checkpoint") if trainer.is_global_zero else None
             if action:  # crash tests: a half-written temporary file, then the fault
@@ -149,7 +162,7 @@ class RunCheckpoints(Callback):
     def _prune(self) -> None:
         """Remove the kept checkpoints beyond the newest `keep`."""
         kept = sorted(self.dir.glob("iter-*.ckpt"), key=lambda p: p.name)
-        for old in kept[:-self.keep]:
+        for old in kept[: -self.keep]:
             old.unlink(missing_ok=True)
 
     def _failure(self, e: Exception | None, final: Path, tmp: Path) -> Exception:
@@ -157,7 +170,9 @@ class RunCheckpoints(Callback):
         that did not fail, that another one did."""
         tmp.unlink(missing_ok=True)
         if e is None:
-            return RuntimeError(f"another rank failed while writing {final} (its error is in its log); stopping")
+            return RuntimeError(
+                f"another rank failed while writing {final} (its error is in its log); stopping"
+            )
         full = faults.is_disk_full(e) or shutil.disk_usage(self.dir).free < LOW_SPACE
         if full and not (isinstance(e, OSError) and e.errno == errno.ENOSPC):
             full_disk = OSError(errno.ENOSPC, f"No space left on device while writing {final} ({e})")
@@ -167,7 +182,9 @@ class RunCheckpoints(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         ev = pl_module.last_eval
-        if ev is not None and ev.is_best and ev.iteration == pl_module.iteration:  # evaluated in this iteration
+        if (
+            ev is not None and ev.is_best and ev.iteration == pl_module.iteration
+        ):  # evaluated in this iteration
             self._save(trainer, "best.ckpt")
         if pl_module.iteration % self.every == 0 or trainer.should_stop:
             pl_module.last_good_checkpoint = self._save(trainer, "last.ckpt")
@@ -191,7 +208,9 @@ class RunExports(Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         ev = pl_module.last_eval
-        if ev is not None and ev.is_best and ev.iteration == pl_module.iteration:  # evaluated in this iteration
+        if (
+            ev is not None and ev.is_best and ev.iteration == pl_module.iteration
+        ):  # evaluated in this iteration
             self._export_best(pl_module, ev)
 
     def _export_best(self, pl_module, ev) -> None:
@@ -205,7 +224,9 @@ class RunExports(Callback):
             self._export(pl_module, pl_module.critic, "critic-final")
 
     def export_policy(self, pl_module, name: str) -> None:
-        self._export(pl_module, pl_module.actor, name, pl_module.tokenizer, root=pl_module.policy, prefix="actor.")
+        self._export(
+            pl_module, pl_module.actor, name, pl_module.tokenizer, root=pl_module.policy, prefix="actor."
+        )
 
     def _export(self, pl_module, model, name: str, tokenizer=None, root=None, prefix: str = "") -> None:
         """Rank 0 writes (data-parallel replicas are identical); every rank learns whether it succeeded. The weights
@@ -216,7 +237,7 @@ class RunExports(Callback):
         trainer = pl_module.trainer
         state = full_state_dict(root if root is not None else model)  # every rank takes part under FSDP
         if state is not None and prefix:
-            state = {k[len(prefix):]: v for k, v in state.items() if k.startswith(prefix)}
+            state = {k[len(prefix) :]: v for k, v in state.items() if k.startswith(prefix)}
         error = None
         if trainer.is_global_zero:
             try:
@@ -224,4 +245,6 @@ class RunExports(Callback):
             except Exception as e:
                 error = e
         if agree_any(error is not None):  # instead of a barrier: a rank-0 failure stops every rank now
-            raise error or RuntimeError(f"rank 0 failed while exporting {self.dir / name} (its error is in its log)")
+            raise error or RuntimeError(
+                f"rank 0 failed while exporting {self.dir / name} (its error is in its log)"
+            )

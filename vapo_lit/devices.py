@@ -2,6 +2,7 @@
 Lightning Trainer arguments, with 'auto' resolved here so the run card records what was used; and
 the memory-bounded pass sizes ('auto' rollout_batch_size / logits_chunk) from the model and the
 device's free memory."""
+
 from __future__ import annotations
 
 import contextlib
@@ -41,7 +42,9 @@ def visible_gpus() -> list[str]:
 def spans_devices(cfg: RunConfig) -> bool:
     """More than one process: several devices (or 'auto') or several nodes."""
     devices = parse_devices(cfg.devices)
-    return cfg.num_nodes > 1 or devices == "auto" or (devices if isinstance(devices, int) else len(devices)) > 1
+    return (
+        cfg.num_nodes > 1 or devices == "auto" or (devices if isinstance(devices, int) else len(devices)) > 1
+    )
 
 
 def trainer_kwargs(cfg: RunConfig) -> dict:
@@ -51,8 +54,12 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
     if accelerator == "cuda" and not torch.cuda.is_available():
         raise ValueError("accelerator=cuda but no CUDA device is visible; use --accelerator cpu or auto")
     devices = parse_devices(cfg.devices)
-    out = {"accelerator": accelerator, "devices": devices, "num_nodes": cfg.num_nodes,
-           "precision": resolve_precision(cfg.precision, accelerator)}
+    out = {
+        "accelerator": accelerator,
+        "devices": devices,
+        "num_nodes": cfg.num_nodes,
+        "precision": resolve_precision(cfg.precision, accelerator),
+    }
     strategy = cfg.strategy if cfg.strategy != "auto" else ("ddp" if spans_devices(cfg) else "auto")
     if strategy == "ddp":
         from vapo_lit.distributed import VapoDDPStrategy
@@ -67,7 +74,10 @@ def trainer_kwargs(cfg: RunConfig) -> dict:
 
 def describe(kwargs: dict) -> dict:
     """The Trainer arguments as the run card records them."""
-    return {k: (getattr(v, "strategy_name", type(v).__name__) if k == "strategy" else v) for k, v in kwargs.items()}
+    return {
+        k: (getattr(v, "strategy_name", type(v).__name__) if k == "strategy" else v)
+        for k, v in kwargs.items()
+    }
 
 
 FULL_PRECISIONS = ("32-true", "32", "64-true", "64")
@@ -77,7 +87,9 @@ FULL_PRECISIONS = ("32-true", "32", "64-true", "64")
 def reduced_precision(precision: str | None, weights_dtype: torch.dtype) -> bool:
     """Whether the run computes in less than 32 bits: a 16-bit Lightning precision (bf16-mixed,
     16-mixed, bf16-true, ...) or 16-bit weights."""
-    return (precision is not None and str(precision) not in FULL_PRECISIONS) or torch.finfo(weights_dtype).bits < 32
+    return (precision is not None and str(precision) not in FULL_PRECISIONS) or torch.finfo(
+        weights_dtype
+    ).bits < 32
 
 
 def recompute_logprobs(cfg: RunConfig, precision: str | None, weights_dtype: torch.dtype) -> bool:
@@ -168,8 +180,11 @@ def model_shape(model) -> dict | None:
     try:
         heads = c.num_attention_heads
         head_dim = getattr(c, "head_dim", None) or c.hidden_size // heads
-        return {"vocab": int(c.vocab_size), "layers": int(c.num_hidden_layers),
-                "kv_width": int((getattr(c, "num_key_value_heads", None) or heads) * head_dim)}
+        return {
+            "vocab": int(c.vocab_size),
+            "layers": int(c.num_hidden_layers),
+            "kv_width": int((getattr(c, "num_key_value_heads", None) or heads) * head_dim),
+        }
     except (AttributeError, TypeError):
         return None
 
@@ -178,15 +193,26 @@ def _pow2_floor(x: float) -> int:
     return 1 << max(0, int(x).bit_length() - 1) if x >= 1 else 0
 
 
-def plan_sizes(shape: dict, *, tokens: int, response_tokens: int, rows: int, micro_batch: int,
-               elem_bytes: int, budget: int) -> tuple[int | None, int | None]:
+def plan_sizes(
+    shape: dict,
+    *,
+    tokens: int,
+    response_tokens: int,
+    rows: int,
+    micro_batch: int,
+    elem_bytes: int,
+    budget: int,
+) -> tuple[int | None, int | None]:
     """(rollout_batch_size, logits_chunk) that keep each pass within `budget` bytes; None where
     the whole pass fits (all responses at once, all positions in one chunk: today's behaviour).
 
     sampling, per response: its K/V cache, 2 x layers x tokens x kv_width x elem_bytes, plus the
     draw's float32 copies of one logits row; the log-prob pass: micro_batch x chunk x vocab x
     LOGIT_BYTES. Sizes are powers of two, at least 1 (the smallest pass there is)."""
-    per_row = 2 * shape["layers"] * tokens * shape["kv_width"] * elem_bytes + SAMPLING_LOGIT_COPIES * 4 * shape["vocab"]
+    per_row = (
+        2 * shape["layers"] * tokens * shape["kv_width"] * elem_bytes
+        + SAMPLING_LOGIT_COPIES * 4 * shape["vocab"]
+    )
     per_position = micro_batch * shape["vocab"] * LOGIT_BYTES
     fit_rows, fit_positions = budget // per_row, budget // per_position
     batch = None if fit_rows >= rows else max(1, _pow2_floor(fit_rows))
@@ -199,8 +225,9 @@ def longest_prompt(tokenizer, problems) -> int:
     return max((len(tokenizer(pr.prompt)["input_ids"]) for pr in problems), default=0)
 
 
-def resolve_memory_defaults(cfg: RunConfig, actor, critic, prompt_tokens: int, max_new_tokens: int,
-                            free_bytes: int | None = None) -> tuple[RunConfig, MemoryPlan]:
+def resolve_memory_defaults(
+    cfg: RunConfig, actor, critic, prompt_tokens: int, max_new_tokens: int, free_bytes: int | None = None
+) -> tuple[RunConfig, MemoryPlan]:
     """`cfg` with 'auto' rollout_batch_size / logits_chunk replaced by numbers from the model and
     the device (None: the whole pass fits, as before 'auto' existed), and the plan to record."""
     p = cfg.ppo
@@ -210,19 +237,33 @@ def resolve_memory_defaults(cfg: RunConfig, actor, critic, prompt_tokens: int, m
     shape = model_shape(actor)
     if shape is None:  # no transformers config to size from: unbounded, as before
         resolved = {k: None for k in auto}
-        plan = MemoryPlan(**{"rollout_batch_size": p.rollout_batch_size, "logits_chunk": p.logits_chunk, **resolved},
-                          budget_bytes=None, how="auto: the model has no transformers config to size from; unbounded")
+        plan = MemoryPlan(
+            **{"rollout_batch_size": p.rollout_batch_size, "logits_chunk": p.logits_chunk, **resolved},
+            budget_bytes=None,
+            how="auto: the model has no transformers config to size from; unbounded",
+        )
         return dataclasses.replace(cfg, ppo=dataclasses.replace(p, **resolved)), plan
     accelerator = resolve_accelerator(cfg.accelerator)
     free = free_device_bytes(accelerator) if free_bytes is None else free_bytes
     params = sum(m.numel() for model in (actor, critic) if model is not None for m in model.parameters())
     budget = max(0, free - STATE_BYTES_PER_PARAM * params) // SHARE
     elem = max(t.element_size() for t in actor.parameters())
-    batch, chunk = plan_sizes(shape, tokens=prompt_tokens + max_new_tokens, response_tokens=max_new_tokens,
-                              rows=p.responses_per_step, micro_batch=p.micro_batch_size, elem_bytes=elem, budget=budget)
+    batch, chunk = plan_sizes(
+        shape,
+        tokens=prompt_tokens + max_new_tokens,
+        response_tokens=max_new_tokens,
+        rows=p.responses_per_step,
+        micro_batch=p.micro_batch_size,
+        elem_bytes=elem,
+        budget=budget,
+    )
     resolved = {k: v for k, v in (("rollout_batch_size", batch), ("logits_chunk", chunk)) if k in auto}
     out = dataclasses.replace(p, **resolved)
-    how = (f"auto: {free} free bytes on {accelerator}, minus {STATE_BYTES_PER_PARAM} x {params} parameters, / {SHARE} "
-           f"per pass; vocab {shape['vocab']}, {shape['layers']} layers, K/V width {shape['kv_width']}, "
-           f"{prompt_tokens} + {max_new_tokens} tokens")
-    return dataclasses.replace(cfg, ppo=out), MemoryPlan(out.rollout_batch_size, out.logits_chunk, budget, how)
+    how = (
+        f"auto: {free} free bytes on {accelerator}, minus {STATE_BYTES_PER_PARAM} x {params} parameters, / {SHARE} "
+        f"per pass; vocab {shape['vocab']}, {shape['layers']} layers, K/V width {shape['kv_width']}, "
+        f"{prompt_tokens} + {max_new_tokens} tokens"
+    )
+    return dataclasses.replace(cfg, ppo=out), MemoryPlan(
+        out.rollout_batch_size, out.logits_chunk, budget, how
+    )

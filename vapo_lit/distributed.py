@@ -19,6 +19,7 @@ except that it wraps the actor and the critic in one DistributedDataParallel eac
 wrapping the LightningModule that holds both: two models under manual optimization, several
 backward passes per step.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -81,8 +82,10 @@ def choose_comm_device(device_types, tensor_device: torch.device, cuda_device) -
         return torch.device(cuda_device())
     if "cpu" in device_types:
         return torch.device("cpu")
-    raise ValueError(f"the process group serves device types {list(device_types)}; none can hold a tensor "
-                     f"on {tensor_device}")
+    raise ValueError(
+        f"the process group serves device types {list(device_types)}; none can hold a tensor "
+        f"on {tensor_device}"
+    )
 
 
 def _current_cuda() -> torch.device:
@@ -174,8 +177,14 @@ def gather_experience(exp, pad_id: int):
     widths = torch.tensor([exp.prompt_ids.shape[1], exp.mask.shape[1]], device=exp.mask.device)
     P, R = all_reduce(widths, "max").tolist()
     prompt_fields = {"prompt_ids": pad_id, "prompt_mask": 0}
-    response_fields = {"response_ids": pad_id, "mask": 0.0, "behaviour_logprobs": 0.0, "rewards": 0.0, "values": 0.0,
-                       "obs_mask": 0.0}
+    response_fields = {
+        "response_ids": pad_id,
+        "mask": 0.0,
+        "behaviour_logprobs": 0.0,
+        "rewards": 0.0,
+        "values": 0.0,
+        "obs_mask": 0.0,
+    }
     out = {}
     for name, pad in prompt_fields.items():
         out[name] = _gather_rows(getattr(exp, name), P, True, pad)
@@ -202,10 +211,26 @@ class ActorScorer(torch.nn.Module):
         super().__init__()
         self.actor = actor
 
-    def forward(self, input_ids, attention_mask, prompt_width: int, response_ids, temperature: float,
-                entropy: bool = False, chunk: int | None = None):
-        return passes.response_logprobs(self.actor, input_ids, attention_mask, prompt_width, response_ids,
-                                        temperature=temperature, entropy=entropy, chunk=chunk)
+    def forward(
+        self,
+        input_ids,
+        attention_mask,
+        prompt_width: int,
+        response_ids,
+        temperature: float,
+        entropy: bool = False,
+        chunk: int | None = None,
+    ):
+        return passes.response_logprobs(
+            self.actor,
+            input_ids,
+            attention_mask,
+            prompt_width,
+            response_ids,
+            temperature=temperature,
+            entropy=entropy,
+            chunk=chunk,
+        )
 
 
 class VapoDDPStrategy(DDPStrategy):
@@ -219,9 +244,13 @@ class VapoDDPStrategy(DDPStrategy):
         device_ids = self.determine_ddp_device_ids()
         # buffers (rotary tables) are identical on every rank: no need to broadcast them each forward
         params = inspect.signature(DistributedDataParallel.__init__).parameters
-        kwargs = {("forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"): False,
-                  **self._ddp_kwargs}
-        self.lightning_module.set_data_parallel(lambda m: DistributedDataParallel(m, device_ids=device_ids, **kwargs))
+        kwargs = {
+            ("forward_sync_buffers" if "forward_sync_buffers" in params else "broadcast_buffers"): False,
+            **self._ddp_kwargs,
+        }
+        self.lightning_module.set_data_parallel(
+            lambda m: DistributedDataParallel(m, device_ids=device_ids, **kwargs)
+        )
 
 
 # ----------------------------------------------------------------------------- FSDP (FSDP2 on Lightning)
@@ -269,7 +298,9 @@ def shard_model(module: torch.nn.Module, precision: str | None = None) -> torch.
         fully_shard(block, **kw)
     head = getattr(module, "head", None)
     if policy is not None and isinstance(head, torch.nn.Linear):
-        fully_shard(head, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32))
+        fully_shard(
+            head, mp_policy=MixedPrecisionPolicy(param_dtype=torch.float32, reduce_dtype=torch.float32)
+        )
     fully_shard(module, **kw)
     return module
 
@@ -283,11 +314,17 @@ def vapo_fsdp_strategy(cfg, accelerator: str):
         strategy_name = "vapo_fsdp"
 
         def setup_environment(self) -> None:
-            self._data_parallel_size = self.num_nodes * self.num_processes  # every process is one data-parallel rank
+            self._data_parallel_size = (
+                self.num_nodes * self.num_processes
+            )  # every process is one data-parallel rank
             super().setup_environment()
 
-    return VapoFSDPStrategy(data_parallel_size="auto", tensor_parallel_size=1, save_distributed_checkpoint=False,
-                            process_group_backend="nccl" if accelerator == "cuda" else "gloo")
+    return VapoFSDPStrategy(
+        data_parallel_size="auto",
+        tensor_parallel_size=1,
+        save_distributed_checkpoint=False,
+        process_group_backend="nccl" if accelerator == "cuda" else "gloo",
+    )
 
 
 def is_fsdp_strategy(strategy) -> bool:
@@ -328,8 +365,11 @@ def load_full_state_dict(module: torch.nn.Module, state: dict | None) -> None:
     rank = rank_and_world()[0]
     for name, live in module.state_dict().items():
         if isinstance(live, DTensor):
-            full = state[name].to(live.device, live.dtype) if rank == 0 else torch.empty(
-                live.shape, dtype=live.dtype, device=live.device)
+            full = (
+                state[name].to(live.device, live.dtype)
+                if rank == 0
+                else torch.empty(live.shape, dtype=live.dtype, device=live.device)
+            )
             shard = distribute_tensor(full, live.device_mesh, live.placements, src_data_rank=0)
             live.to_local().copy_(shard.to_local())
         else:

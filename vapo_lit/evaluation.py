@@ -2,6 +2,7 @@
 
 ``eval/avg@k`` = mean over problems of the mean verifier reward over that problem's k samples.
 """
+
 from __future__ import annotations
 
 from collections import defaultdict
@@ -41,9 +42,7 @@ class Sample:
 
 
 @torch.no_grad()
-def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
-             max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0,
-             tokenizer=None, shard: tuple[int, int] = (0, 1)) -> dict[str, float]:
+def evaluate(model, task, problems, *, k: int = 8, **options) -> dict[str, float]:
     """Sample `k` responses per problem, score them with ``task.verify`` and summarise (all floats):
 
     * ``eval/avg@k``: mean over problems of the mean reward over its k samples;
@@ -57,19 +56,29 @@ def evaluate(model, task, problems, *, k: int = 8, sampling=None, temperature: f
     * ``eval/truncated_frac``: share of responses that hit the length limit;
     * ``eval/correct_len_min`` / ``eval/correct_len_max``: shortest / longest rewarded response
       in tokens (NaN when none).
-    The arguments are `sample_responses`'; for the samples or the typed `EvalStats`, call it, then
+    The arguments are `sample_responses`' (`options`: sampling, temperature, top_p, max_new_tokens,
+    batch_size, seed, tokenizer, shard); for the samples or the typed `EvalStats`, call it, then
     `summarize`.
     """
-    samples = sample_responses(model, task, problems, k=k, sampling=sampling, temperature=temperature, top_p=top_p,
-                               max_new_tokens=max_new_tokens, batch_size=batch_size, seed=seed, tokenizer=tokenizer,
-                               shard=shard)
-    return summarize(task, problems, samples, k).log()
+    return summarize(task, problems, sample_responses(model, task, problems, k=k, **options), k).log()
 
 
 @torch.no_grad()
-def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temperature: float = 1.0, top_p: float = 0.7,
-                     max_new_tokens: int | None = None, batch_size: int = 256, seed: int = 0, tokenizer=None,
-                     shard: tuple[int, int] = (0, 1)) -> list[Sample]:
+def sample_responses(
+    model,
+    task,
+    problems,
+    *,
+    k: int = 8,
+    sampling=None,
+    temperature: float = 1.0,
+    top_p: float = 0.7,
+    max_new_tokens: int | None = None,
+    batch_size: int = 256,
+    seed: int = 0,
+    tokenizer=None,
+    shard: tuple[int, int] = (0, 1),
+) -> list[Sample]:
     """`k` verified samples per problem (problem j's are samples j*k .. j*k + k - 1).
 
     `model` is a rollout engine (`vapo_lit.engines`) or a plain HF causal LM (sampled with the
@@ -83,7 +92,6 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     from vapo_lit.distributed import gather_objects
     from vapo_lit.engines import SamplingParams
     from vapo_lit.rng import sample_seed
-    from vapo_lit.rollout import response_segments
 
     problems = list(problems)
     if not problems:
@@ -93,28 +101,55 @@ def sample_responses(model, task, problems, *, k: int = 8, sampling=None, temper
     tokenizer = tokenizer if tokenizer is not None else task.tokenizer
     engine = as_engine(model, tokenizer, task=task)
     if sampling is None:
-        sampling = SamplingParams(max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature,
-                                  top_p=top_p)
+        sampling = SamplingParams(
+            max_new_tokens=max_new_tokens or task.max_new_tokens, temperature=temperature, top_p=top_p
+        )
     flat = [p for p in problems for _ in range(k)]
     rank, world = shard
     per_rank = -(-len(flat) // world)
     lo, hi = min(rank * per_rank, len(flat)), min((rank + 1) * per_rank, len(flat))
     samples = []
     for i in range(lo, hi, batch_size):
-        chunk = flat[i: min(i + batch_size, hi)]
-        ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
-        # response length = the policy's own tokens (a multi-turn episode's observations left out)
-        action = getattr(ro, "action_mask", None)
-        lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
-        truncated = ro.truncated.tolist()  # one device sync per chunk
-        turns = [None] * len(chunk) if action is None else [
-            tuple(response_segments(tokenizer, ids, act, n)) for ids, act, n in
-            zip(ro.response_ids.tolist(), action.tolist(), ro.lengths.tolist())]
-        for p, text, n, cut, segments in zip(chunk, ro.texts, lengths, truncated, turns):
-            v = task.verify(p, text)
-            samples.append(Sample(p, text, float(v.reward) if v.error is None else 0.0, v.error is not None, v.strict,
-                                  int(n), bool(cut), segments))
+        chunk = flat[i : min(i + batch_size, hi)]
+        seeds = [sample_seed(seed, j) for j in range(i, i + len(chunk))]
+        samples += verified_chunk(engine, task, tokenizer, chunk, sampling, seeds)
     return [s for part in gather_objects(samples) for s in part] if world > 1 else samples
+
+
+def verified_chunk(engine, task, tokenizer, chunk: list, sampling, seeds: list[int]) -> list[Sample]:
+    """One chunk of `sample_responses`: one response per problem of `chunk` (each with its seed),
+    verified by the task."""
+    from vapo_lit.rollout import response_segments
+
+    ro = engine.generate([p.prompt for p in chunk], sampling, seeds)
+    # response length = the policy's own tokens (a multi-turn episode's observations left out)
+    action = getattr(ro, "action_mask", None)
+    lengths = (ro.lengths if action is None else action.sum(1).long()).tolist()
+    truncated = ro.truncated.tolist()  # one device sync per chunk
+    turns = (
+        [None] * len(chunk)
+        if action is None
+        else [
+            tuple(response_segments(tokenizer, ids, act, n))
+            for ids, act, n in zip(ro.response_ids.tolist(), action.tolist(), ro.lengths.tolist())
+        ]
+    )
+    samples = []
+    for p, text, n, cut, segments in zip(chunk, ro.texts, lengths, truncated, turns):
+        v = task.verify(p, text)
+        samples.append(
+            Sample(
+                p,
+                text,
+                float(v.reward) if v.error is None else 0.0,
+                v.error is not None,
+                v.strict,
+                int(n),
+                bool(cut),
+                segments,
+            )
+        )
+    return samples
 
 
 @dataclass(frozen=True)
@@ -139,16 +174,23 @@ class EvalStats:
         out = {f"eval/avg@{k}": self.avg, **{f"eval/avg@{k}/{b}": v for b, v in self.by_bucket.items()}}
         if self.strict_avg is not None:
             out[f"eval/strict_avg@{k}"] = self.strict_avg
-        out.update({"eval/response_length": self.response_length, "eval/distinct_per_prompt": self.distinct_per_prompt,
-                    "eval/verifier_errors": float(self.verifier_errors), "eval/truncated_frac": self.truncated_frac,
-                    "eval/correct_len_min": self.correct_len_min, "eval/correct_len_max": self.correct_len_max})
+        out.update(
+            {
+                "eval/response_length": self.response_length,
+                "eval/distinct_per_prompt": self.distinct_per_prompt,
+                "eval/verifier_errors": float(self.verifier_errors),
+                "eval/truncated_frac": self.truncated_frac,
+                "eval/correct_len_min": self.correct_len_min,
+                "eval/correct_len_max": self.correct_len_max,
+            }
+        )
         return out
 
 
 def summarize(task, problems, samples: list[Sample], k: int) -> EvalStats:
     """The statistics of `samples` (k per problem, in problem order; see `evaluate`)."""
     problems = list(problems)
-    per_problem = [samples[i * k:(i + 1) * k] for i in range(len(problems))]
+    per_problem = [samples[i * k : (i + 1) * k] for i in range(len(problems))]
     scores = [sum(s.reward for s in group) / k for group in per_problem]
     by_bucket: dict[str, list[float]] = defaultdict(list)
     for p, score in zip(problems, scores):
@@ -161,22 +203,30 @@ def summarize(task, problems, samples: list[Sample], k: int) -> EvalStats:
         strict = sum(per) / len(per)
     correct = [s.length for s in samples if s.reward > 0]
     return EvalStats(
-        k=k, avg=sum(scores) / len(problems), strict_avg=strict,
+        k=k,
+        avg=sum(scores) / len(problems),
+        strict_avg=strict,
         by_bucket={b: sum(by_bucket[b]) / len(by_bucket[b]) for b in names if by_bucket.get(b)},
         response_length=sum(s.length for s in samples) / len(samples),
         distinct_per_prompt=sum(len({s.text for s in group}) for group in per_problem) / len(problems),
-        verifier_errors=sum(s.error for s in samples), truncated_frac=sum(s.truncated for s in samples) / len(samples),
+        verifier_errors=sum(s.error for s in samples),
+        truncated_frac=sum(s.truncated for s in samples) / len(samples),
         correct_len_min=float(min(correct)) if correct else float("nan"),
-        correct_len_max=float(max(correct)) if correct else float("nan"))
+        correct_len_max=float(max(correct)) if correct else float("nan"),
+    )
 
 
 def format_table(metrics: dict[str, float], task=None, *, k: int | None = None) -> str:
     """The per-bucket avg@k table (and the summary lines) as plain text."""
     if k is None:
-        ks = [key.split("@")[1] for key in metrics if key.startswith("eval/avg@") and "/" not in key.split("@")[1]]
+        ks = [
+            key.split("@")[1]
+            for key in metrics
+            if key.startswith("eval/avg@") and "/" not in key.split("@")[1]
+        ]
         k = int(ks[0]) if ks else 8
     prefix = f"eval/avg@{k}/"
-    buckets = [key[len(prefix):] for key in metrics if key.startswith(prefix)]
+    buckets = [key[len(prefix) :] for key in metrics if key.startswith(prefix)]
     if task is not None:
         order = [b for b in task.bucket_names() if b in buckets]
         buckets = order + [b for b in buckets if b not in order]
@@ -185,8 +235,15 @@ def format_table(metrics: dict[str, float], task=None, *, k: int | None = None) 
     for b in buckets:
         lines.append(f"{b:<{width}}  {100 * metrics[prefix + b]:6.2f}%")
     lines.append(f"{'overall':<{width}}  {100 * metrics[f'eval/avg@{k}']:6.2f}%")
-    for key in (f"eval/strict_avg@{k}", "eval/response_length", "eval/distinct_per_prompt",
-                "eval/verifier_errors", "eval/truncated_frac", "eval/correct_len_min", "eval/correct_len_max"):
+    for key in (
+        f"eval/strict_avg@{k}",
+        "eval/response_length",
+        "eval/distinct_per_prompt",
+        "eval/verifier_errors",
+        "eval/truncated_frac",
+        "eval/correct_len_min",
+        "eval/correct_len_max",
+    ):
         if key in metrics:
             lines.append(f"{key} = {metrics[key]:.4g}")
     return "\n".join(lines)

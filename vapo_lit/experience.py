@@ -12,6 +12,7 @@ as any callable (so a test can hand it a stub with known per-column outputs). Sh
 columns (left-padded), R response columns (right-padded); see `vapo_lit.passes` for the column
 convention of values and log-probs.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -97,11 +98,19 @@ class Experience:
         if len(problems) != len(rollout.texts):
             raise ValueError(f"{len(problems)} problems for {len(rollout.texts)} responses")
         action = getattr(rollout, "action_mask", None)
-        return cls(problems=list(problems), group_size=group_size, prompt_ids=rollout.prompt_ids,
-                   prompt_mask=rollout.prompt_mask, response_ids=rollout.response_ids,
-                   mask=rollout.response_mask if action is None else action,
-                   behaviour_logprobs=rollout.logprobs, lengths=rollout.lengths, truncated=rollout.truncated,
-                   texts=list(rollout.texts), obs_mask=None if action is None else rollout.response_mask - action)
+        return cls(
+            problems=list(problems),
+            group_size=group_size,
+            prompt_ids=rollout.prompt_ids,
+            prompt_mask=rollout.prompt_mask,
+            response_ids=rollout.response_ids,
+            mask=rollout.response_mask if action is None else action,
+            behaviour_logprobs=rollout.logprobs,
+            lengths=rollout.lengths,
+            truncated=rollout.truncated,
+            texts=list(rollout.texts),
+            obs_mask=None if action is None else rollout.response_mask - action,
+        )
 
     @property
     def n(self) -> int:
@@ -175,11 +184,14 @@ class ScoreStats:
     mixed_groups_frac: float | None
 
     def log(self) -> dict[str, float]:
-        out = {"objective/score": self.score, "objective/accuracy": self.accuracy,
-               "objective/strict_accuracy": self.strict_accuracy,
-               "rollout/positive_responses": float(self.positive_responses),
-               "rollout/positive_tokens": float(self.positive_tokens),
-               "rollout/verifier_errors": float(self.verifier_errors)}
+        out = {
+            "objective/score": self.score,
+            "objective/accuracy": self.accuracy,
+            "objective/strict_accuracy": self.strict_accuracy,
+            "rollout/positive_responses": float(self.positive_responses),
+            "rollout/positive_tokens": float(self.positive_tokens),
+            "rollout/verifier_errors": float(self.verifier_errors),
+        }
         if self.mixed_groups_frac is not None:
             out["rollout/mixed_groups_frac"] = self.mixed_groups_frac
         return out
@@ -212,10 +224,15 @@ def score_stats(exp: Experience) -> ScoreStats:
     if exp.group_size > 1:  # how many groups hold both a right and a wrong answer
         g = scores.view(-1, exp.group_size)
         mixed = float(((g.max(1).values > 0) & (g.min(1).values == 0)).float().mean())
-    return ScoreStats(score=float(scores.mean()), accuracy=float(pos.float().mean()),
-                      strict_accuracy=sum(stricts) / len(stricts) if stricts else float("nan"),
-                      positive_responses=int(pos.sum()), positive_tokens=int(action_lengths(exp)[pos].sum()),
-                      verifier_errors=sum(v.error is not None for v in verdicts), mixed_groups_frac=mixed)
+    return ScoreStats(
+        score=float(scores.mean()),
+        accuracy=float(pos.float().mean()),
+        strict_accuracy=sum(stricts) / len(stricts) if stricts else float("nan"),
+        positive_responses=int(pos.sum()),
+        positive_tokens=int(action_lengths(exp)[pos].sum()),
+        verifier_errors=sum(v.error is not None for v in verdicts),
+        mixed_groups_frac=mixed,
+    )
 
 
 def action_lengths(exp: Experience) -> torch.Tensor:
@@ -232,7 +249,9 @@ a causal pass whose positions are the columns (see vapo_lit.passes)."""
 
 
 @torch.no_grad()
-def fill_values(exp: Experience, critic: Critic, *, truncation: str = "terminal", chunk: int | None = None) -> None:
+def fill_values(
+    exp: Experience, critic: Critic, *, truncation: str = "terminal", chunk: int | None = None
+) -> None:
     """V(s_t) of every response token at sampling time, and the value after the last token of the
     rows the length limit cut (only with truncation='bootstrap'; 0 for every other row).
     `chunk` rows per critic forward (None: all at once), taken in order of length and each cut to
@@ -245,11 +264,13 @@ def fill_values(exp: Experience, critic: Critic, *, truncation: str = "terminal"
     v_state = None  # (N, R + 1): V(s_0) .. V(s_R)
     for rows in order.split(chunk or n):
         keep = max(1, int(exp.lengths[rows].max()))  # response columns any of these rows uses
-        v = passes.state_values(critic, ids[rows, :P + keep], attn[rows, :P + keep], P)  # (k, keep + 1)
+        v = passes.state_values(critic, ids[rows, : P + keep], attn[rows, : P + keep], P)  # (k, keep + 1)
         if v_state is None:
             v_state = v.new_zeros((n, R + 1))
-        v_state[rows.to(v.device), :keep + 1] = v
-    exp.values = v_state[:, :-1] * exp.token_mask  # on observation tokens too (GAE's `step` setting reads them)
+        v_state[rows.to(v.device), : keep + 1] = v
+    exp.values = (
+        v_state[:, :-1] * exp.token_mask
+    )  # on observation tokens too (GAE's `step` setting reads them)
     after_last = v_state[torch.arange(n, device=v_state.device), exp.lengths]
     cut = exp.truncated if truncation == "bootstrap" else torch.zeros_like(exp.truncated)
     exp.bootstrap = torch.where(cut, after_last, torch.zeros_like(after_last))
@@ -322,14 +343,22 @@ class AdvantageStats:
     buckets without a response left out; None critic-free."""
 
     def log(self) -> dict[str, float]:
-        out = {} if self.advantage_by_turn is None else {f"gae/advantage_{k}": v for k, v in self.advantage_by_turn.items()}
+        out = (
+            {}
+            if self.advantage_by_turn is None
+            else {f"gae/advantage_{k}": v for k, v in self.advantage_by_turn.items()}
+        )
         for label, stats in (self.by_length or {}).items():
             out.update({f"gae/{name}_len_{label}": v for name, v in stats.items()})
         if self.lambda_policy_mean is None:
             return out
-        return {"gae/lambda_policy_mean": self.lambda_policy_mean, "gae/lambda_policy_min": self.lambda_policy_min,
-                "gae/lambda_policy_max": self.lambda_policy_max,
-                "gae/lambda_policy_clamped": float(self.lambda_policy_clamped), **out}
+        return {
+            "gae/lambda_policy_mean": self.lambda_policy_mean,
+            "gae/lambda_policy_min": self.lambda_policy_min,
+            "gae/lambda_policy_max": self.lambda_policy_max,
+            "gae/lambda_policy_clamped": float(self.lambda_policy_clamped),
+            **out,
+        }
 
 
 @torch.no_grad()
@@ -362,23 +391,37 @@ def fill_advantages(exp: Experience, s: AdvantageSettings) -> AdvantageStats:
     if obs_mask is None:
         gae = algos.decoupled_gae
     else:  # multi-turn: the observation spans crossed as `s.observations` says
+
         def gae(r, v, m, la, lc, **kw):
-            return algos.decoupled_gae_observations(r, v, m, obs_mask, la, lc, observations=s.observations, **kw)
-    advantages, returns = gae(exp.rewards, values, exp.mask, lam_policy, lam_critic,
-                              gamma=s.gamma, bootstrap_values=bootstrap)
+            return algos.decoupled_gae_observations(
+                r, v, m, obs_mask, la, lc, observations=s.observations, **kw
+            )
+
+    advantages, returns = gae(
+        exp.rewards, values, exp.mask, lam_policy, lam_critic, gamma=s.gamma, bootstrap_values=bootstrap
+    )
     if s.lam_critic == 1.0:
         exp.mc_returns = returns
     elif obs_mask is None:
-        exp.mc_returns = algos.gae(exp.rewards, values, exp.mask, 1.0, gamma=s.gamma,
-                                   bootstrap_values=bootstrap)[1]
+        exp.mc_returns = algos.gae(
+            exp.rewards, values, exp.mask, 1.0, gamma=s.gamma, bootstrap_values=bootstrap
+        )[1]
     else:
-        exp.mc_returns = gae(exp.rewards, values, exp.mask, 1.0, 1.0, gamma=s.gamma, bootstrap_values=bootstrap)[1]
+        exp.mc_returns = gae(
+            exp.rewards, values, exp.mask, 1.0, 1.0, gamma=s.gamma, bootstrap_values=bootstrap
+        )[1]
     by_length = advantage_by_length(lam_policy, advantages, exp.mc_returns - values, exp.mask)
     if s.whiten:
         advantages = algos.masked_whiten(advantages, exp.mask)
     exp.lam_policy, exp.advantages, exp.returns = lam_policy, advantages, returns
-    return AdvantageStats(float(lam_policy.mean()), float(lam_policy.min()), float(lam_policy.max()), clamped,
-                          advantage_by_turn=advantage_by_turn(exp), by_length=by_length)
+    return AdvantageStats(
+        float(lam_policy.mean()),
+        float(lam_policy.min()),
+        float(lam_policy.max()),
+        clamped,
+        advantage_by_turn=advantage_by_turn(exp),
+        by_length=by_length,
+    )
 
 
 def advantage_by_length(lam_policy, advantages, mc_advantages, mask) -> dict:
@@ -391,21 +434,35 @@ def advantage_by_length(lam_policy, advantages, mc_advantages, mask) -> dict:
     for i, label in enumerate(bucket_labels(LENGTH_EDGES)):
         rows = has & (per_row == i)
         if int(counts[i]):
-            out[label] = {"lambda_policy": float(lam_policy[rows].double().mean()), "adv_bias": float(bias[i]),
-                          "adv_var": float(var[i]), "adv_var_mc": float(var_mc[i])}
+            out[label] = {
+                "lambda_policy": float(lam_policy[rows].double().mean()),
+                "adv_bias": float(bias[i]),
+                "adv_var": float(var[i]),
+                "adv_var_mc": float(var_mc[i]),
+            }
     return out
 
 
-def loss_share_by_length(exp: Experience, idx: torch.Tensor, aggregation: str, denominator) -> dict[str, float]:
+def loss_share_by_length(
+    exp: Experience, idx: torch.Tensor, aggregation: str, denominator
+) -> dict[str, float]:
     """The share of mini-batch `idx`'s policy-gradient weight, sum_t w_t |A_t| (w_t: the token's
     weight in the loss under `aggregation` with the mini-batch's `denominator`), carried by each
     response-length bucket (LENGTH_EDGES) that has a response anywhere in the batch."""
     mask = exp.mask[idx]
     group = algos.bucketize(mask.sum(1).long(), LENGTH_EDGES)
-    share = algos.weight_share(algos.aggregation_weights(mask, aggregation, denominator), exp.advantages[idx], group,
-                               len(LENGTH_EDGES) + 1)
-    present = torch.bincount(algos.bucketize(exp.mask.sum(1).long(), LENGTH_EDGES), minlength=len(LENGTH_EDGES) + 1)
-    return {lab: float(s) for lab, s, n in zip(bucket_labels(LENGTH_EDGES), share.tolist(), present.tolist()) if n}
+    share = algos.weight_share(
+        algos.aggregation_weights(mask, aggregation, denominator),
+        exp.advantages[idx],
+        group,
+        len(LENGTH_EDGES) + 1,
+    )
+    present = torch.bincount(
+        algos.bucketize(exp.mask.sum(1).long(), LENGTH_EDGES), minlength=len(LENGTH_EDGES) + 1
+    )
+    return {
+        lab: float(s) for lab, s, n in zip(bucket_labels(LENGTH_EDGES), share.tolist(), present.tolist()) if n
+    }
 
 
 TURN_LABELS = ("turn1", "turn2", "turn3", "turn4plus")
@@ -451,24 +508,39 @@ class RolloutStats:
     """Multi-turn: mean observation spans (answered tool calls) per episode."""
 
     def log(self) -> dict[str, float]:
-        extra = {} if self.observation_tokens is None else {"rollout/observation_tokens": self.observation_tokens,
-                                                            "rollout/observation_spans": self.observation_spans}
-        return {**extra, "rollout/response_length": self.response_length,
-                "rollout/response_length_min": self.response_length_min,
-                "rollout/response_length_max": self.response_length_max,
-                "rollout/response_length_p90": self.response_length_p90,
-                "rollout/truncated_frac": self.truncated_frac, "rollout/prompts": float(self.prompts),
-                "rollout/samples_per_prompt": float(self.samples_per_prompt)}
+        extra = (
+            {}
+            if self.observation_tokens is None
+            else {
+                "rollout/observation_tokens": self.observation_tokens,
+                "rollout/observation_spans": self.observation_spans,
+            }
+        )
+        return {
+            **extra,
+            "rollout/response_length": self.response_length,
+            "rollout/response_length_min": self.response_length_min,
+            "rollout/response_length_max": self.response_length_max,
+            "rollout/response_length_p90": self.response_length_p90,
+            "rollout/truncated_frac": self.truncated_frac,
+            "rollout/prompts": float(self.prompts),
+            "rollout/samples_per_prompt": float(self.samples_per_prompt),
+        }
 
 
 def rollout_stats(exp: Experience) -> RolloutStats:
     lf = exp.mask.sum(1).float()
-    return RolloutStats(response_length=float(lf.mean()), response_length_min=float(lf.min()),
-                        response_length_max=float(lf.max()), response_length_p90=float(torch.quantile(lf, 0.9)),
-                        truncated_frac=float(exp.truncated.float().mean()), prompts=exp.n // exp.group_size,
-                        samples_per_prompt=exp.group_size,
-                        observation_tokens=None if exp.obs_mask is None else float(exp.obs_mask.sum(1).mean()),
-                        observation_spans=None if exp.obs_mask is None else float(turn_index(exp)[:, -1].float().mean()))
+    return RolloutStats(
+        response_length=float(lf.mean()),
+        response_length_min=float(lf.min()),
+        response_length_max=float(lf.max()),
+        response_length_p90=float(torch.quantile(lf, 0.9)),
+        truncated_frac=float(exp.truncated.float().mean()),
+        prompts=exp.n // exp.group_size,
+        samples_per_prompt=exp.group_size,
+        observation_tokens=None if exp.obs_mask is None else float(exp.obs_mask.sum(1).mean()),
+        observation_spans=None if exp.obs_mask is None else float(turn_index(exp)[:, -1].float().mean()),
+    )
 
 
 @dataclass(frozen=True)
@@ -500,11 +572,15 @@ class ValueStats:
     """Against the task's true values, where the task has them (longchain); None elsewhere."""
 
     def log(self) -> dict[str, float]:
-        out = {"value/explained_variance": self.explained_variance,
-               "value/explained_variance_pos": self.explained_variance_pos,
-               "value/explained_variance_neg": self.explained_variance_neg,
-               "value/mean": self.mean, "value/return_mean": self.return_mean, "value/bias": self.bias,
-               "value/bias_first_token": self.bias_first_token}
+        out = {
+            "value/explained_variance": self.explained_variance,
+            "value/explained_variance_pos": self.explained_variance_pos,
+            "value/explained_variance_neg": self.explained_variance_neg,
+            "value/mean": self.mean,
+            "value/return_mean": self.return_mean,
+            "value/bias": self.bias,
+            "value/bias_first_token": self.bias_first_token,
+        }
         out.update({f"value/bias_pos_{lab}": b for lab, b in self.bias_by_position.items()})
         out.update({f"value/bias_len_{lab}": b for lab, b in self.bias_by_length.items()})
         out["value/explained_variance_target"] = self.explained_variance_target
@@ -536,8 +612,11 @@ class OracleValueStats:
     """The per-kind error rates V* was computed from (measured on the batch)."""
 
     def log(self) -> dict[str, float]:
-        out = {"value/explained_variance_oracle": self.explained_variance, "value/oracle_ceiling": self.ceiling,
-               "value/oracle_mean": self.value_mean}
+        out = {
+            "value/explained_variance_oracle": self.explained_variance,
+            "value/oracle_ceiling": self.ceiling,
+            "value/oracle_mean": self.value_mean,
+        }
         out.update({f"value/mse_oracle_pos_{lab}": b for lab, b in self.mse_by_position.items()})
         out.update({f"value/mse_oracle_len_{lab}": b for lab, b in self.mse_by_length.items()})
         out.update({f"oracle/error_rate_{k}": r for k, r in self.error_rates.items()})
@@ -565,22 +644,29 @@ def value_stats(exp: Experience, reference: str = "targets") -> ValueStats:
         true = exp.oracle_values
         oracle = OracleValueStats(
             explained_variance=float(algos.explained_variance(values, true, mask)),
-            ceiling=float(algos.explained_variance(true, returns, mask)), value_mean=float(algos.masked_mean(true, mask)),
+            ceiling=float(algos.explained_variance(true, returns, mask)),
+            value_mean=float(algos.masked_mean(true, mask)),
             mse_by_position=by_bucket(POSITION_EDGES, "position", (values - true) ** 2),
-            mse_by_length=by_bucket(LENGTH_EDGES, "length", (values - true) ** 2), error_rates=dict(exp.oracle_rates or {}))
+            mse_by_length=by_bucket(LENGTH_EDGES, "length", (values - true) ** 2),
+            error_rates=dict(exp.oracle_rates or {}),
+        )
 
     return ValueStats(
         explained_variance=float(algos.explained_variance(values, returns, mask)),
         explained_variance_pos=float(algos.explained_variance(values, returns, pos)),
         explained_variance_neg=float(algos.explained_variance(values, returns, neg)),
-        mean=float(algos.masked_mean(values, mask)), return_mean=float(algos.masked_mean(returns, mask)),
+        mean=float(algos.masked_mean(values, mask)),
+        return_mean=float(algos.masked_mean(returns, mask)),
         bias=float(algos.masked_mean(values - returns, mask)),
         bias_first_token=float(algos.masked_mean(values - returns, first)),
-        bias_by_position=by_bucket(POSITION_EDGES, "position"), bias_by_length=by_bucket(LENGTH_EDGES, "length"),
+        bias_by_position=by_bucket(POSITION_EDGES, "position"),
+        bias_by_length=by_bucket(LENGTH_EDGES, "length"),
         explained_variance_target=float(algos.explained_variance(values, exp.returns, mask)),
         bias_at_observations=None if exp.obs_mask is None else _bias_at_observations(exp, returns),
         mse_by_position=by_bucket(POSITION_EDGES, "position", squared),
-        mse_by_length=by_bucket(LENGTH_EDGES, "length", squared), oracle=oracle)
+        mse_by_length=by_bucket(LENGTH_EDGES, "length", squared),
+        oracle=oracle,
+    )
 
 
 def _bias_at_observations(exp: Experience, returns: torch.Tensor) -> dict:

@@ -14,6 +14,7 @@ full disk gives). Points: ``csv_append`` (half a metrics.csv row on disk),
 into place), ``enqueue`` (after each trial a grid adds to its study), ``last_saved`` (on rank 0, after
 each last.ckpt is in place: a kill between two iterations, at a known point).
 """
+
 from __future__ import annotations
 
 import errno
@@ -51,8 +52,13 @@ def reach(point: str) -> None:
 
 
 # ----------------------------------------------------------------------------- classification
-_FULL = ("no space left on device", "database or disk is full", "disk is full", "could not extend file",
-         "disk full")
+_FULL = (
+    "no space left on device",
+    "database or disk is full",
+    "disk is full",
+    "could not extend file",
+    "disk full",
+)
 
 
 def is_disk_full(exc: BaseException | None) -> bool:
@@ -75,7 +81,10 @@ def is_storage_error(exc: BaseException | None) -> bool:
     while exc is not None and id(exc) not in seen:
         seen.add(id(exc))
         mod = type(exc).__module__ or ""
-        if mod.startswith(("sqlalchemy", "psycopg", "pymysql", "sqlite3")) or type(exc).__name__ == "StorageInternalError":
+        if (
+            mod.startswith(("sqlalchemy", "psycopg", "pymysql", "sqlite3"))
+            or type(exc).__name__ == "StorageInternalError"
+        ):
             return True
         exc = exc.__cause__ or exc.__context__
     return False

@@ -1,11 +1,14 @@
 """Row labels: the one name of a component set (run folders, W&B job types, report rows), the
 paper's row order, and pairs of rows to contrast. Plain functions of the component names."""
+
 from __future__ import annotations
 
 from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS
 
 
-def run_label(components, advantage_estimator: str = "gae", observations: str = "skip", gae_values: str = "critic") -> str:
+def run_label(
+    components, advantage_estimator: str = "gae", observations: str = "skip", gae_values: str = "critic"
+) -> str:
     """The one name of a component set, used for run folders, W&B job types and report rows:
     'vapo' (all seven), 'vanilla_ppo' (none), 'vapo-no-a+b' (up to three dropped),
     'ppo+a+b' (more dropped), 'grpo+a+b' (the critic-free estimator); optional components on
@@ -55,11 +58,15 @@ def check_contrasts(pairs: list, rows: list, where: str) -> list[tuple[str, str]
             raise ValueError(f"{where}: a contrast is a pair [row, against] of row labels; got {pair!r}")
         bad = [x for x in pair if x not in rows]
         if bad:
-            raise ValueError(f"{where}: contrast {list(pair)}: {', '.join(map(repr, bad))} is not a row; "
-                             f"rows: {', '.join(rows)}")
+            raise ValueError(
+                f"{where}: contrast {list(pair)}: {', '.join(map(repr, bad))} is not a row; "
+                f"rows: {', '.join(rows)}"
+            )
         if pair[0] == pair[1]:
             raise ValueError(f"{where}: contrast {list(pair)} compares a row with itself")
         if tuple(pair) in out or tuple(pair[::-1]) in out:
-            raise ValueError(f"{where}: contrast {list(pair)} is given twice (a reversed pair is the same test)")
+            raise ValueError(
+                f"{where}: contrast {list(pair)} is given twice (a reversed pair is the same test)"
+            )
         out.append(tuple(pair))
     return out

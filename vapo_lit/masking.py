@@ -1,15 +1,22 @@
 """Secrets kept out of what a run prints and records: a database URL's password masked in URLs,
 error texts and ``sys.argv`` (which W&B records), and in free text (the samples a run records,
 `mask_secrets`) also the values of the environment variables that hold secrets. Below both the
-loggers (vapo_lit/logs.py) and the grid runner (vapo_lit/ablate/), so neither imports the other for it.
+loggers (vapo_lit/loggers.py) and the grid runner (vapo_lit/ablate/), so neither imports the other for it.
 """
+
 from __future__ import annotations
 
 import os
 import re
 import sys
 
-SECRET_ENV = ("VAPO_LIT_STORAGE_PASSWORD", "WANDB_API_KEY", "PGPASSWORD", "HF_TOKEN", "HUGGING_FACE_HUB_TOKEN")
+SECRET_ENV = (
+    "VAPO_LIT_STORAGE_PASSWORD",
+    "WANDB_API_KEY",
+    "PGPASSWORD",
+    "HF_TOKEN",
+    "HUGGING_FACE_HUB_TOKEN",
+)
 """Environment variables whose values `mask_secrets` masks wherever they occur."""
 
 

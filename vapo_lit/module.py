@@ -23,6 +23,7 @@ which component is on; with none, it is vanilla PPO. The critic-only phase befor
 module's (`self.pretrain`, vapo_lit/pretrain.py), run when a component's `before_ppo` asks for it
 and ended by that component's rule.
 """
+
 from __future__ import annotations
 
 import contextlib
@@ -39,17 +40,41 @@ from torch.utils.data import DataLoader, IterableDataset
 
 from vapo_lit import algos, passes, pretrain
 from vapo_lit.config import RunConfig, Switches, to_dict
-from vapo_lit.devices import (autocast_off, clear_autocast_cache_after_steps, longest_prompt, recompute_logprobs,
-                              resolve_memory_defaults)
-from vapo_lit.distributed import (ActorScorer, DataParallel, agree_any, all_reduce, gather_experience,
-                                  is_fsdp_strategy, rank_and_world, shard_model)
+from vapo_lit.devices import (
+    autocast_off,
+    clear_autocast_cache_after_steps,
+    longest_prompt,
+    recompute_logprobs,
+    resolve_memory_defaults,
+)
+from vapo_lit.distributed import (
+    ActorScorer,
+    DataParallel,
+    agree_any,
+    all_reduce,
+    gather_experience,
+    is_fsdp_strategy,
+    rank_and_world,
+    shard_model,
+)
 from vapo_lit.engines import SamplingParams, make_engine
 from vapo_lit.evaluation import eval_subset, sample_responses, summarize
-from vapo_lit.experience import (AdvantageSettings, Experience, LossSettings, fill_advantages, fill_oracle_values,
-                                 fill_values, loss_share_by_length, rollout_stats, score, score_stats, value_stats)
+from vapo_lit.experience import (
+    AdvantageSettings,
+    Experience,
+    LossSettings,
+    fill_advantages,
+    fill_oracle_values,
+    fill_values,
+    loss_share_by_length,
+    rollout_stats,
+    score,
+    score_stats,
+    value_stats,
+)
 from vapo_lit.replay import CriticReplay
 from vapo_lit.update_stats import ActorStats, CriticStats, IterationStats, SamplerStats, mean
-from vapo_lit.rng import sample_seed
+from vapo_lit.rng import Stream, sample_seed, step_seed
 from vapo_lit.rollout import concat_rollouts, pad_id_of
 
 
@@ -65,11 +90,6 @@ class Role(enum.Enum):
 
 class NonFiniteLossError(RuntimeError):
     """A loss became NaN or inf: the run stops and says where."""
-
-
-def step_seed(seed: int, iteration: int, salt: int = 0) -> int:
-    """A per-iteration seed, so a resumed run samples exactly what the uninterrupted one did."""
-    return (seed * 1_000_003 + iteration * 7_919 + salt * 104_729) % (2**63 - 1)
 
 
 class Prompts:
@@ -95,7 +115,7 @@ class PromptStream(IterableDataset):
     def __iter__(self):
         i = self.start
         while True:
-            yield Prompts(self.task.train_problems(self.n, seed=step_seed(self.seed, i, salt=1)))
+            yield Prompts(self.task.train_problems(self.n, seed=step_seed(self.seed, i, Stream.PROMPTS)))
             i += 1
 
 
@@ -117,15 +137,23 @@ class VapoModule(L.LightningModule):
         super().__init__()
         self.automatic_optimization = False
         self.cfg, self.task, self.tokenizer = cfg, task, tokenizer
-        self.policy = ActorScorer(actor)  # the actor, behind the one call the update (and DDP/FSDP) goes through
+        self.policy = ActorScorer(
+            actor
+        )  # the actor, behind the one call the update (and DDP/FSDP) goes through
         self.critic = critic
         self.data_parallel = DataParallel()  # the DDP/FSDP wrappers, once a strategy sets them
-        self.switches = Switches()  # what the components record of themselves (run card, checkpoint); never read here
+        self.switches = (
+            Switches()
+        )  # what the components record of themselves (run card, checkpoint); never read here
         self.pretrain = pretrain.PretrainPhase()
-        self.critic_replay = CriticReplay(cfg.ppo.critic_replay)  # the batches step 5 trains on besides this one
+        self.critic_replay = CriticReplay(
+            cfg.ppo.critic_replay
+        )  # the batches step 5 trains on besides this one
         self.components: list = []  # the components on (components/base.py), joined in their setup: their hooks
         self.iteration = 0  # rollouts done (position in the prompt stream and RNG)
-        self.ppo_updates = 0  # iterations with an actor update (Lightning's global_step counts both optimizers)
+        self.ppo_updates = (
+            0  # iterations with an actor update (Lightning's global_step counts both optimizers)
+        )
         self.actor_steps = 0
         self.critic_steps = 0
         self.best_eval = -math.inf
@@ -137,8 +165,9 @@ class VapoModule(L.LightningModule):
         self.max_new_tokens = cfg.ppo.max_new_tokens or task.max_new_tokens
         self.eval_set = eval_subset(task, cfg.eval_problems)
         # 'auto' pass sizes resolved once, from the model and the device's free memory (run card)
-        self.cfg, self.memory_plan = resolve_memory_defaults(cfg, actor, critic, longest_prompt(tokenizer, self.eval_set),
-                                                             self.max_new_tokens)
+        self.cfg, self.memory_plan = resolve_memory_defaults(
+            cfg, actor, critic, longest_prompt(tokenizer, self.eval_set), self.max_new_tokens
+        )
         self.engine = make_engine(cfg.rollout_engine, actor, tokenizer, task=task, cfg=self.cfg)
         self._carry: dict[str, float] = {}  # metrics of events between iterations, logged with the next row
         self._resumed = False
@@ -192,8 +221,14 @@ class VapoModule(L.LightningModule):
         it (`Component.advantage_settings`); while the critic is pretrained its targets are
         Monte-Carlo returns (lambda 1) on its own values, whatever the components say."""
         p = self.cfg.ppo
-        s = AdvantageSettings(estimator=self.cfg.advantage_estimator, gamma=p.gamma, lam=p.lam,
-                              whiten=p.whiten_advantages, observations=self.cfg.observations, values=self.cfg.gae_values)
+        s = AdvantageSettings(
+            estimator=self.cfg.advantage_estimator,
+            gamma=p.gamma,
+            lam=p.lam,
+            whiten=p.whiten_advantages,
+            observations=self.cfg.observations,
+            values=self.cfg.gae_values,
+        )
         for c in self.components:
             s = c.advantage_settings(s)
         return dataclasses.replace(s, lam_critic=1.0, values="critic") if pretraining else s
@@ -217,9 +252,9 @@ class VapoModule(L.LightningModule):
         score(exp, self.task.verify_batch(exp.problems, exp.texts))
         exp, sampler = self.values(exp)
         clock.append(("values", time.perf_counter()))
-        # 4. advantages
+        # 4. advantages (and what the components compute from them)
         adv = fill_advantages(exp, self.advantage_settings(pretraining))
-        extra = {} if pretraining else {k: v for c in self.components for k, v in c.on_experience(self, exp).items()}
+        extra = self.component_statistics(exp, pretraining)
         clock.append(("advantages", time.perf_counter()))
         # 5. critic update (in PPO also on the replayed batches)   6. actor update (never while the critic is
         #    pretrained: the policy stays fixed)
@@ -230,16 +265,8 @@ class VapoModule(L.LightningModule):
             self.engine.load_weights(self.actor)  # the next rollout samples from the updated policy
         clock.append(("actor_update", time.perf_counter()))
         # 7. the iteration's statistics (the whole batch's), and where the run stands
-        stats = IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, critic=critic, actor=actor,
-                               value=None if self.critic_free else value_stats(exp, reference="mc"), sampler=sampler)
-        self.iteration += 1
-        if pretraining:  # what the stopping rule of the component that asked for the phase reads
-            self.pretrain.steps_done += 1
-            oracle = stats.value.oracle
-            self.pretrain.record(stats.value.explained_variance, *((oracle.explained_variance, oracle.ceiling)
-                                                                   if oracle is not None else ()))
-        else:
-            self.ppo_updates += 1
+        stats = self.iteration_stats(exp, adv, extra, critic=critic, actor=actor, sampler=sampler)
+        self.count_iteration(stats, pretraining)
         # 8. evaluate (every eval_every PPO updates and after the last)   9. log   10. stop after cfg.steps
         if not pretraining and self.eval_due():
             self._carry.update(self.evaluate().metrics)
@@ -247,6 +274,33 @@ class VapoModule(L.LightningModule):
         if self.ppo_updates >= self.cfg.steps:
             self.trainer.should_stop = True
         return {"experience": exp}  # for the callbacks that read the iteration (vapo_lit/samples.py)
+
+    def component_statistics(self, exp: Experience, pretraining: bool) -> dict:
+        """Step 4's extra statistics: what the components compute from the filled batch
+        (`Component.on_experience`); none while the critic is pretrained."""
+        if pretraining:
+            return {}
+        return {k: v for c in self.components for k, v in c.on_experience(self, exp).items()}
+
+    def iteration_stats(self, exp: Experience, adv, extra: dict, **updates) -> IterationStats:
+        """Step 7: the iteration's statistics, stage by stage (`updates`: the critic's, the actor's and
+        the sampler's; each None where that part did not run)."""
+        value = None if self.critic_free else value_stats(exp, reference="mc")
+        return IterationStats(rollout_stats(exp), score_stats(exp), adv, extra, value=value, **updates)
+
+    def count_iteration(self, stats: IterationStats, pretraining: bool) -> None:
+        """Step 7: where the run stands. The iteration counts as a PPO update, or as a step of the
+        critic-only phase with what the stopping rule of the component that asked for it reads."""
+        self.iteration += 1
+        if not pretraining:
+            self.ppo_updates += 1
+            return
+        self.pretrain.steps_done += 1
+        oracle = stats.value.oracle
+        self.pretrain.record(
+            stats.value.explained_variance,
+            *((oracle.explained_variance, oracle.ceiling) if oracle is not None else ()),
+        )
 
     def values(self, exp: Experience) -> tuple[Experience, SamplerStats | None]:
         """Step 3: the critic's values of this rank's responses, then the whole batch gathered on every
@@ -263,26 +317,42 @@ class VapoModule(L.LightningModule):
 
     def eval_due(self) -> bool:
         """After a PPO update: every `eval_every` of them, and after the last (`steps`)."""
-        return self.ppo_updates >= self.cfg.steps or bool(self.cfg.eval_every and
-                                                           self.ppo_updates % self.cfg.eval_every == 0)
+        return self.ppo_updates >= self.cfg.steps or bool(
+            self.cfg.eval_every and self.ppo_updates % self.cfg.eval_every == 0
+        )
 
     @torch.no_grad()
     def recompute_behaviour_logprobs(self, exp: Experience) -> SamplerStats:
         """Behaviour log-probs from the update's own numerics (kernels, padding, precision), in the first
-        actor epoch's micro-batches (update_actor's salt 20), so its first ratio is exactly 1. The
+        actor epoch's micro-batches (update_actor's stream, epoch 0), so its first ratio is exactly 1. The
         sampler's own stay in `exp.extras["sampler_logprobs"]` (truncated importance sampling reads
         them); returns how far the two are apart."""
-        micros = [mi for _, ms in self._minibatches(exp.n, salt=20, lengths=exp.lengths.cpu()) for mi in ms]
+        micros = [
+            mi
+            for _, ms in self._minibatches(exp.n, Stream.ACTOR_MINIBATCH, lengths=exp.lengths.cpu())
+            for mi in ms
+        ]
         sampled = exp.behaviour_logprobs
-        exp.behaviour_logprobs = all_reduce(passes.micro_batch_logprobs(
-            self._trained(Role.ACTOR), exp, micros, temperature=self.cfg.ppo.temperature, chunk=self.cfg.ppo.logits_chunk))
+        exp.behaviour_logprobs = all_reduce(
+            passes.micro_batch_logprobs(
+                self._trained(Role.ACTOR),
+                exp,
+                micros,
+                temperature=self.cfg.ppo.temperature,
+                chunk=self.cfg.ppo.logits_chunk,
+            )
+        )
         exp.extras["sampler_logprobs"] = sampled
         gap = algos.sampler_mismatch(exp.behaviour_logprobs, sampled, exp.mask)
         tis = {}
         if self.cfg.ppo.tis_cap is not None:
             w = algos.truncated_is_weights(exp.behaviour_logprobs, sampled, self.cfg.ppo.tis_cap)
-            tis = {"tis_weight_mean": float(algos.masked_mean(w.double(), exp.mask.double())),
-                   "tis_capped_frac": float(algos.masked_mean((w >= self.cfg.ppo.tis_cap).double(), exp.mask.double()))}
+            tis = {
+                "tis_weight_mean": float(algos.masked_mean(w.double(), exp.mask.double())),
+                "tis_capped_frac": float(
+                    algos.masked_mean((w >= self.cfg.ppo.tis_cap).double(), exp.mask.double())
+                ),
+            }
         return SamplerStats(float(gap.mean_abs), float(gap.max_abs), float(gap.approx_kl), **tis)
 
     def rollout(self, problems) -> Experience:
@@ -302,24 +372,36 @@ class VapoModule(L.LightningModule):
         k = self.samples_per_prompt
         rank, world = rank_and_world()
         share = len(problems) // world  # whole prompt groups per rank; global index = rank offset + local
-        problems = list(problems)[rank * share:(rank + 1) * share]
+        problems = list(problems)[rank * share : (rank + 1) * share]
         per_response = [pr for pr in problems for _ in range(k)]
         first = rank * share * k
         if round_ == 0:
-            seeds = [sample_seed(self.cfg.seed, self.iteration, 2, first + i) for i in range(len(per_response))]
+            seeds = [
+                sample_seed(self.cfg.seed, self.iteration, Stream.ROLLOUT, first + i)
+                for i in range(len(per_response))
+            ]
         else:
-            seeds = [sample_seed(self.cfg.seed, self.iteration, 5, round_, first + i) for i in range(len(per_response))]
+            seeds = [
+                sample_seed(self.cfg.seed, self.iteration, Stream.EXTRA_ROLLOUT, round_, first + i)
+                for i in range(len(per_response))
+            ]
         step = self.cfg.ppo.rollout_batch_size or len(per_response)
         with self.sampling_context():
-            parts = [self.engine.generate([pr.prompt for pr in per_response[s:s + step]], self.sampling,
-                                          seeds[s:s + step]) for s in range(0, len(per_response), step)]
-        return Experience.from_rollout(concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k)
+            parts = [
+                self.engine.generate(
+                    [pr.prompt for pr in per_response[s : s + step]], self.sampling, seeds[s : s + step]
+                )
+                for s in range(0, len(per_response), step)
+            ]
+        return Experience.from_rollout(
+            concat_rollouts(parts, pad_id_of(self.tokenizer)), per_response, group_size=k
+        )
 
     def extra_prompts(self, round_: int) -> list:
         """The prompt batch of an extra rollout round `round_` >= 1 (a component that samples more,
         `on_rollout`): a pure function of (run seed, iteration, round), so a resumed run samples what
         the uninterrupted one did."""
-        seed = sample_seed(self.cfg.seed, self.iteration, 4, round_) & (2**63 - 1)
+        seed = sample_seed(self.cfg.seed, self.iteration, Stream.EXTRA_PROMPTS, round_) & (2**63 - 1)
         return self.task.train_problems(self.prompts_per_step, seed=seed)
 
     def add_rollout_cost(self, tokens: float, metrics: dict) -> None:
@@ -345,15 +427,24 @@ class VapoModule(L.LightningModule):
         size = (p.critic_mini_batch_size or p.mini_batch_size) * batches
         losses, norms = [], []
         for epoch in range(self.critic_schedule()[1]):
-            for idx, micros in self._minibatches(exp.n, salt=10 + epoch, lengths=exp.lengths.cpu(), size=size):
+            for idx, micros in self._minibatches(
+                exp.n, Stream.CRITIC_MINIBATCH + epoch, lengths=exp.lengths.cpu(), size=size
+            ):
                 den, total = exp.mask[idx].sum(), 0.0
                 for j, mi in enumerate(micros):
                     mb = exp.select(mi, trim=True)
                     with self.data_parallel.grad_sync(Role.CRITIC, last=j == len(micros) - 1):
-                        v = passes.state_values(self._trained(Role.CRITIC), mb.input_ids, mb.attention_mask,
-                                                mb.prompt_width)[:, :-1]
-                        loss = algos.value_loss(v, mb.returns, mb.mask, old_values=mb.values,
-                                                clip_range=p.value_clip, denominator=den)
+                        v = passes.state_values(
+                            self._trained(Role.CRITIC), mb.input_ids, mb.attention_mask, mb.prompt_width
+                        )[:, :-1]
+                        loss = algos.value_loss(
+                            v,
+                            mb.returns,
+                            mb.mask,
+                            old_values=mb.values,
+                            clip_range=p.value_clip,
+                            denominator=den,
+                        )
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
                     total += loss.item()
                 norms.append(self._optimizer_step(Role.CRITIC, total, finite=math.isfinite(total)))
@@ -368,7 +459,9 @@ class VapoModule(L.LightningModule):
         world, aggregation = rank_and_world()[1], self.loss_settings.aggregation
         sums, norms, shares = ActorStats.sums(), [], []
         for epoch in range(self.cfg.ppo.ppo_epochs):
-            for idx, micros in self._minibatches(exp.n, salt=20 + epoch, lengths=exp.lengths.cpu()):
+            for idx, micros in self._minibatches(
+                exp.n, Stream.ACTOR_MINIBATCH + epoch, lengths=exp.lengths.cpu()
+            ):
                 m = exp.mask[idx]
                 tokens = m.sum()
                 den = tokens if aggregation == "token" else (m.sum(1) > 0).sum()
@@ -379,8 +472,12 @@ class VapoModule(L.LightningModule):
                     with self.data_parallel.grad_sync(Role.ACTOR, last=j == len(micros) - 1):
                         loss, stats = self.actor_loss(mb, den=den, pos_den=pos_den, tokens=tokens)
                         self.manual_backward(loss * world)  # DDP averages over ranks: the sum is wanted
-                    sums.add(float(mb.mask.sum()) / float(tokens), **stats)  # its share of the tokens (float64)
-                norms.append(self._optimizer_step(Role.ACTOR, sums.totals["loss/policy"], finite=sums.finite()))
+                    sums.add(
+                        float(mb.mask.sum()) / float(tokens), **stats
+                    )  # its share of the tokens (float64)
+                norms.append(
+                    self._optimizer_step(Role.ACTOR, sums.totals["loss/policy"], finite=sums.finite())
+                )
         return ActorStats.reduce(sums, norms, shares)
 
     def actor_loss(self, mb: Experience, *, den, pos_den, tokens) -> tuple[torch.Tensor, dict]:
@@ -388,20 +485,42 @@ class VapoModule(L.LightningModule):
         `den` (+ mu * the positive NLL over `pos_den` tokens, + the components' terms over the
         mini-batch's `tokens`), and its statistics as `MicroBatchSums.add` takes them."""
         s, p = self.loss_settings, self.cfg.ppo
-        logp, ent = self._trained(Role.ACTOR)(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids,
-                                           temperature=p.temperature, entropy=True, chunk=p.logits_chunk)
-        tis = None  # truncated importance sampling: the sampler's draws reweighted towards the trainer's policy
+        logp, ent = self._trained(Role.ACTOR)(
+            mb.input_ids,
+            mb.attention_mask,
+            mb.prompt_width,
+            mb.response_ids,
+            temperature=p.temperature,
+            entropy=True,
+            chunk=p.logits_chunk,
+        )
+        tis = (
+            None  # truncated importance sampling: the sampler's draws reweighted towards the trainer's policy
+        )
         if p.tis_cap is not None and "sampler_logprobs" in mb.extras:
             tis = algos.truncated_is_weights(mb.behaviour_logprobs, mb.extras["sampler_logprobs"], p.tis_cap)
-        pg_loss, st = algos.policy_loss(logp, mb.behaviour_logprobs, mb.advantages, mb.mask, eps_low=s.eps_low,
-                                        eps_high=s.eps_high, aggregation=s.aggregation, denominator=den, is_weights=tis)
+        pg_loss, st = algos.policy_loss(
+            logp,
+            mb.behaviour_logprobs,
+            mb.advantages,
+            mb.mask,
+            eps_low=s.eps_low,
+            eps_high=s.eps_high,
+            aggregation=s.aggregation,
+            denominator=den,
+            is_weights=tis,
+        )
         loss, nll = pg_loss, torch.zeros((), device=logp.device, dtype=logp.dtype)
         if s.mu is not None:
             nll = algos.positive_nll(logp, mb.mask, mb.positive, denominator=pos_den)[0]
             loss = loss + s.mu * nll
-        weighted = {"policy/entropy": algos.masked_mean(ent, mb.mask), "policy/clipfrac_low": st.clipfrac_low,
-                    "policy/clipfrac_high": st.clipfrac_high, "policy/approx_kl": st.approx_kl,
-                    "policy/ratio_mean": st.ratio_mean}
+        weighted = {
+            "policy/entropy": algos.masked_mean(ent, mb.mask),
+            "policy/clipfrac_low": st.clipfrac_low,
+            "policy/clipfrac_high": st.clipfrac_high,
+            "policy/approx_kl": st.approx_kl,
+            "policy/ratio_mean": st.ratio_mean,
+        }
         for c in self.components:
             term = c.loss_term(self, mb, logp, tokens)
             if term is not None:
@@ -448,8 +567,12 @@ class VapoModule(L.LightningModule):
         """One tiny forward through each sharded root before sampling calls the blocks directly."""
         device = next(self.actor.parameters()).device
         ids = torch.full((1, 2), pad_id_of(self.tokenizer), dtype=torch.long, device=device)
-        self.data_parallel.lazy_init({Role.ACTOR: lambda m: m(ids, torch.ones_like(ids), 1, ids[:, 1:], 1.0),
-                                      Role.CRITIC: lambda m: m(ids, torch.ones_like(ids))})
+        self.data_parallel.lazy_init(
+            {
+                Role.ACTOR: lambda m: m(ids, torch.ones_like(ids), 1, ids[:, 1:], 1.0),
+                Role.CRITIC: lambda m: m(ids, torch.ones_like(ids)),
+            }
+        )
 
     @contextlib.contextmanager
     def sampling_context(self):
@@ -475,7 +598,7 @@ class VapoModule(L.LightningModule):
         for i in range(len(self.optimizers()) if isinstance(self.optimizers(), list) else 1):
             adam_state(self._opt(i)[0])
         if self._resumed:  # the checkpoint holds the phase. (A strategy that restores after this hook, FSDP,
-            return         # overwrites the phase, critic, optimizer and counters set below with the checkpoint's.)
+            return  # overwrites the phase, critic, optimizer and counters set below with the checkpoint's.)
         if self.pretrain_plan is not None and not (self.pretrain.active or self.pretrain.finished):
             cached = pretrain.restore(self.pretrain_key(), self.cfg.cache_dir, self.critic)
             if cached is None:
@@ -498,9 +621,15 @@ class VapoModule(L.LightningModule):
     def pretrain_key(self) -> dict:
         """The pretrained critic's cache key: the config and what the phase's plan asks for."""
         plan = self.pretrain_plan
-        return pretrain.cache_key(self.cfg, steps=plan.value_pretrain_steps, min_ev=plan.value_pretrain_min_ev,
-                                  samples_per_prompt=self.samples_per_prompt, max_new_tokens=self.max_new_tokens,
-                                  task_version=getattr(self.task, "version", "?"), ev_window=plan.value_pretrain_ev_window)
+        return pretrain.cache_key(
+            self.cfg,
+            steps=plan.value_pretrain_steps,
+            min_ev=plan.value_pretrain_min_ev,
+            samples_per_prompt=self.samples_per_prompt,
+            max_new_tokens=self.max_new_tokens,
+            task_version=getattr(self.task, "version", "?"),
+            ev_window=plan.value_pretrain_ev_window,
+        )
 
     def critic_schedule(self, pretraining: bool | None = None) -> tuple[float, int]:
         """The critic's (learning rate, passes per batch): the phase plan's own while the critic is
@@ -528,13 +657,20 @@ class VapoModule(L.LightningModule):
         in order, from ("start", t0) to the actor update), the run's counters and what `_carry` holds."""
         metrics, tokens = stats.log(), float(exp.mask.sum())
         t0, t_rollout, t_update = clock[0][1], dict(clock)["rollout"], clock[-1][1]
-        metrics.update({f"perf/{part}_seconds": end - before for (_, before), (part, end) in zip(clock, clock[1:])})
-        metrics.update({
-            "perf/update_seconds": t_update - t_rollout,
-            "perf/step_seconds": t_update - t0, "perf/tokens_per_second": tokens / max(t_update - t0, 1e-9),
-            "train/iteration": self.iteration, "train/ppo_update": self.ppo_updates,
-            "train/value_pretraining": float(pretraining), "train/actor_lr": self._opt(0)[0].param_groups[0]["lr"],
-        })
+        metrics.update(
+            {f"perf/{part}_seconds": end - before for (_, before), (part, end) in zip(clock, clock[1:])}
+        )
+        metrics.update(
+            {
+                "perf/update_seconds": t_update - t_rollout,
+                "perf/step_seconds": t_update - t0,
+                "perf/tokens_per_second": tokens / max(t_update - t0, 1e-9),
+                "train/iteration": self.iteration,
+                "train/ppo_update": self.ppo_updates,
+                "train/value_pretraining": float(pretraining),
+                "train/actor_lr": self._opt(0)[0].param_groups[0]["lr"],
+            }
+        )
         if not self.critic_free:
             metrics["train/critic_lr"] = self._opt(1)[0].param_groups[0]["lr"]
         metrics.update(self._carry)
@@ -545,15 +681,24 @@ class VapoModule(L.LightningModule):
         if pretraining:  # the phase's own cost, cached with the critic
             self.pretrain.seconds += metrics["perf/total_seconds"]
             self.pretrain.tokens += tokens
-        metrics.update({"perf/cumulative_seconds": self.elapsed_seconds, "perf/cumulative_tokens": self.generated_tokens,
-                        "perf/peak_memory_mb": peak_memory_mb(exp.mask.device)})
+        metrics.update(
+            {
+                "perf/cumulative_seconds": self.elapsed_seconds,
+                "perf/cumulative_tokens": self.generated_tokens,
+                "perf/peak_memory_mb": peak_memory_mb(exp.mask.device),
+            }
+        )
         self.last_metrics = metrics
         self._log(metrics, step=self.iteration)
 
     def on_train_start(self) -> None:
-        if self.trainer.world_size > 1 and hasattr(self.engine, "start"):  # an engine whose build is a collective:
-            world = self.trainer.world_size                                 # every rank here, the weights restored
-            self.engine.start(-(-self.cfg.ppo.responses_per_step // world), share=world // self.trainer.num_nodes)
+        if self.trainer.world_size > 1 and hasattr(
+            self.engine, "start"
+        ):  # an engine whose build is a collective:
+            world = self.trainer.world_size  # every rank here, the weights restored
+            self.engine.start(
+                -(-self.cfg.ppo.responses_per_step // world), share=world // self.trainer.num_nodes
+            )
         if not self._resumed:  # the initial policy's eval: its own row, step 0
             # seeded as iteration 0 even when a cached pretrained critic moved the iteration on, so
             # every run of one seed reports the same base eval
@@ -574,13 +719,24 @@ class VapoModule(L.LightningModule):
     def evaluate(self, at: int | None = None) -> EvalResult:
         """eval/... of the current actor; sampling seeded by iteration `at` (default: the current one)."""
         t0 = time.perf_counter()
-        seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, 3)
-        sampling = SamplingParams(max_new_tokens=self.max_new_tokens, temperature=self.cfg.eval_temperature,
-                                  top_p=self.cfg.eval_top_p)
+        seed = sample_seed(self.cfg.seed, self.iteration if at is None else at, Stream.EVAL)
+        sampling = SamplingParams(
+            max_new_tokens=self.max_new_tokens,
+            temperature=self.cfg.eval_temperature,
+            top_p=self.cfg.eval_top_p,
+        )
         batch = self.cfg.ppo.rollout_batch_size or 256
         with self.sampling_context():
-            samples = sample_responses(self.engine, self.task, self.eval_set, k=self.cfg.eval_k, sampling=sampling,
-                                       seed=seed, batch_size=batch, shard=rank_and_world())
+            samples = sample_responses(
+                self.engine,
+                self.task,
+                self.eval_set,
+                k=self.cfg.eval_k,
+                sampling=sampling,
+                seed=seed,
+                batch_size=batch,
+                shard=rank_and_world(),
+            )
         stats = summarize(self.task, self.eval_set, samples, self.cfg.eval_k)
         metrics = {**stats.log(), "perf/eval_seconds": time.perf_counter() - t0}
         value, is_best = stats.avg, stats.avg > self.best_eval
@@ -596,10 +752,14 @@ class VapoModule(L.LightningModule):
         opts = [torch.optim.AdamW(self.actor.parameters(), lr=p.actor_lr, weight_decay=p.weight_decay)]
         warmups = [p.warmup_steps]
         if not self.critic_free:
-            opts.append(torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay))
+            opts.append(
+                torch.optim.AdamW(self.critic.parameters(), lr=p.critic_lr, weight_decay=p.weight_decay)
+            )
             warmups.append(p.warmup_steps if p.critic_warmup_steps is None else p.critic_warmup_steps)
         clear_autocast_cache_after_steps(opts)
-        return opts, [torch.optim.lr_scheduler.LambdaLR(o, warmup_then_constant(w)) for o, w in zip(opts, warmups)]
+        return opts, [
+            torch.optim.lr_scheduler.LambdaLR(o, warmup_then_constant(w)) for o, w in zip(opts, warmups)
+        ]
 
     def _opt(self, i: int):
         """(optimizer, scheduler) i: 0 = actor, 1 = critic (Lightning unwraps single lists)."""
@@ -608,21 +768,21 @@ class VapoModule(L.LightningModule):
         schs = schs if isinstance(schs, list) else [schs]
         return opts[i], schs[i]
 
-    def _minibatches(self, N: int, salt: int, lengths: torch.Tensor | None = None, size: int | None = None):
-        """Shuffled mini-batches of `size` responses (None: mini_batch_size; seeded by the iteration,
-        the same on every rank) and this rank's micro-batches of each: its contiguous 1/W slice of
+    def _minibatches(self, N: int, stream: int, lengths: torch.Tensor | None = None, size: int | None = None):
+        """Shuffled mini-batches of `size` responses (None: mini_batch_size; seeded by the iteration
+        and `stream`, a `Stream` plus the epoch; the same on every rank) and this rank's micro-batches of each: its contiguous 1/W slice of
         the mini-batch, ordered by response length (`lengths`, when given) and split by micro_batch_size."""
-        g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, salt))
+        g = torch.Generator().manual_seed(step_seed(self.cfg.seed, self.iteration, stream))
         perm = torch.randperm(N, generator=g)
         mb, micro = size or self.cfg.ppo.mini_batch_size, self.cfg.ppo.micro_batch_size
         rank, world = rank_and_world()
         for s in range(0, N, mb):
-            idx = perm[s:s + mb]
+            idx = perm[s : s + mb]
             share = len(idx) // world
-            mine = idx[rank * share:(rank + 1) * share]
+            mine = idx[rank * share : (rank + 1) * share]
             if lengths is not None and micro < len(mine):  # similar lengths share a micro-batch: less padding
                 mine = mine[torch.sort(lengths[mine], descending=True, stable=True).indices]
-            yield idx, [mine[k:k + micro] for k in range(0, len(mine), micro)]
+            yield idx, [mine[k : k + micro] for k in range(0, len(mine), micro)]
 
     def _clip(self, opt, model) -> float:
         """The gradient norm before clipping (logged), then Lightning's clipping to ppo.grad_clip."""
@@ -652,11 +812,18 @@ class VapoModule(L.LightningModule):
 
     def on_save_checkpoint(self, checkpoint: dict) -> None:
         checkpoint["vapo"] = {
-            "iteration": self.iteration, "ppo_updates": self.ppo_updates, "actor_steps": self.actor_steps,
-            "critic_steps": self.critic_steps, "best_eval": self.best_eval, "pretrain": self.pretrain.state_dict(),
+            "iteration": self.iteration,
+            "ppo_updates": self.ppo_updates,
+            "actor_steps": self.actor_steps,
+            "critic_steps": self.critic_steps,
+            "best_eval": self.best_eval,
+            "pretrain": self.pretrain.state_dict(),
             "critic_replay": self.critic_replay.state_dict(),
-            "switches": to_dict(self.switches), "config": to_dict(self.cfg), "carry": dict(self._carry),
-            "elapsed_seconds": self.elapsed_seconds, "generated_tokens": self.generated_tokens,
+            "switches": to_dict(self.switches),
+            "config": to_dict(self.cfg),
+            "carry": dict(self._carry),
+            "elapsed_seconds": self.elapsed_seconds,
+            "generated_tokens": self.generated_tokens,
             "rng": {"python": random.getstate(), "torch": torch.get_rng_state()},
         }
 
@@ -668,7 +835,10 @@ class VapoModule(L.LightningModule):
         self.pretrain.load_state_dict(s["pretrain"])
         self.critic_replay.load_state_dict(s.get("critic_replay", {}))
         self._carry = dict(s.get("carry", {}))  # e.g. value_pretrain/* waiting for the next row
-        self.elapsed_seconds, self.generated_tokens = s.get("elapsed_seconds", 0.0), s.get("generated_tokens", 0.0)
+        self.elapsed_seconds, self.generated_tokens = (
+            s.get("elapsed_seconds", 0.0),
+            s.get("generated_tokens", 0.0),
+        )
         self._resumed = True
         random.setstate(s["rng"]["python"])
         torch.set_rng_state(s["rng"]["torch"])
@@ -691,8 +861,9 @@ def adam_state(opt, reset: bool = False) -> None:
             st = opt.state[p]
             if st and not reset:
                 continue
-            st["step"] = torch.tensor(0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64
-                                      else torch.float32)
+            st["step"] = torch.tensor(
+                0.0, dtype=torch.float64 if torch.get_default_dtype() == torch.float64 else torch.float32
+            )
             st["exp_avg"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             st["exp_avg_sq"] = torch.zeros_like(p, memory_format=torch.preserve_format)
             if group.get("amsgrad"):
@@ -706,4 +877,3 @@ def peak_memory_mb(device) -> float:
     import resource
 
     return resource.getrusage(resource.RUSAGE_SELF).ru_maxrss / 1024
-

@@ -26,6 +26,7 @@ columns, so the numbers equal the masked passes' (tested, float64, Llama, Qwen2 
 Columns after a row's last state hold whatever the padding computes, as they always did: every
 consumer masks them.
 """
+
 from __future__ import annotations
 
 import torch
@@ -45,7 +46,7 @@ def left_aligned(input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_w
     shift = prompt_width - attention_mask[:, :prompt_width].long().sum(1)  # left padding per row
     cols = torch.arange(width, device=input_ids.device)
     ids = input_ids.gather(1, (cols[None, :] + shift[:, None]).clamp(max=width - 1))
-    states = (prompt_width - 1 - shift)[:, None] + cols[None, :width - prompt_width + 1]
+    states = (prompt_width - 1 - shift)[:, None] + cols[None, : width - prompt_width + 1]
     return ids, cols[None, :].expand(n, width), states
 
 
@@ -55,7 +56,9 @@ def _at(x: torch.Tensor, columns: torch.Tensor) -> torch.Tensor:
     return x.gather(1, index)
 
 
-def state_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int) -> torch.Tensor:
+def state_values(
+    critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int
+) -> torch.Tensor:
     """(n, R + 1): column t is V(s_t), the value of the state before response token t; column l
     of a row of length l is the state after its last token. `critic(ids, None)`: a causal pass
     without a mask (see the module docstring)."""
@@ -63,9 +66,17 @@ def state_values(critic, input_ids: torch.Tensor, attention_mask: torch.Tensor, 
     return _at(critic(ids, None), states)
 
 
-def response_logprobs(actor, input_ids: torch.Tensor, attention_mask: torch.Tensor, prompt_width: int,
-                      response_ids: torch.Tensor, *, temperature: float, entropy: bool = False,
-                      chunk: int | None = None):
+def response_logprobs(
+    actor,
+    input_ids: torch.Tensor,
+    attention_mask: torch.Tensor,
+    prompt_width: int,
+    response_ids: torch.Tensor,
+    *,
+    temperature: float,
+    entropy: bool = False,
+    chunk: int | None = None,
+):
     """log pi(y_t | s_t) for every response token (n, R), and its entropy (n, R) when asked
     (else None). Gradients flow through the log-probs; the entropy is detached. `chunk`:
     response positions per output-layer chunk (None: all at once). A causal pass without a
@@ -74,7 +85,9 @@ def response_logprobs(actor, input_ids: torch.Tensor, attention_mask: torch.Tens
     states = states[:, :-1]  # the states that choose the response tokens
     split = output_layer_split(actor) if chunk else None
     if split is None:
-        logits = _scaled(at_least_float32(_at(actor(input_ids=ids, position_ids=pos).logits, states)), temperature)
+        logits = _scaled(
+            at_least_float32(_at(actor(input_ids=ids, position_ids=pos).logits, states)), temperature
+        )
         logp = algos.token_logprobs(logits, response_ids)
         ent = None
         if entropy:
@@ -85,7 +98,7 @@ def response_logprobs(actor, input_ids: torch.Tensor, attention_mask: torch.Tens
     h = _at(backbone(input_ids=ids, position_ids=pos).last_hidden_state, states)  # (n, R, H)
     logps, ents = [], []
     for s in range(0, h.shape[1], chunk):
-        hs, ys = h[:, s:s + chunk], response_ids[:, s:s + chunk]
+        hs, ys = h[:, s : s + chunk], response_ids[:, s : s + chunk]
         if torch.is_grad_enabled() and hs.requires_grad:
             lp = checkpoint(_chunk_logprobs, head, hs, ys, temperature, use_reentrant=False)
         else:
@@ -98,7 +111,9 @@ def response_logprobs(actor, input_ids: torch.Tensor, attention_mask: torch.Tens
 
 
 @torch.no_grad()
-def micro_batch_logprobs(scorer, exp, micro_batches: list, *, temperature: float, chunk: int | None = None) -> torch.Tensor:
+def micro_batch_logprobs(
+    scorer, exp, micro_batches: list, *, temperature: float, chunk: int | None = None
+) -> torch.Tensor:
     """(N, R) log-probs of `exp`'s sampled tokens by `scorer` (an ActorScorer or its DDP/FSDP
     wrapper), 0 outside the rows of `micro_batches` and on padding. Each micro-batch is scored as
     the update scores it (`exp.select(rows, trim=True)`: the same rows, width and padding), since
@@ -108,8 +123,10 @@ def micro_batch_logprobs(scorer, exp, micro_batches: list, *, temperature: float
     out = torch.zeros_like(exp.behaviour_logprobs)
     for rows in micro_batches:
         mb = exp.select(rows, trim=True)
-        lp = scorer(mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids, temperature, False, chunk)[0]
-        out[rows.to(out.device), :lp.shape[1]] = lp.to(out.dtype) * mb.mask
+        lp = scorer(
+            mb.input_ids, mb.attention_mask, mb.prompt_width, mb.response_ids, temperature, False, chunk
+        )[0]
+        out[rows.to(out.device), : lp.shape[1]] = lp.to(out.dtype) * mb.mask
     return out
 
 
@@ -130,7 +147,11 @@ def output_layer_split(model):
     output_layer(last hidden state); None for models that post-process logits (soft-capping,
     logit scaling), which then take the unchunked path."""
     cfg = getattr(model, "config", None)
-    if cfg is None or getattr(cfg, "final_logit_softcapping", None) or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0):
+    if (
+        cfg is None
+        or getattr(cfg, "final_logit_softcapping", None)
+        or getattr(cfg, "logit_scale", None) not in (None, 1, 1.0)
+    ):
         return None
     get_head = getattr(model, "get_output_embeddings", None)
     head = get_head() if get_head is not None else None
@@ -145,8 +166,9 @@ def position_ids_from_mask(attention_mask: torch.Tensor) -> torch.LongTensor:
     return (attention_mask.long().cumsum(-1) - 1).clamp(min=0)
 
 
-def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                      temperature: float = 1.0) -> torch.Tensor:
+def next_token_logits(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
     """(N, L-1, V) logits / T (at least float32) predicting token t+1 from tokens <= t, with the same positions
     as the rollout engines (``cumsum(mask) - 1``). Gradients flow (no no_grad). The PPO update reads
     its log-probs and entropy from these, so the ratio compares like with like."""
@@ -155,8 +177,9 @@ def next_token_logits(model, input_ids: torch.Tensor, attention_mask: torch.Tens
     return _scaled(at_least_float32(logits[:, :-1]), temperature)
 
 
-def sequence_logprobs(model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *,
-                      temperature: float = 1.0) -> torch.Tensor:
+def sequence_logprobs(
+    model, input_ids: torch.Tensor, attention_mask: torch.Tensor, *, temperature: float = 1.0
+) -> torch.Tensor:
     """(N, L-1) log-prob of token t+1 given tokens <= t under ``log_softmax(logits / T)``.
 
     For a :class:`Rollout` ``ro``: ``sequence_logprobs(model, ro.input_ids, ro.attention_mask)[:,

@@ -11,6 +11,7 @@ task (a data file is read and every record checked; unknown options are named wi
 ones). It reads a few small files (configs, tokenizers, data) and writes nothing; it never loads
 weights.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -20,10 +21,16 @@ from pathlib import Path
 
 from vapo_lit.config import RunConfig, validate
 
-WEIGHT_FILES = ("model.safetensors", "model.safetensors.index.json", "pytorch_model.bin",
-                "pytorch_model.bin.index.json")
-CRITIC_CHOICES = ("--critic_init actor or auto (the policy's backbone with a fresh value head) or --critic_init PATH "
-                  "(a local value/reward model or HF causal-LM folder)")
+WEIGHT_FILES = (
+    "model.safetensors",
+    "model.safetensors.index.json",
+    "pytorch_model.bin",
+    "pytorch_model.bin.index.json",
+)
+CRITIC_CHOICES = (
+    "--critic_init actor or auto (the policy's backbone with a fresh value head) or --critic_init PATH "
+    "(a local value/reward model or HF causal-LM folder)"
+)
 
 
 BUILTIN_TASKS = ("chain", "longchain", "toolchain")
@@ -38,15 +45,19 @@ def preflight(cfg: RunConfig) -> RunConfig:
         check_writable(cfg.cache_dir, "cache_dir")
     local_policy = cfg.model not in ("builtin", "random")
     if cfg.model == "builtin" and cfg.task not in BUILTIN_TASKS:
-        raise ValueError(f"model='builtin' exists only for the built-in tasks ({', '.join(BUILTIN_TASKS)}), not {cfg.task!r}; "
-                         "pass --model PATH (a local HF causal-LM folder) or --model random")
+        raise ValueError(
+            f"model='builtin' exists only for the built-in tasks ({', '.join(BUILTIN_TASKS)}), not {cfg.task!r}; "
+            "pass --model PATH (a local HF causal-LM folder) or --model random"
+        )
     if local_policy:
         check_model_dir(cfg.model, "model", tokenizer=True)
     needs_critic = cfg.advantage_estimator != "grpo" and cfg.model != "random"
     if needs_critic:
         if cfg.critic_init == "reward_model" and local_policy:
-            raise ValueError(f"critic_init='reward_model' is built only for --model builtin, not for the local model "
-                             f"{cfg.model!r}; use {CRITIC_CHOICES}")
+            raise ValueError(
+                f"critic_init='reward_model' is built only for --model builtin, not for the local model "
+                f"{cfg.model!r}; use {CRITIC_CHOICES}"
+            )
         if cfg.critic_init not in ("auto", "reward_model", "actor"):
             check_model_dir(cfg.critic_init, "critic_init")
         check_critic_model(cfg)
@@ -69,10 +80,18 @@ def check_vllm(cfg: RunConfig) -> None:
 
     accelerator = resolve_accelerator(cfg.accelerator)
     devices = parse_devices(cfg.devices)
-    count = (len(devices) if isinstance(devices, list) else devices if isinstance(devices, int) else
-             torch.cuda.device_count() if accelerator == "cuda" else 1)
-    vllm_preflight(cfg, policy_config(cfg, get_task(cfg.task, **task_options_of(cfg))), accelerator,
-                   processes=count)
+    count = (
+        len(devices)
+        if isinstance(devices, list)
+        else devices
+        if isinstance(devices, int)
+        else torch.cuda.device_count()
+        if accelerator == "cuda"
+        else 1
+    )
+    vllm_preflight(
+        cfg, policy_config(cfg, get_task(cfg.task, **task_options_of(cfg))), accelerator, processes=count
+    )
 
 
 def preflight_grid(cells) -> None:
@@ -80,15 +99,28 @@ def preflight_grid(cells) -> None:
     failure refuses the whole grid, naming the cell."""
     seen = set()
     for c in cells:
-        key = json.dumps([c.cfg.task, c.cfg.task_options, c.cfg.model, c.cfg.critic_init, c.cfg.advantage_estimator,
-                          c.cfg.out_dir, c.cfg.cache_dir], sort_keys=True, default=str)
+        key = json.dumps(
+            [
+                c.cfg.task,
+                c.cfg.task_options,
+                c.cfg.model,
+                c.cfg.critic_init,
+                c.cfg.advantage_estimator,
+                c.cfg.out_dir,
+                c.cfg.cache_dir,
+            ],
+            sort_keys=True,
+            default=str,
+        )
         if key in seen:
             continue
         seen.add(key)
         try:
             preflight(c.cfg)
         except ValueError as e:
-            raise ValueError(f"cell {c.cfg.name} (row {c.row!r}, seed {c.seed}): {e}; nothing was started") from None
+            raise ValueError(
+                f"cell {c.cfg.name} (row {c.row!r}, seed {c.seed}): {e}; nothing was started"
+            ) from None
 
 
 def check_critic_model(cfg: RunConfig) -> None:
@@ -99,16 +131,24 @@ def check_critic_model(cfg: RunConfig) -> None:
     from vapo_lit.models.builtin import TinyModelConfig
 
     if cfg.model != "builtin" or cfg.critic_init not in ("auto", "reward_model", "actor"):
-        raise ValueError(f"critic_model shapes the built-in critic (model=builtin, critic_init auto, reward_model or "
-                         f"actor), not model={cfg.model!r} with critic_init={cfg.critic_init!r}; drop it or use them")
+        raise ValueError(
+            f"critic_model shapes the built-in critic (model=builtin, critic_init auto, reward_model or "
+            f"actor), not model={cfg.model!r} with critic_init={cfg.critic_init!r}; drop it or use them"
+        )
     fields = {f.name: f for f in dataclasses.fields(TinyModelConfig)}
     for key, value in cfg.critic_model.items():
         if key not in fields:
             raise ValueError(f"critic_model: unknown field {key!r}; valid: {', '.join(fields)}")
         kind = type(fields[key].default)
-        if isinstance(value, bool) != (kind is bool) or not isinstance(value, (int, float)) or (
-                kind is int and not isinstance(value, int)) or (not isinstance(value, bool) and value <= 0):
-            raise ValueError(f"critic_model.{key}={value!r} is not valid; expected a positive {kind.__name__}")
+        if (
+            isinstance(value, bool) != (kind is bool)
+            or not isinstance(value, (int, float))
+            or (kind is int and not isinstance(value, int))
+            or (not isinstance(value, bool) and value <= 0)
+        ):
+            raise ValueError(
+                f"critic_model.{key}={value!r} is not valid; expected a positive {kind.__name__}"
+            )
     if cfg.critic_model.get("hidden_size", 64) % cfg.critic_model.get("num_attention_heads", 4):
         raise ValueError("critic_model: hidden_size must be a multiple of num_attention_heads")
 
@@ -126,8 +166,10 @@ def check_writable(path, flag: str) -> None:
     if not probe.is_dir():
         raise ValueError(f"{flag} {str(path)!r} cannot be created: {probe} is a file, not a folder")
     if not os.access(probe, os.W_OK | os.X_OK):
-        raise ValueError(f"{flag} {str(path)!r} is not writable ({probe} does not allow writing; "
-                         "choose a folder you may write in)")
+        raise ValueError(
+            f"{flag} {str(path)!r} is not writable ({probe} does not allow writing; "
+            "choose a folder you may write in)"
+        )
 
 
 def check_model_dir(path: str, flag: str, *, tokenizer: bool = False) -> None:
@@ -135,8 +177,10 @@ def check_model_dir(path: str, flag: str, *, tokenizer: bool = False) -> None:
     p = Path(path).expanduser()
     valid = "a local HF model folder (config.json + weights, saved with save_pretrained)"
     if not p.exists():
-        raise ValueError(f"{flag} {str(path)!r} does not exist; expected {valid}"
-                         + (" or 'builtin' / 'random'" if flag == "model" else ""))
+        raise ValueError(
+            f"{flag} {str(path)!r} does not exist; expected {valid}"
+            + (" or 'builtin' / 'random'" if flag == "model" else "")
+        )
     if not p.is_dir():
         raise ValueError(f"{flag} {str(path)!r} is not a folder; expected {valid}")
     config = p / "config.json"
@@ -147,10 +191,13 @@ def check_model_dir(path: str, flag: str, *, tokenizer: bool = False) -> None:
         if not isinstance(data, dict) or "model_type" not in data:
             raise ValueError("no 'model_type' key")
     except (OSError, ValueError) as e:
-        raise ValueError(f"{flag} {str(path)!r}: config.json is not a model config ({e}); expected {valid}") from None
+        raise ValueError(
+            f"{flag} {str(path)!r}: config.json is not a model config ({e}); expected {valid}"
+        ) from None
     if not any((p / w).is_file() for w in WEIGHT_FILES) and not any(p.glob("*.safetensors")):
-        raise ValueError(f"{flag} {str(path)!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); "
-                         f"expected {valid}")
+        raise ValueError(
+            f"{flag} {str(path)!r} holds no weights (none of {', '.join(WEIGHT_FILES)}); expected {valid}"
+        )
     if tokenizer:
         from transformers import AutoTokenizer
 
@@ -158,8 +205,10 @@ def check_model_dir(path: str, flag: str, *, tokenizer: bool = False) -> None:
             AutoTokenizer.from_pretrained(str(p), local_files_only=True)
         except Exception as e:  # noqa: BLE001 - any failure means "no usable tokenizer here"
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{flag} {str(path)!r}: cannot load its tokenizer ({type(e).__name__}: {first}); "
-                             "save the tokenizer into the model folder (tokenizer.save_pretrained)") from None
+            raise ValueError(
+                f"{flag} {str(path)!r}: cannot load its tokenizer ({type(e).__name__}: {first}); "
+                "save the tokenizer into the model folder (tokenizer.save_pretrained)"
+            ) from None
 
 
 def check_task(cfg: RunConfig) -> None:
@@ -172,25 +221,35 @@ def check_task(cfg: RunConfig) -> None:
     valid = option_names(cfg.task)
     unknown = sorted(set(cfg.task_options) - set(valid)) if valid is not None else []
     if unknown:
-        raise ValueError(f"task_options: unknown option(s) {', '.join(map(repr, unknown))} for task {cfg.task!r}; "
-                         + (f"valid: {', '.join(valid)}" if valid else "it takes none"))
+        raise ValueError(
+            f"task_options: unknown option(s) {', '.join(map(repr, unknown))} for task {cfg.task!r}; "
+            + (f"valid: {', '.join(valid)}" if valid else "it takes none")
+        )
     try:
         task = get_task(cfg.task, **task_options_of(cfg))
     except (TypeError, ValueError) as e:
         raise ValueError(f"task {cfg.task!r}: {e}") from None
     multi_turn = is_environment(task)
     if multi_turn and getattr(task, "tool_format", "call") not in ("call", "json"):
-        raise ValueError(f"task {cfg.task!r}: tool_format={task.tool_format!r} is not valid; choose one of: call, json")
+        raise ValueError(
+            f"task {cfg.task!r}: tool_format={task.tool_format!r} is not valid; choose one of: call, json"
+        )
     if multi_turn and getattr(task, "chat", False) and not getattr(task.tokenizer, "chat_template", None):
-        raise ValueError(f"task {cfg.task!r} renders observations with the tokenizer's chat template, but its "
-                         f"tokenizer has none (use a chat model's tokenizer, or chat = False)")
+        raise ValueError(
+            f"task {cfg.task!r} renders observations with the tokenizer's chat template, but its "
+            f"tokenizer has none (use a chat model's tokenizer, or chat = False)"
+        )
     has_oracle = bool(getattr(task, "has_oracle", False))
     close = getattr(task, "close", None)
     if callable(close):
         close()
     if cfg.gae_values == "oracle" and not has_oracle:
-        raise ValueError(f"gae_values=oracle needs a task with true state values (longchain, or chain with "
-                         f"task_options reward=chain); task {cfg.task!r} with these options has none")
+        raise ValueError(
+            f"gae_values=oracle needs a task with true state values (longchain, or chain with "
+            f"task_options reward=chain); task {cfg.task!r} with these options has none"
+        )
     if multi_turn and cfg.rollout_engine not in ("hf", "vllm"):
-        raise ValueError(f"task {cfg.task!r} is multi-turn (an environment answers between turns): it runs on "
-                         f"rollout_engine=hf or vllm, not {cfg.rollout_engine!r}")
+        raise ValueError(
+            f"task {cfg.task!r} is multi-turn (an environment answers between turns): it runs on "
+            f"rollout_engine=hf or vllm, not {cfg.rollout_engine!r}"
+        )

@@ -6,6 +6,7 @@ callback decides when it ends (step count or explained variance). The pretrained
 under a key derived from the WHOLE resolved run config minus `CANNOT_AFFECT_PRETRAINING`, so a
 setting added later changes the key unless someone declares here that it cannot matter.
 """
+
 from __future__ import annotations
 
 import json
@@ -15,7 +16,13 @@ from pathlib import Path
 
 from vapo_lit.cache import cache_root, cached_build, config_key, verify_dir
 from vapo_lit.config import to_dict, without_neutral
-from vapo_lit.distributed import barrier, broadcast_object, full_state_dict, load_full_state_dict, rank_and_world
+from vapo_lit.distributed import (
+    barrier,
+    broadcast_object,
+    full_state_dict,
+    load_full_state_dict,
+    rank_and_world,
+)
 
 NAN = float("nan")
 END_WINDOW = 10
@@ -26,17 +33,38 @@ CACHE_VERSION = 3
 
 CANNOT_AFFECT_PRETRAINING = (
     # where and how a run is recorded
-    "out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads", "cache_dir",
-    "checkpoint_every", "checkpoint_keep", "samples_per_iteration", "print_sample_every",
+    "out_dir",
+    "name",
+    "wandb",
+    "wandb_project",
+    "wandb_group",
+    "wandb_job_type",
+    "threads",
+    "cache_dir",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "samples_per_iteration",
+    "print_sample_every",
     # the PPO phase after pretraining: actor updates, advantages, evaluation, run length
-    "steps", "eval_every", "eval_k", "eval_top_p", "eval_temperature", "eval_problems",
-    "ppo.actor_lr", "ppo.lam", "ppo.eps", "ppo.ppo_epochs", "ppo.whiten_advantages", "ppo.tis_cap",
+    "steps",
+    "eval_every",
+    "eval_k",
+    "eval_top_p",
+    "eval_temperature",
+    "eval_problems",
+    "ppo.actor_lr",
+    "ppo.lam",
+    "ppo.eps",
+    "ppo.ppo_epochs",
+    "ppo.whiten_advantages",
+    "ppo.tis_cap",
     "ppo.critic_replay",
     # memory given to a sampler, not what it samples
     "vllm_kv_cache_gib",
     # components and their values: replaced in the key by what pretraining uses of them
     # (value_pretrain_steps, value_pretrain_min_ev and the effective samples per prompt)
-    "components", "vapo",
+    "components",
+    "vapo",
 )
 """Config paths left out of the pretrained-critic cache key. Everything else is in it."""
 
@@ -100,15 +128,23 @@ class PretrainPhase:
 
     def log(self) -> dict:
         """The phase's outcome as metrics (logged with the first row after it)."""
-        out = {"value_pretrain/steps": self.steps_done, "value_pretrain/final_ev": self.last_ev,
-               **{f"value_pretrain/{k}": v for k, v in self.end_stats().items()}}
+        out = {
+            "value_pretrain/steps": self.steps_done,
+            "value_pretrain/final_ev": self.last_ev,
+            **{f"value_pretrain/{k}": v for k, v in self.end_stats().items()},
+        }
         return {**out, "value_pretrain/from_cache": 1.0} if self.from_cache else out
 
     def cost(self) -> dict:
         """What the cache entry keeps besides the critic: how far the phase went, where it ended
         (`end_stats`) and what it cost."""
-        return {"steps_done": self.steps_done, "last_ev": self.last_ev, "seconds": self.seconds, "tokens": self.tokens,
-                "end": self.end_stats()}
+        return {
+            "steps_done": self.steps_done,
+            "last_ev": self.last_ev,
+            "seconds": self.seconds,
+            "tokens": self.tokens,
+            "end": self.end_stats(),
+        }
 
     def load_state_dict(self, state: dict) -> None:
         """The saved phase; fields a checkpoint from before they existed lacks take their defaults
@@ -144,8 +180,16 @@ def phase_critic(ppo, values) -> tuple[float, int]:
     return (ppo.critic_lr if lr is None else lr), (ppo.critic_epochs if epochs is None else epochs)
 
 
-def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_tokens: int, task_version: str,
-              ev_window: int = 1) -> dict:
+def cache_key(
+    cfg,
+    *,
+    steps: int,
+    min_ev,
+    samples_per_prompt: int,
+    max_new_tokens: int,
+    task_version: str,
+    ev_window: int = 1,
+) -> dict:
     """Everything that determines a pretrained critic: the run config minus CANNOT_AFFECT_PRETRAINING,
     plus the effective pretraining values. The critic's learning rate and passes are the phase's own
     (vapo.value_pretrain_critic_lr / _epochs where set), in ppo's place: a critic pretrained at the
@@ -159,9 +203,16 @@ def cache_key(cfg, *, steps: int, min_ev, samples_per_prompt: int, max_new_token
         else:
             resolved.pop(node, None)
     window = {} if min_ev is None or ev_window == 1 else {"value_pretrain_ev_window": ev_window}
-    return {"config": resolved, "value_pretrain_steps": steps, "value_pretrain_min_ev": min_ev, **window,
-            "samples_per_prompt": samples_per_prompt, "max_new_tokens": max_new_tokens,
-            "task_version": task_version, "version": CACHE_VERSION}
+    return {
+        "config": resolved,
+        "value_pretrain_steps": steps,
+        "value_pretrain_min_ev": min_ev,
+        **window,
+        "samples_per_prompt": samples_per_prompt,
+        "max_new_tokens": max_new_tokens,
+        "task_version": task_version,
+        "version": CACHE_VERSION,
+    }
 
 
 def entry_dir(key: dict, cache_dir) -> Path:
@@ -178,6 +229,7 @@ def load_cached(key: dict, cache_dir) -> tuple[Path, dict] | None:
 
 def save(key: dict, cache_dir, critic, stats: dict, state_dict: dict | None = None) -> Path:
     """Write the critic (or `state_dict`, its full weights) and its stats as a verified cache entry (atomic)."""
+
     def build(tmp: Path) -> None:
         critic.save_pretrained(tmp, state_dict=state_dict)
         (tmp / "pretraining.json").write_text(json.dumps(stats))
@@ -195,8 +247,15 @@ def restore(key: dict, cache_dir, critic) -> PretrainPhase | None:
         return None
     entry, stats = cached
     load_full_state_dict(critic, _read_critic(entry, critic) if zero else None)
-    return PretrainPhase(steps_done=stats["steps_done"], last_ev=stats["last_ev"], from_cache=str(entry),
-                         finished=True, seconds=stats["seconds"], tokens=stats["tokens"], end=stats.get("end", {}))
+    return PretrainPhase(
+        steps_done=stats["steps_done"],
+        last_ev=stats["last_ev"],
+        from_cache=str(entry),
+        finished=True,
+        seconds=stats["seconds"],
+        tokens=stats["tokens"],
+        end=stats.get("end", {}),
+    )
 
 
 def store(key: dict, cache_dir, critic, phase: PretrainPhase) -> None:

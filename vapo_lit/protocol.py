@@ -11,6 +11,7 @@
 
 Only the standard library: the runner writes these, the report reads them back from the manifest.
 """
+
 from __future__ import annotations
 
 import math
@@ -47,7 +48,7 @@ class Endpoint:
     def score(self, trained: list[float]) -> float:
         """The endpoint of one run from its eval scores after training started, in order (NaN: none).
         A run with fewer evals (cut short) averages those it has; the report flags it as truncated."""
-        tail = [s for s in trained if not math.isnan(s)][-self.last:]
+        tail = [s for s in trained if not math.isnan(s)][-self.last :]
         return sum(tail) / len(tail) if tail else math.nan
 
 
@@ -59,8 +60,10 @@ def parse_endpoint(text, where: str = "endpoint") -> Endpoint:
         m = re.fullmatch(r"mean-last-(\d+)", text.strip())
         if m and int(m.group(1)) >= 1:
             return Endpoint(int(m.group(1)))
-    raise ValueError(f"{where}: {text!r} is not an endpoint; valid: final (the last eval) or mean-last-K (the mean of "
-                     f"the last K evals, K >= 2), e.g. {DEFAULT_ENDPOINT}")
+    raise ValueError(
+        f"{where}: {text!r} is not an endpoint; valid: final (the last eval) or mean-last-K (the mean of "
+        f"the last K evals, K >= 2), e.g. {DEFAULT_ENDPOINT}"
+    )
 
 
 def parse_seeds(value, where: str = "tuning_seeds") -> list[int]:
@@ -74,13 +77,19 @@ def parse_seeds(value, where: str = "tuning_seeds") -> list[int]:
         for item in items:
             lo, sep, hi = item.strip().partition("-")
             if not (lo.isdigit() and (not sep or hi.isdigit())) or (sep and int(hi) < int(lo)):
-                raise ValueError(f"{where}: {item.strip()!r} is not a seed or a range; give seeds >= 0 like 0,1,2 or "
-                                 "0-2 (or none)")
+                raise ValueError(
+                    f"{where}: {item.strip()!r} is not a seed or a range; give seeds >= 0 like 0,1,2 or "
+                    "0-2 (or none)"
+                )
             out += list(range(int(lo), int(hi) + 1)) if sep else [int(lo)]
         return sorted(set(out))
-    if isinstance(value, list) and all(isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value):
+    if isinstance(value, list) and all(
+        isinstance(s, int) and not isinstance(s, bool) and s >= 0 for s in value
+    ):
         return sorted(set(value))
-    raise ValueError(f"{where}: {value!r} is not a list of seeds; give seeds >= 0 like [0, 1, 2] (or [] for none)")
+    raise ValueError(
+        f"{where}: {value!r} is not a list of seeds; give seeds >= 0 like [0, 1, 2] (or [] for none)"
+    )
 
 
 def role(seed: int, tuning_seeds: list[int]) -> str:

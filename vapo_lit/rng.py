@@ -5,8 +5,30 @@ which rows have already finished. (A `torch.Generator` shared by a batch gives n
 
     seeds = torch.tensor([sample_seed(run_seed, iteration, i) for i in global_indices])
     u = uniforms(seeds, t)            # (N,) float64 in [0, 1)
+
+Every random draw of a run comes from its run seed through one named stream (`Stream`), so no two
+parts of an iteration share a draw and a resumed run draws exactly what the uninterrupted one did:
+
+    stream            value  drawn by                                         what it seeds
+    PROMPTS               1  step_seed(seed, it, PROMPTS)                     the iteration's prompts
+    ROLLOUT               2  sample_seed(seed, it, ROLLOUT, i)                response i of the batch
+    EVAL                  3  sample_seed(seed, it, EVAL)                      an evaluation's samples
+    EXTRA_PROMPTS         4  sample_seed(seed, it, EXTRA_PROMPTS, r)          extra round r's prompts
+    EXTRA_ROLLOUT         5  sample_seed(seed, it, EXTRA_ROLLOUT, r, i)       extra round r's response i
+    CRITIC_MINIBATCH     10  step_seed(seed, it, CRITIC_MINIBATCH + epoch)    critic mini-batch order
+    ACTOR_MINIBATCH      20  step_seed(seed, it, ACTOR_MINIBATCH + epoch)     actor mini-batch order
+
+(`it`: the iteration; an evaluation's response j is seeded by `sample_seed(that seed, j)`; the
+extra rounds r >= 1 are dynamic sampling's; the actor's epoch-0 order also orders the recomputed
+behaviour log-probs.) A critic with more than 10 epochs per batch reaches the actor's streams (its
+epoch 10 draws the order of the actor's epoch 0). The built-in models are built from `model_seed`
+with `BuildSeed`'s offsets (vapo_lit/models/builtin.py). The values are part of what a seed means:
+changing one changes every run's draws (the golden histories, tests/golden.py, pin them).
 """
+
 from __future__ import annotations
+
+import enum
 
 import torch
 
@@ -26,6 +48,33 @@ def mix64(x: int) -> int:
     x = ((x ^ (x >> 30)) * _C1) & _M64
     x = ((x ^ (x >> 27)) * _C2) & _M64
     return x ^ (x >> 31)
+
+
+class Stream(enum.IntEnum):
+    """The random streams of a run, each a salt of `step_seed` or a part of `sample_seed` (table above)."""
+
+    PROMPTS = 1
+    ROLLOUT = 2
+    EVAL = 3
+    EXTRA_PROMPTS = 4
+    EXTRA_ROLLOUT = 5
+    CRITIC_MINIBATCH = 10
+    ACTOR_MINIBATCH = 20
+
+
+class BuildSeed(enum.IntEnum):
+    """Offsets added to `model_seed` for the parts of the built-in reward model's build."""
+
+    REWARD_MODEL_SAMPLES = 1_000_003
+    """the base policy's scored samples the reward model is fitted to"""
+    REWARD_MODEL_HEAD = 17
+    """the value head's initial weights"""
+
+
+def step_seed(seed: int, iteration: int, salt: int = 0) -> int:
+    """A per-iteration seed of stream `salt` (a `Stream`, plus the epoch for the mini-batch
+    orders), so a resumed run draws exactly what the uninterrupted one did."""
+    return (seed * 1_000_003 + iteration * 7_919 + salt * 104_729) % (2**63 - 1)
 
 
 def sample_seed(*parts: int) -> int:
@@ -53,7 +102,9 @@ def uniforms(seeds: torch.Tensor, step: int | torch.Tensor) -> torch.Tensor:
     if seeds.dtype != torch.int64:
         raise ValueError(f"seeds must be an int64 tensor; got {seeds.dtype}")
     if isinstance(step, torch.Tensor):
-        offset = step.to(device=seeds.device, dtype=torch.int64) * _signed(_GOLDEN)  # int64 product wraps around
+        offset = step.to(device=seeds.device, dtype=torch.int64) * _signed(
+            _GOLDEN
+        )  # int64 product wraps around
     else:
         offset = _signed((int(step) * _GOLDEN) & _M64)
     counter = seeds + offset  # int64 add wraps around

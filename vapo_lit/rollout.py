@@ -13,6 +13,7 @@ Conventions (the PPO code relies on them):
   of the policy; with top_p = 1 the two coincide). With ``temperature == 0`` the sampler is greedy
   and logprobs are those of ``log_softmax(logits)``.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -84,7 +85,9 @@ def concat_rollouts(parts: list[Rollout], pad_id: int) -> Rollout:
         terminated=torch.cat([p.terminated for p in parts]),
         truncated=torch.cat([p.truncated for p in parts]),
         texts=[t for p in parts for t in p.texts],
-        action_mask=None if parts[0].action_mask is None else torch.cat([right(p.action_mask, R, 0.0) for p in parts]),
+        action_mask=None
+        if parts[0].action_mask is None
+        else torch.cat([right(p.action_mask, R, 0.0) for p in parts]),
         turns=None if parts[0].turns is None else torch.cat([p.turns for p in parts]),
     )
 
@@ -98,7 +101,9 @@ def response_segments(tokenizer, ids, action, length: int) -> list[tuple[bool, i
     out, start = [], 0
     for col in range(1, length + 1):
         if col == length or action[col] != action[start]:
-            out.append((action[start], start, col, tokenizer.decode(ids[start:col], skip_special_tokens=True)))
+            out.append(
+                (action[start], start, col, tokenizer.decode(ids[start:col], skip_special_tokens=True))
+            )
             start = col
     return out
 
@@ -141,8 +146,8 @@ def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.LongTensor, tor
     ids = torch.full((len(enc), width), pad, dtype=torch.long)
     mask = torch.zeros((len(enc), width), dtype=torch.long)
     for i, e in enumerate(enc):
-        ids[i, width - len(e):] = torch.tensor(e, dtype=torch.long)
-        mask[i, width - len(e):] = 1
+        ids[i, width - len(e) :] = torch.tensor(e, dtype=torch.long)
+        mask[i, width - len(e) :] = 1
     return ids, mask
 
 

@@ -1,6 +1,7 @@
 """`run_card.json`: everything docs/algorithm.md says a run must record, with this run's values, each
 derived from the settings the module uses, and under `definitions` the docs section that defines
 each field."""
+
 from __future__ import annotations
 
 import json
@@ -17,7 +18,9 @@ from vapo_lit.models import resolve_critic_init
 from vapo_lit.tasks.env import is_environment
 
 _ALGORITHM = "docs/algorithm.md"
-_COMPONENT_TABLE = f"{_ALGORITHM}#the-seven-components-each-can-be-switched-off-off-gives-the-vanilla-ppo-behaviour"
+_COMPONENT_TABLE = (
+    f"{_ALGORITHM}#the-seven-components-each-can-be-switched-off-off-gives-the-vanilla-ppo-behaviour"
+)
 DEFINITIONS = {
     "config": "docs/reference/configuration.md#configuration-reference",
     "components_on": _COMPONENT_TABLE,
@@ -116,8 +119,10 @@ def _warmup(cfg: RunConfig, module) -> dict:
 def _update_frequencies(p) -> dict:
     return {
         "actor_updates_per_iteration": (p.responses_per_step // p.mini_batch_size) * p.ppo_epochs,
-        "critic_updates_per_iteration": (p.responses_per_step // (p.critic_mini_batch_size or p.mini_batch_size))
-                                        * p.critic_epochs,
+        "critic_updates_per_iteration": (
+            p.responses_per_step // (p.critic_mini_batch_size or p.mini_batch_size)
+        )
+        * p.critic_epochs,
     }
 
 
@@ -152,7 +157,8 @@ def _sampling(cfg: RunConfig, module) -> dict:
     ('recomputed', ppo.recompute_logprobs resolved) or the rollout engine ('sampler')."""
     p, recompute = cfg.ppo, module.recompute_logprobs
     return {
-        "temperature": p.temperature, "top_p": p.top_p,
+        "temperature": p.temperature,
+        "top_p": p.top_p,
         "recompute_logprobs": recompute,
         "behaviour_logprobs": "recomputed" if recompute else "sampler",
         "rollout_engine": cfg.rollout_engine,
@@ -165,20 +171,27 @@ def _software() -> dict:
     vllm = sys.modules.get("vllm")
     # the instruction set torch's CPU kernels dispatch to (AVX2, AVX512, ...): float32 results, the
     # built-in models' training among them, differ in their last bits from one to another
-    return {"torch": torch.__version__, "lightning": L.__version__,
-            "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-            **({"vllm": getattr(vllm, "__version__", "?")} if vllm is not None else {})}
+    return {
+        "torch": torch.__version__,
+        "lightning": L.__version__,
+        "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        **({"vllm": getattr(vllm, "__version__", "?")} if vllm is not None else {}),
+    }
 
 
 def _hardware(cfg: RunConfig, module, devices: dict) -> dict:
     """The Trainer's devices (as train() describes them), the world size and the memory settings."""
     p = cfg.ppo
-    return {**devices, "world_size": module.trainer.world_size if module._trainer else 1,
-            "model_dtype": cfg.model_dtype,
-            "gradient_checkpointing": cfg.gradient_checkpointing,
-            "rollout_batch_size": p.rollout_batch_size, "logits_chunk": p.logits_chunk,
-            "memory_plan": plan.record() if (plan := getattr(module, "memory_plan", None)) else None,
-            "micro_batch_size": p.micro_batch_size}
+    return {
+        **devices,
+        "world_size": module.trainer.world_size if module._trainer else 1,
+        "model_dtype": cfg.model_dtype,
+        "gradient_checkpointing": cfg.gradient_checkpointing,
+        "rollout_batch_size": p.rollout_batch_size,
+        "logits_chunk": p.logits_chunk,
+        "memory_plan": plan.record() if (plan := getattr(module, "memory_plan", None)) else None,
+        "micro_batch_size": p.micro_batch_size,
+    }
 
 
 def multi_turn_card(cfg: RunConfig, module) -> dict:
@@ -187,7 +200,8 @@ def multi_turn_card(cfg: RunConfig, module) -> dict:
     task = module.task
     return {
         "observations": cfg.observations,
-        "max_turns": getattr(task, "max_turns", None), "token_budget": module.max_new_tokens,
+        "max_turns": getattr(task, "max_turns", None),
+        "token_budget": module.max_new_tokens,
         "stop_sequences": list(getattr(task, "stop_sequences", ())),
         "tools": sorted(getattr(task, "tools", {})),
     }
@@ -209,9 +223,12 @@ class RunCardWriter(Callback):
 
         for lg in trainer.loggers:
             if isinstance(lg, WandbLogger):
-                card["wandb"] = {"id": lg.version, "project": pl_module.cfg.wandb_project,
-                                 "group": pl_module.cfg.wandb_group or self.run_dir.name,
-                                 "mode": lg.experiment.settings.mode}
+                card["wandb"] = {
+                    "id": lg.version,
+                    "project": pl_module.cfg.wandb_project,
+                    "group": pl_module.cfg.wandb_group or self.run_dir.name,
+                    "mode": lg.experiment.settings.mode,
+                }
                 lg.experiment.config.update({"run_card": card}, allow_val_change=True)
         write_json(self.run_dir / "run_card.json", card)
 

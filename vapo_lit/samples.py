@@ -22,6 +22,7 @@ iteration's episodes. On resume, lines past the checkpoint's iteration are dropp
 cut short too, with a warning) and the run appends from there, as metrics.csv does. Every text goes
 through `vapo_lit.masking.mask_secrets`. Only rank 0 writes.
 """
+
 from __future__ import annotations
 
 import json
@@ -36,8 +37,21 @@ from vapo_lit.rollout import response_segments
 from vapo_lit.masking import mask_secrets
 
 FILE = "samples.jsonl"
-COLUMNS = ("iteration", "ppo_update", "phase", "index", "prompt", "response", "reward", "error", "strict",
-           "truncated", "response_tokens", "tool_calls", "observations")
+COLUMNS = (
+    "iteration",
+    "ppo_update",
+    "phase",
+    "index",
+    "prompt",
+    "response",
+    "reward",
+    "error",
+    "strict",
+    "truncated",
+    "response_tokens",
+    "tool_calls",
+    "observations",
+)
 """The W&B table's columns (tool_calls and observations as JSON text, empty single-turn)."""
 
 
@@ -46,34 +60,69 @@ def spread(n: int, limit: int) -> list[int]:
     return list(range(n)) if limit >= n else [i * n // limit for i in range(limit)]
 
 
-def episode_row(task, *, iteration: int, ppo_update: int, phase: str, index: int, prompt: str, response: str,
-                reward: float, error, strict, truncated: bool, tokens: int, segments=None, pretraining=False) -> dict:
+def episode_row(
+    task,
+    *,
+    iteration: int,
+    ppo_update: int,
+    phase: str,
+    index: int,
+    prompt: str,
+    response: str,
+    reward: float,
+    error,
+    strict,
+    truncated: bool,
+    tokens: int,
+    segments=None,
+    pretraining=False,
+) -> dict:
     """One line of samples.jsonl (module doc); `segments`: a multi-turn episode's
     `response_segments`, None single-turn."""
-    row = {"iteration": int(iteration), "ppo_update": int(ppo_update), "phase": phase, "index": int(index),
-           "prompt": mask_secrets(prompt), "response": mask_secrets(response), "reward": float(reward),
-           "verdict": {"reward": float(reward), "error": None if error is None else mask_secrets(str(error)),
-                       "strict": strict},
-           "truncated": bool(truncated), "response_tokens": int(tokens)}
+    row = {
+        "iteration": int(iteration),
+        "ppo_update": int(ppo_update),
+        "phase": phase,
+        "index": int(index),
+        "prompt": mask_secrets(prompt),
+        "response": mask_secrets(response),
+        "reward": float(reward),
+        "verdict": {
+            "reward": float(reward),
+            "error": None if error is None else mask_secrets(str(error)),
+            "strict": strict,
+        },
+        "truncated": bool(truncated),
+        "response_tokens": int(tokens),
+    }
     if pretraining:
         row["value_pretraining"] = True
     if segments is not None:
         segments = list(segments)
         parse = getattr(task, "parse_call", None)
-        row["observations"] = [{"start": a, "end": b, "text": mask_secrets(text)}
-                               for is_action, a, b, text in segments if not is_action]
+        row["observations"] = [
+            {"start": a, "end": b, "text": mask_secrets(text)}
+            for is_action, a, b, text in segments
+            if not is_action
+        ]
         calls = []
         for (is_action, _, _, text), after in zip(segments, segments[1:]):
             if is_action and not after[0]:  # a turn the environment answered
                 call = parse(text) if callable(parse) else None
-                calls.append({"text": mask_secrets(text), "name": call[0] if call else None,
-                              "arguments": json.loads(mask_secrets(json.dumps(call[1]))) if call else None})
+                calls.append(
+                    {
+                        "text": mask_secrets(text),
+                        "name": call[0] if call else None,
+                        "arguments": json.loads(mask_secrets(json.dumps(call[1]))) if call else None,
+                    }
+                )
         row["tool_calls"] = calls
     return row
 
 
-def experience_rows(exp, task, tokenizer, *, iteration: int, ppo_update: int, limit: int,
-                    pretraining: bool = False) -> list[dict]:
+def experience_rows(
+    exp, task, tokenizer, *, iteration: int, ppo_update: int, limit: int, pretraining: bool = False
+) -> list[dict]:
     """`limit` episodes of an iteration's `Experience` (scored), spread over its rows."""
     rows = []
     for i in spread(exp.n, limit):
@@ -82,12 +131,24 @@ def experience_rows(exp, task, tokenizer, *, iteration: int, ppo_update: int, li
         if exp.obs_mask is not None:
             n = int(exp.lengths[i])
             segments = response_segments(tokenizer, exp.response_ids[i].tolist(), exp.mask[i].tolist(), n)
-        rows.append(episode_row(
-            task, iteration=iteration, ppo_update=ppo_update, phase="train", index=i, prompt=exp.problems[i].prompt,
-            response=exp.texts[i], reward=float(exp.scores[i]) if exp.scores is not None else float("nan"),
-            error=getattr(verdict, "error", None), strict=getattr(verdict, "strict", None),
-            truncated=bool(exp.truncated[i]), tokens=int(exp.mask[i].sum()), segments=segments,
-            pretraining=pretraining))
+        rows.append(
+            episode_row(
+                task,
+                iteration=iteration,
+                ppo_update=ppo_update,
+                phase="train",
+                index=i,
+                prompt=exp.problems[i].prompt,
+                response=exp.texts[i],
+                reward=float(exp.scores[i]) if exp.scores is not None else float("nan"),
+                error=getattr(verdict, "error", None),
+                strict=getattr(verdict, "strict", None),
+                truncated=bool(exp.truncated[i]),
+                tokens=int(exp.mask[i].sum()),
+                segments=segments,
+                pretraining=pretraining,
+            )
+        )
     return rows
 
 
@@ -98,20 +159,48 @@ def eval_rows(result, task, *, limit: int) -> list[dict]:
     # the base policy's eval (before the first update) is metrics.csv's row 0, even after a cached
     # pretrained critic moved the iteration on
     iteration = 0 if result.ppo_update == 0 else result.iteration
-    return [episode_row(task, iteration=iteration, ppo_update=result.ppo_update, phase="eval", index=i,
-                        prompt=s.problem.prompt, response=s.text, reward=s.reward,
-                        error="verifier failed" if s.error else None, strict=s.strict, truncated=s.truncated,
-                        tokens=s.length, segments=s.segments)
-            for i in spread(len(samples), limit) for s in (samples[i],)]
+    return [
+        episode_row(
+            task,
+            iteration=iteration,
+            ppo_update=result.ppo_update,
+            phase="eval",
+            index=i,
+            prompt=s.problem.prompt,
+            response=s.text,
+            reward=s.reward,
+            error="verifier failed" if s.error else None,
+            strict=s.strict,
+            truncated=s.truncated,
+            tokens=s.length,
+            segments=s.segments,
+        )
+        for i in spread(len(samples), limit)
+        for s in (samples[i],)
+    ]
 
 
 def table_row(row: dict) -> list:
     """A samples.jsonl row as a row of the W&B table (COLUMNS)."""
     v = row["verdict"]
-    multi = {k: json.dumps(row[k], ensure_ascii=False) if k in row else "" for k in ("tool_calls", "observations")}
-    return [row["iteration"], row["ppo_update"], row["phase"], row["index"], row["prompt"], row["response"],
-            row["reward"], v["error"], v["strict"], row["truncated"], row["response_tokens"], multi["tool_calls"],
-            multi["observations"]]
+    multi = {
+        k: json.dumps(row[k], ensure_ascii=False) if k in row else "" for k in ("tool_calls", "observations")
+    }
+    return [
+        row["iteration"],
+        row["ppo_update"],
+        row["phase"],
+        row["index"],
+        row["prompt"],
+        row["response"],
+        row["reward"],
+        v["error"],
+        v["strict"],
+        row["truncated"],
+        row["response_tokens"],
+        multi["tool_calls"],
+        multi["observations"],
+    ]
 
 
 def format_row(row: dict, prompt_chars: int = 400) -> str:
@@ -120,8 +209,10 @@ def format_row(row: dict, prompt_chars: int = 400) -> str:
     if len(prompt) > prompt_chars:
         prompt = "…" + prompt[-prompt_chars:]
     calls = f" · {len(row['tool_calls'])} tool call(s)" if "tool_calls" in row else ""
-    head = (f"--- sample: iteration {row['iteration']} · ppo {row['ppo_update']} · {row['phase']} · "
-            f"reward {row['reward']:g}{calls} ---")
+    head = (
+        f"--- sample: iteration {row['iteration']} · ppo {row['ppo_update']} · {row['phase']} · "
+        f"reward {row['reward']:g}{calls} ---"
+    )
     return f"{head}\nprompt: {prompt}\nresponse: {row['response']}\n"
 
 
@@ -140,8 +231,10 @@ def read_lines(path: Path) -> tuple[list[str], str | None]:
         except (ValueError, AttributeError):
             ok = False
         if not ok:
-            raise ValueError(f"{path}, line {i}: not a sample (a JSON object with an integer iteration); the file was "
-                             "changed by hand or damaged (move it aside to start it over)")
+            raise ValueError(
+                f"{path}, line {i}: not a sample (a JSON object with an integer iteration); the file was "
+                "changed by hand or damaged (move it aside to start it over)"
+            )
     return lines, dropped
 
 
@@ -155,8 +248,12 @@ class SamplesFile:
             return
         lines, dropped = read_lines(self.path)
         if dropped:
-            warnings.warn(f"{self.path}: dropped {dropped}, cut by a crash or a full disk; the run resumes from its last "
-                          "checkpoint and writes that iteration's samples again", RuntimeWarning, stacklevel=2)
+            warnings.warn(
+                f"{self.path}: dropped {dropped}, cut by a crash or a full disk; the run resumes from its last "
+                "checkpoint and writes that iteration's samples again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
         kept = [line for line in lines if json.loads(line)["iteration"] <= keep_until]
         tmp = self.path.with_name(f".{self.path.name}.tmp")
         with open(tmp, "w", encoding="utf-8") as f:
@@ -181,8 +278,9 @@ class SampleLog(Callback):
     eval it ran. Placed before the checkpoint callback, so a checkpoint never holds an iteration whose
     samples are not on disk."""
 
-    def __init__(self, run_dir, per_iteration: int, print_every: int = 0, keep_until: int | None = None,
-                 stream=None):
+    def __init__(
+        self, run_dir, per_iteration: int, print_every: int = 0, keep_until: int | None = None, stream=None
+    ):
         self.run_dir, self.per_iteration, self.print_every = Path(run_dir), per_iteration, print_every
         self.keep_until, self.stream = keep_until, stream
         self.file: SamplesFile | None = None
@@ -209,12 +307,22 @@ class SampleLog(Callback):
         due = bool(self.print_every) and pl_module.iteration % self.print_every == 0
         rows = []
         if exp is not None and (self.per_iteration or due):
-            pretraining = bool(pl_module.last_metrics.get("train/value_pretraining", 0.0))  # the row just logged
-            rows = experience_rows(exp, pl_module.task, pl_module.tokenizer, iteration=pl_module.iteration,
-                                   ppo_update=pl_module.ppo_updates, limit=max(1, self.per_iteration),
-                                   pretraining=pretraining)
+            pretraining = bool(
+                pl_module.last_metrics.get("train/value_pretraining", 0.0)
+            )  # the row just logged
+            rows = experience_rows(
+                exp,
+                pl_module.task,
+                pl_module.tokenizer,
+                iteration=pl_module.iteration,
+                ppo_update=pl_module.ppo_updates,
+                limit=max(1, self.per_iteration),
+                pretraining=pretraining,
+            )
         if due and rows:
-            self.out.write(("\n" if getattr(self.out, "isatty", lambda: False)() else "") + format_row(rows[0]))
+            self.out.write(
+                ("\n" if getattr(self.out, "isatty", lambda: False)() else "") + format_row(rows[0])
+            )
             self.out.flush()
         if not self.per_iteration:
             return

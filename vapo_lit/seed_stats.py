@@ -12,6 +12,7 @@ undefined, so the p-value is NaN too (a zero-width interval with n >= 2 tells th
     holm([0.01, 0.04, 0.03])              -> [0.03, 0.06, 0.06]
     seeds_needed(mean=2.0, std=3.0)       -> 12 (seeds at which a delta like this one excludes zero)
 """
+
 from __future__ import annotations
 
 import math
@@ -135,8 +136,16 @@ def paired_delta(row: dict, ref: dict, level: float = 0.95) -> dict:
     paired = [s for s in seeds if _ok(row.get(s)) and _ok(ref.get(s))]
     unpaired = [s for s in seeds if s not in paired and (_ok(row.get(s)) or _ok(ref.get(s)))]
     t = one_sample_t([row[s] - ref[s] for s in paired], level)
-    return {"pairs": t["n"], "mean": t["mean"], "std": t["std"], "ci_lo": t["ci_lo"], "ci_hi": t["ci_hi"],
-            "p": t["p"], "seeds": paired, "unpaired": unpaired}
+    return {
+        "pairs": t["n"],
+        "mean": t["mean"],
+        "std": t["std"],
+        "ci_lo": t["ci_lo"],
+        "ci_hi": t["ci_hi"],
+        "p": t["p"],
+        "seeds": paired,
+        "unpaired": unpaired,
+    }
 
 
 def welch_delta(a, b, level: float = 0.95) -> dict:
@@ -153,7 +162,7 @@ def welch_delta(a, b, level: float = 0.95) -> dict:
     se = math.sqrt(va + vb)
     if se == 0.0:  # zero spread in both: as one_sample_t, p undefined unless the means are equal
         return {"mean": mean, "ci_lo": mean, "ci_hi": mean, "df": NAN, "p": 1.0 if mean == 0.0 else NAN}
-    df = (va + vb) ** 2 / (va ** 2 / (len(xa) - 1) + vb ** 2 / (len(xb) - 1))
+    df = (va + vb) ** 2 / (va**2 / (len(xa) - 1) + vb**2 / (len(xb) - 1))
     half = t_ppf(0.5 + level / 2, df) * se
     return {"mean": mean, "ci_lo": mean - half, "ci_hi": mean + half, "df": df, "p": t_sf2(mean / se, df)}
 
@@ -231,6 +240,7 @@ class SeedDecision:
     """What `vapo-ablate --seeds auto` does next. `seeds`: the total seeds per row for the next
     round, or None to stop. `status`: per row, 'resolved', 'unreachable', 'needs N pairs' or
     'needs 2 pairs'. `reason`: one line for the log."""
+
     seeds: int | None
     status: dict = field(default_factory=dict)
     reason: str = ""
@@ -259,7 +269,9 @@ def decide_seeds(diffs: dict, seeds: int, max_seeds: int, level: float = 0.95) -
         targets.append(seeds + max(1, need - t["n"]))
     summary = ", ".join(f"{r}: {s}" for r, s in status.items())
     if not targets:
-        return SeedDecision(None, status, f"stop: every row of interest is resolved or unreachable ({summary})")
+        return SeedDecision(
+            None, status, f"stop: every row of interest is resolved or unreachable ({summary})"
+        )
     if seeds >= max_seeds:
         return SeedDecision(None, status, f"stop: the cap of {max_seeds} seeds is reached ({summary})")
     nxt = min(max_seeds, max(targets))

@@ -6,11 +6,12 @@
     09:14:07 evaluating the initial policy: 32 problems x 8 samples, up to 223 new tokens each
 
 One plain line per step, stamped with the time, on stdout: the same in a terminal, a pipe or a log
-file. `vapo-train` turns them on (`vapo_lit.progress.enabled`), and a grid cell run as a process of its
+file. `vapo-train` turns them on (`vapo_lit.progress_line.enabled`), and a grid cell run as a process of its
 own writes them into its `cell.log`; VAPO_LIT_PROGRESS=0 turns them off, =1 on anywhere. Only the
 first process of a multi-process run prints. This module imports nothing heavy, so the first line
 can be printed before torch and Lightning are imported.
 """
+
 from __future__ import annotations
 
 import os

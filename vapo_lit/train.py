@@ -6,10 +6,11 @@ per iteration and per evaluation), `run_card.json` (docs/algorithm.md's "a run m
 `config.yaml`, `summary.json` at the end, `checkpoints/last.ckpt` (with `best.ckpt` once an eval
 after an update beats every earlier one, and `checkpoint_keep` earlier ones), the models as Hugging
 Face folders (`policy-best/`, `policy-final/`, `critic-final/`) and the W&B run under `wandb/`
-(none with wandb=disabled). The pieces live next door: `build.py` (task and models), `logs.py`
+(none with wandb=disabled). The pieces live next door: `build.py` (task and models), `loggers.py`
 (CSV and W&B loggers), `samples.py`, `checkpoints.py`, `run_card.py`. With status lines on
 (vapo_lit.status), each slow step before the first iteration ends says what it does first.
 """
+
 from __future__ import annotations
 
 import json
@@ -30,9 +31,9 @@ from vapo_lit.config import RunConfig, to_dict
 from vapo_lit.devices import describe, trainer_kwargs
 from vapo_lit.distributed import is_global_zero_env
 from vapo_lit.labels import label_of
-from vapo_lit.logs import ResumableCSVLogger, make_wandb_logger
+from vapo_lit.loggers import ResumableCSVLogger, make_wandb_logger
 from vapo_lit.preflight import preflight
-from vapo_lit.progress import ProgressLine, StartLines
+from vapo_lit.progress_line import ProgressLine, StartLines
 from vapo_lit.run_card import RunCardWriter, write_json
 from vapo_lit.samples import SampleLog
 
@@ -71,26 +72,27 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     wb = make_wandb_logger(cfg, run_dir, {"config": to_dict(cfg)}, wandb_id)
     if wb is not None:
         loggers.append(wb)
-    # policy-best/ is exported before last.ckpt is written: a run killed between the two resumes from the
-    # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
-    # would keep a policy-best/ older than its best eval)
-    callbacks = [*build_callbacks(cfg.components, cfg.vapo),
-                 SampleLog(run_dir, cfg.samples_per_iteration, cfg.print_sample_every, keep_until=keep_until),
-                 RunExports(run_dir),
-                 RunCheckpoints(run_dir, cfg.checkpoint_every, optimizer=cfg.checkpoint_optimizer,
-                                keep=cfg.checkpoint_keep),
-                 RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
-                 StartLines(), ProgressLine(), *extra_callbacks]
     trainer = L.Trainer(
-        **hardware, max_epochs=-1, max_steps=-1,
-        logger=loggers, callbacks=callbacks, enable_checkpointing=False, enable_progress_bar=False,
-        enable_model_summary=False, num_sanity_val_steps=0, log_every_n_steps=1, default_root_dir=str(run_dir),
+        **hardware,
+        max_epochs=-1,
+        max_steps=-1,
+        logger=loggers,
+        callbacks=run_callbacks(cfg, run_dir, keep_until, hardware, extra_callbacks),
+        enable_checkpointing=False,
+        enable_progress_bar=False,
+        enable_model_summary=False,
+        num_sanity_val_steps=0,
+        log_every_n_steps=1,
+        default_root_dir=str(run_dir),
     )
     t0 = time.perf_counter()
     _fit(trainer, module, str(ckpt) if resume else None, wb)
     summary = {
-        "run_dir": str(run_dir), "iterations": module.iteration, "ppo_updates": module.ppo_updates,
-        "best_eval": module.best_eval, "wall_seconds": time.perf_counter() - t0,
+        "run_dir": str(run_dir),
+        "iterations": module.iteration,
+        "ppo_updates": module.ppo_updates,
+        "best_eval": module.best_eval,
+        "wall_seconds": time.perf_counter() - t0,
         "last_metrics": module.last_metrics,
     }
     if trainer.is_global_zero:
@@ -100,15 +102,40 @@ def train(cfg: RunConfig, *, resume: bool = False, extra_callbacks=(), module_fa
     return summary
 
 
+def run_callbacks(cfg: RunConfig, run_dir: Path, keep_until: int | None, hardware: dict, extra=()) -> list:
+    """The run's callbacks in order: the components, then what writes the run folder (samples, exports,
+    checkpoints, the run card), the status lines and `extra`."""
+    # policy-best/ is exported before last.ckpt is written: a run killed between the two resumes from the
+    # older checkpoint, redoes the iteration and exports it again (the other way round, a resumed run
+    # would keep a policy-best/ older than its best eval)
+    return [
+        *build_callbacks(cfg.components, cfg.vapo),
+        SampleLog(run_dir, cfg.samples_per_iteration, cfg.print_sample_every, keep_until=keep_until),
+        RunExports(run_dir),
+        RunCheckpoints(
+            run_dir, cfg.checkpoint_every, optimizer=cfg.checkpoint_optimizer, keep=cfg.checkpoint_keep
+        ),
+        RunCardWriter(run_dir, {"run_dir": str(run_dir)}, hardware=describe(hardware)),
+        StartLines(),
+        ProgressLine(),
+        *extra,
+    ]
+
+
 def _resuming(run_dir: Path, ckpt: Path, progress: dict) -> str | None:
     """Say where the run resumes (a warning when its checkpoint has no optimizer state); the W&B run
     id to continue (None: none recorded)."""
-    status.say(f"resuming {run_dir} from {ckpt.name} (iteration {progress['iteration']}, PPO update "
-               f"{progress['ppo_updates']})")
+    status.say(
+        f"resuming {run_dir} from {ckpt.name} (iteration {progress['iteration']}, PPO update "
+        f"{progress['ppo_updates']})"
+    )
     if is_global_zero_env() and not has_optimizer_state(ckpt):
-        warnings.warn(f"{ckpt} was written with checkpoint_optimizer=false: the actor's and the critic's AdamW "
-                      "moments start afresh from here, so the resumed run differs from an uninterrupted one",
-                      RuntimeWarning, stacklevel=3)
+        warnings.warn(
+            f"{ckpt} was written with checkpoint_optimizer=false: the actor's and the critic's AdamW "
+            "moments start afresh from here, so the resumed run differs from an uninterrupted one",
+            RuntimeWarning,
+            stacklevel=3,
+        )
     card_path = run_dir / "run_card.json"
     return json.loads(card_path.read_text()).get("wandb", {}).get("id") if card_path.is_file() else None
 

@@ -4,6 +4,7 @@ vapo_lit/experience.py). Control code reads their fields; a metrics dict is buil
 `MicroBatchSums` is how an update adds up its micro-batches: in float64, over mini-batches, epochs
 and (by `reduce`, one all-reduce) ranks, so a statistic does not depend on how a mini-batch was cut.
 """
+
 from __future__ import annotations
 
 import math
@@ -29,7 +30,9 @@ class MicroBatchSums:
     rank saw no micro-batch; undeclared keys (a component's metrics) are added on first use.
     """
 
-    weighted: dict[str, list[float]] = field(default_factory=dict)  # key -> [sum of value * share, sum of shares]
+    weighted: dict[str, list[float]] = field(
+        default_factory=dict
+    )  # key -> [sum of value * share, sum of shares]
     totals: dict[str, float] = field(default_factory=dict)
     peaks: dict[str, float] = field(default_factory=dict)
 
@@ -97,8 +100,13 @@ class ActorStats:
     mean over the update's mini-batches (experience.loss_share_by_length; the same on every rank,
     which all hold the whole batch)."""
 
-    MEANS = {"policy/entropy": "entropy", "policy/clipfrac_low": "clipfrac_low",
-             "policy/clipfrac_high": "clipfrac_high", "policy/approx_kl": "approx_kl", "policy/ratio_mean": "ratio_mean"}
+    MEANS = {
+        "policy/entropy": "entropy",
+        "policy/clipfrac_low": "clipfrac_low",
+        "policy/clipfrac_high": "clipfrac_high",
+        "policy/approx_kl": "approx_kl",
+        "policy/ratio_mean": "ratio_mean",
+    }
     LOSSES = {"loss/policy": "loss_policy", "loss/nll": "loss_nll", "loss/total": "loss_total"}
     PEAKS = {"policy/ratio_max": "ratio_max"}
 
@@ -113,18 +121,27 @@ class ActorStats:
         `shares`: each mini-batch's loss share by length (NaN ones, without any weight, skipped)."""
         means, totals, peaks = sums.reduce()
         steps = max(len(grad_norms), 1)
-        by_length = {k: mean(s[k] for s in shares if math.isfinite(s[k])) for k in (shares[0] if shares else {})}
-        return cls(**{f: means[k] for k, f in cls.MEANS.items()},
-                   components={k: v for k, v in means.items() if k not in cls.MEANS},
-                   **{f: totals[k] / steps for k, f in cls.LOSSES.items()},
-                   **{f: peaks[k] for k, f in cls.PEAKS.items()}, grad_norm=mean(grad_norms),
-                   loss_share_by_length=by_length)
+        by_length = {
+            k: mean(s[k] for s in shares if math.isfinite(s[k])) for k in (shares[0] if shares else {})
+        }
+        return cls(
+            **{f: means[k] for k, f in cls.MEANS.items()},
+            components={k: v for k, v in means.items() if k not in cls.MEANS},
+            **{f: totals[k] / steps for k, f in cls.LOSSES.items()},
+            **{f: peaks[k] for k, f in cls.PEAKS.items()},
+            grad_norm=mean(grad_norms),
+            loss_share_by_length=by_length,
+        )
 
     def log(self) -> dict[str, float]:
-        return {**{k: getattr(self, f) for k, f in self.MEANS.items()}, **self.components,
-                **{k: getattr(self, f) for k, f in self.LOSSES.items()}, "policy/grad_norm": self.grad_norm,
-                **{k: getattr(self, f) for k, f in self.PEAKS.items()},
-                **{f"policy/loss_share_len_{k}": v for k, v in self.loss_share_by_length.items()}}
+        return {
+            **{k: getattr(self, f) for k, f in self.MEANS.items()},
+            **self.components,
+            **{k: getattr(self, f) for k, f in self.LOSSES.items()},
+            "policy/grad_norm": self.grad_norm,
+            **{k: getattr(self, f) for k, f in self.PEAKS.items()},
+            **{f"policy/loss_share_len_{k}": v for k, v in self.loss_share_by_length.items()},
+        }
 
 
 @dataclass(frozen=True)
@@ -144,11 +161,18 @@ class SamplerStats:
     """... and the fraction of tokens whose weight the cap bounds."""
 
     def log(self) -> dict[str, float]:
-        out = {"rollout/sampler_logprob_diff_mean": self.logprob_diff_mean,
-               "rollout/sampler_logprob_diff_max": self.logprob_diff_max,
-               "rollout/sampler_approx_kl": self.approx_kl}
+        out = {
+            "rollout/sampler_logprob_diff_mean": self.logprob_diff_mean,
+            "rollout/sampler_logprob_diff_max": self.logprob_diff_max,
+            "rollout/sampler_approx_kl": self.approx_kl,
+        }
         if self.tis_weight_mean is not None:
-            out.update({"rollout/tis_weight_mean": self.tis_weight_mean, "rollout/tis_capped_frac": self.tis_capped_frac})
+            out.update(
+                {
+                    "rollout/tis_weight_mean": self.tis_weight_mean,
+                    "rollout/tis_capped_frac": self.tis_capped_frac,
+                }
+            )
         return out
 
 

@@ -17,6 +17,7 @@ A summary run (`summary_run`): one run per grid (job_type `report`) or per study
 adding one. Offline, the rerun's folder replaces the earlier one (`wandb sync` then uploads a
 single run); online, W&B resumes the run with that id.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -31,8 +32,11 @@ SUMMARY_ENV = "VAPO_LIT_WANDB_SUMMARY"
 
 PPO_AXIS = "ppo/update"
 PRETRAIN_AXIS = "value_pretrain/iteration"
-AXES = {PPO_AXIS: "train/ppo_update", "tokens/generated": "perf/cumulative_tokens",
-        "time/wall_seconds": "perf/cumulative_seconds"}
+AXES = {
+    PPO_AXIS: "train/ppo_update",
+    "tokens/generated": "perf/cumulative_tokens",
+    "time/wall_seconds": "perf/cumulative_seconds",
+}
 """W&B axis -> the logged column it copies."""
 PRETRAIN_PREFIX = "value_pretrain/"
 SAMPLES_KEY = "samples"
@@ -102,7 +106,9 @@ def step_metric_of(key: str) -> str | None:
     """The axis a logged key is plotted against (None for the axes themselves)."""
     if key == PRETRAIN_AXIS or key in AXES:
         return None
-    return PRETRAIN_AXIS if key.startswith(PRETRAIN_PREFIX) and "/" in key[len(PRETRAIN_PREFIX):] else PPO_AXIS
+    return (
+        PRETRAIN_AXIS if key.startswith(PRETRAIN_PREFIX) and "/" in key[len(PRETRAIN_PREFIX) :] else PPO_AXIS
+    )
 
 
 class AxisDefiner:
@@ -129,7 +135,9 @@ def stable_id(kind: str, project: str, group: str) -> str:
     return f"{kind}-" + hashlib.sha256(f"{project}\0{group}".encode()).hexdigest()[:16]
 
 
-def summary_run(folder: Path, *, kind: str, project: str, group: str, name: str, config: dict, mode: str = "auto"):
+def summary_run(
+    folder: Path, *, kind: str, project: str, group: str, name: str, config: dict, mode: str = "auto"
+):
     """Start (or, rerun, replace) the run of kind `kind` (report | study) for `group`, its files in
     FOLDER/wandb; None when mode resolves to disabled. The caller logs and calls `finish()`."""
     mode = wandb_mode(mode)
@@ -147,12 +155,25 @@ def summary_run(folder: Path, *, kind: str, project: str, group: str, name: str,
         for old in root.glob(f"offline-run-*-{run_id}"):
             shutil.rmtree(old, ignore_errors=True)
     root.mkdir(parents=True, exist_ok=True)
-    return wandb.init(dir=str(folder), project=project, group=group, job_type=kind, name=name, id=run_id,
-                      resume="allow", mode=mode, config=config, tags=[kind], settings=wandb_settings())
+    return wandb.init(
+        dir=str(folder),
+        project=project,
+        group=group,
+        job_type=kind,
+        name=name,
+        id=run_id,
+        resume="allow",
+        mode=mode,
+        config=config,
+        tags=[kind],
+        settings=wandb_settings(),
+    )
 
 
 def offline_folder(run) -> str | None:
     """The offline run's folder (what `wandb sync` takes), or None online."""
-    if getattr(run.settings, "mode", None) not in ("offline", "dryrun") and not getattr(run.settings, "_offline", False):
+    if getattr(run.settings, "mode", None) not in ("offline", "dryrun") and not getattr(
+        run.settings, "_offline", False
+    ):
         return None
     return str(Path(run.dir).parent)

@@ -12,6 +12,7 @@ resolved or unreachable, at --max-seeds, or when a cell fails. The report is wri
 
 This module imports only the pure statistics of the report (no pandas, no report code).
 """
+
 from __future__ import annotations
 
 import csv
@@ -32,15 +33,19 @@ def rows_of_interest(plan, rows: list[str] | None, reference: str = REFERENCE) -
     the reference."""
     labels = list(dict.fromkeys(c.row for c in plan.cells))
     if reference not in labels:
-        raise ValueError(f"--seeds auto compares rows with the full recipe ({reference!r}), which this grid lacks; "
-                         f"rows: {', '.join(labels)}")
+        raise ValueError(
+            f"--seeds auto compares rows with the full recipe ({reference!r}), which this grid lacks; "
+            f"rows: {', '.join(labels)}"
+        )
     others = [r for r in labels if r != reference]
     if not rows:
         return others
     bad = [r for r in rows if r not in others]
     if bad:
-        raise ValueError(f"--rows {','.join(bad)}: not a row of this grid other than {reference!r}; valid: "
-                         f"{', '.join(others)}")
+        raise ValueError(
+            f"--rows {','.join(bad)}: not a row of this grid other than {reference!r}; valid: "
+            f"{', '.join(others)}"
+        )
     return rows
 
 
@@ -71,15 +76,31 @@ def paired_diffs(plan, rows: list[str], metric: str, reference: str = REFERENCE)
     """{row: [row - reference per seed both finished]} from what the cells logged."""
     values = {}
     for c in plan.cells:
-        values.setdefault(c.row, {})[c.seed] = logged_score(c.run_dir, c.cfg.eval_k, metric,
-                                                            parse_endpoint(plan.endpoint))
+        values.setdefault(c.row, {})[c.seed] = logged_score(
+            c.run_dir, c.cfg.eval_k, metric, parse_endpoint(plan.endpoint)
+        )
     ref = values.get(reference, {})
-    return {r: [values[r][s] - ref[s] for s in sorted(values.get(r, {}))
-                if s in ref and values[r][s] == values[r][s] and ref[s] == ref[s]] for r in rows}
+    return {
+        r: [
+            values[r][s] - ref[s]
+            for s in sorted(values.get(r, {}))
+            if s in ref and values[r][s] == values[r][s] and ref[s] == ref[s]
+        ]
+        for r in rows
+    }
 
 
-def run_auto(plan_for, *, rows, min_seeds: int, max_seeds: int, metric: str = "final", workers: int = 1,
-             report=None, log=print) -> int:
+def run_auto(
+    plan_for,
+    *,
+    rows,
+    min_seeds: int,
+    max_seeds: int,
+    metric: str = "final",
+    workers: int = 1,
+    report=None,
+    log=print,
+) -> int:
     """`plan_for(n)` -> the grid's Plan with n seeds per row. Returns run()'s exit code of the last round."""
     from vapo_lit.ablate.runner import run
 

@@ -9,6 +9,7 @@ config is the cell's fully resolved `RunConfig` as JSON (written into the run fo
 Exit codes: 0 done (summary.json written by rank 0), 1 the run failed (one line on stderr),
 3 disk full (so the worker hands the cell back instead of spending a retry), 130 interrupted.
 """
+
 from __future__ import annotations
 
 import json
@@ -27,7 +28,7 @@ def main(argv=None) -> int:
         return 2
     from vapo_lit.config import from_dict
     from vapo_lit.faults import is_disk_full
-    from vapo_lit.progress import quiet_libraries
+    from vapo_lit.progress_line import quiet_libraries
     from vapo_lit.status import announcing
     from vapo_lit.train import train
 

@@ -23,6 +23,7 @@ bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, c
 settings of `config.NEUTRAL` at their neutral values: two grids that need the same run share it, and
 its run folder `<label>-s<seed>-<hash>` derives from it.
 """
+
 from __future__ import annotations
 
 import importlib.resources
@@ -33,13 +34,33 @@ from pathlib import Path
 import yaml
 
 from vapo_lit.cache import config_key
-from vapo_lit.config import (COMPONENTS, RunConfig, check_components, merge, ordered, to_dict, validate,
-                             without_neutral)
+from vapo_lit.config import (
+    COMPONENTS,
+    RunConfig,
+    check_components,
+    merge,
+    ordered,
+    to_dict,
+    validate,
+    without_neutral,
+)
 from vapo_lit.labels import check_contrasts, run_label
 from vapo_lit.protocol import parse_endpoint, parse_seeds
 
-BOOKKEEPING = ("out_dir", "name", "wandb", "wandb_project", "wandb_group", "wandb_job_type", "threads",
-               "cache_dir", "checkpoint_every", "checkpoint_keep", "samples_per_iteration", "print_sample_every")
+BOOKKEEPING = (
+    "out_dir",
+    "name",
+    "wandb",
+    "wandb_project",
+    "wandb_group",
+    "wandb_job_type",
+    "threads",
+    "cache_dir",
+    "checkpoint_every",
+    "checkpoint_keep",
+    "samples_per_iteration",
+    "print_sample_every",
+)
 """Config fields that do not change what a run computes; left out of a cell's identity."""
 
 GENERATORS = ("full", "single_drops", "pair_drops", "vanilla")
@@ -64,7 +85,7 @@ class Row:
 class Cell:
     row: str
     seed: int
-    cfg: RunConfig          # fully resolved; out_dir/name point at the cell's run folder
+    cfg: RunConfig  # fully resolved; out_dir/name point at the cell's run folder
     cell_id: str
 
     @property
@@ -108,9 +129,17 @@ def _row_from_spec(spec: dict, where: str) -> Row:
     delta = dict(spec.get("set") or {})
     if "components" in delta:
         raise ValueError(f"{where}: set the components with drop/only, not set.components")
-    return Row(spec.get("label") or run_label(comps, delta.get("advantage_estimator", "gae"),
-                                              delta.get("observations", "skip"), delta.get("gae_values", "critic")),
-               comps, delta)
+    return Row(
+        spec.get("label")
+        or run_label(
+            comps,
+            delta.get("advantage_estimator", "gae"),
+            delta.get("observations", "skip"),
+            delta.get("gae_values", "critic"),
+        ),
+        comps,
+        delta,
+    )
 
 
 def _generated(kind: str) -> list[dict]:
@@ -128,8 +157,11 @@ def _generated(kind: str) -> list[dict]:
 def grid_from_drop(drop: list[str]) -> Grid:
     """`--drop a,b`: the full recipe and the recipe without a and b (a joint drop)."""
     dropped = [c for c in COMPONENTS if c in drop]
-    return Grid("drop-" + "+".join(dropped), [_row_from_spec({}, "--drop"), _row_from_spec({"drop": dropped}, "--drop")],
-                f"full VAPO vs VAPO without {' + '.join(dropped)}")
+    return Grid(
+        "drop-" + "+".join(dropped),
+        [_row_from_spec({}, "--drop"), _row_from_spec({"drop": dropped}, "--drop")],
+        f"full VAPO vs VAPO without {' + '.join(dropped)}",
+    )
 
 
 def definition_dirs(kind: str) -> list[Path]:
@@ -158,30 +190,59 @@ def available_grids() -> list[str]:
     return sorted({p.stem for d in grid_dirs() for p in d.glob("*.yaml")})
 
 
-def load_grid(name_or_path: str) -> Grid:
-    """A grid by name (a file in ablations/) or by path; unknown names list the valid ones."""
+def grid_file(name_or_path: str) -> Path:
+    """The grid file: `name_or_path` itself when it is a YAML file, else `<name>.yaml` in the grid folders."""
     path = Path(name_or_path)
     if not (path.suffix in (".yaml", ".yml") and path.is_file()):
         found = [d / f"{name_or_path}.yaml" for d in grid_dirs() if (d / f"{name_or_path}.yaml").is_file()]
         if not found:
-            raise ValueError(f"--grid {name_or_path!r}: no such grid; valid grids: {', '.join(available_grids()) or '(none)'}")
+            raise ValueError(
+                f"--grid {name_or_path!r}: no such grid; valid grids: {', '.join(available_grids()) or '(none)'}"
+            )
         path = found[0]
+    return path
+
+
+def _read_spec(path: Path) -> dict:
+    """A grid file's mapping, its keys checked."""
     try:
         spec = yaml.safe_load(path.read_text()) or {}
     except yaml.YAMLError as e:
         raise ValueError(f"{path}: not valid YAML ({e})") from None
     if not isinstance(spec, dict):
         raise ValueError(f"{path}: expected a mapping with 'rows' and/or 'generate'")
-    bad = set(spec) - {"name", "description", "rows", "generate", "model_seed", "reference", "contrasts", "endpoint",
-                       "tuning_seeds"}
+    bad = set(spec) - {
+        "name",
+        "description",
+        "rows",
+        "generate",
+        "model_seed",
+        "reference",
+        "contrasts",
+        "endpoint",
+        "tuning_seeds",
+    }
     if bad:
-        raise ValueError(f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
-                         "reference, contrasts, endpoint, tuning_seeds")
+        raise ValueError(
+            f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
+            "reference, contrasts, endpoint, tuning_seeds"
+        )
+    return spec
+
+
+def load_grid(name_or_path: str) -> Grid:
+    """A grid by name (a file in ablations/) or by path; unknown names list the valid ones."""
+    path = grid_file(name_or_path)
+    spec = _read_spec(path)
     model_seed = spec.get("model_seed", "shared")
     if model_seed not in MODEL_SEEDS:
-        raise ValueError(f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "
-                         "(a fixed model_seed for every cell: --model_seed N)")
-    specs = [s for kind in spec.get("generate") or [] for s in _generated(kind)] + list(spec.get("rows") or [])
+        raise ValueError(
+            f"{path}: model_seed: {model_seed!r} is not valid; choose one of: {', '.join(MODEL_SEEDS)} "
+            "(a fixed model_seed for every cell: --model_seed N)"
+        )
+    specs = [s for kind in spec.get("generate") or [] for s in _generated(kind)] + list(
+        spec.get("rows") or []
+    )
     rows = [_row_from_spec(s, f"{path} row {i}") for i, s in enumerate(specs)]
     if not rows:
         raise ValueError(f"{path}: the grid has no rows")
@@ -200,8 +261,16 @@ def load_grid(name_or_path: str) -> Grid:
     if endpoint is not None:
         endpoint = parse_endpoint(endpoint, f"{path} endpoint").name
     tuning = parse_seeds(spec["tuning_seeds"], f"{path} tuning_seeds") if "tuning_seeds" in spec else None
-    return Grid(spec.get("name") or path.stem, rows, spec.get("description", ""), model_seed, reference, contrasts,
-                endpoint, tuning)
+    return Grid(
+        spec.get("name") or path.stem,
+        rows,
+        spec.get("description", ""),
+        model_seed,
+        reference,
+        contrasts,
+        endpoint,
+        tuning,
+    )
 
 
 def cell_identity(cfg: RunConfig) -> str:
@@ -215,17 +284,23 @@ def cells_of(grid: Grid, base: RunConfig, seeds: list[int], runs_dir: Path) -> l
     """Every (row, seed) cell, validated, with its identity and run folder (nothing is written).
     With grid.model_seed == "follow" a cell's model_seed is its seed (MODEL_SEEDS)."""
     if grid.model_seed not in MODEL_SEEDS:
-        raise ValueError(f"grid {grid.grid_id!r}: model_seed={grid.model_seed!r} is not valid; choose one of: "
-                         f"{', '.join(MODEL_SEEDS)}")
+        raise ValueError(
+            f"grid {grid.grid_id!r}: model_seed={grid.model_seed!r} is not valid; choose one of: "
+            f"{', '.join(MODEL_SEEDS)}"
+        )
     cells = []
     for row in grid.rows:
         if grid.model_seed == "follow" and "model_seed" in row.delta:
-            raise ValueError(f"row {row.label!r}: set.model_seed contradicts the grid's model_seed: follow "
-                             "(each seed builds its own models); drop one of them")
+            raise ValueError(
+                f"row {row.label!r}: set.model_seed contradicts the grid's model_seed: follow "
+                "(each seed builds its own models); drop one of them"
+            )
         for seed in seeds:
             per_seed = {"model_seed": seed} if grid.model_seed == "follow" else {}
-            cfg = merge(row.config(base), {"seed": seed, **per_seed, "wandb_group": grid.grid_id,
-                                           "wandb_job_type": row.label})
+            cfg = merge(
+                row.config(base),
+                {"seed": seed, **per_seed, "wandb_group": grid.grid_id, "wandb_job_type": row.label},
+            )
             try:
                 validate(cfg)
             except ValueError as e:

@@ -13,6 +13,7 @@ holding it (SIGKILL, power loss of a laptop worker) releases it at once, with no
 Other databases get no lock; the claim rule (only the lowest live trial of a cell runs, see
 `store.py`) still keeps a duplicate trial from ever running.
 """
+
 from __future__ import annotations
 
 import hashlib

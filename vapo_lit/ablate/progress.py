@@ -12,6 +12,7 @@ and, between those, a live view of each running cell (`LiveView`), read from the
 On a terminal it is a block of lines redrawn in place every second; into a pipe or a file, the
 lines are printed every 30 seconds (VAPO_LIT_LIVE_EVERY, seconds, changes that; tests use less).
 """
+
 from __future__ import annotations
 
 import json
@@ -49,10 +50,15 @@ def eta_seconds(status, workers: int) -> float | None:
 
 def line(grid_id: str, status, workers: int) -> str:
     eta = "ETA 0s" if status.finished else f"ETA {fmt_seconds(eta_seconds(status, workers))}"
-    per = f" (cells take ~{fmt_seconds(status.mean_seconds)}, {workers} worker{'s' * (workers != 1)})" \
-        if status.mean_seconds is not None else ""
-    return (f"[{grid_id}] {status.done}/{status.total} done · {status.running} running · {status.waiting} waiting · "
-            f"{status.failed} failed · {eta}{per}")
+    per = (
+        f" (cells take ~{fmt_seconds(status.mean_seconds)}, {workers} worker{'s' * (workers != 1)})"
+        if status.mean_seconds is not None
+        else ""
+    )
+    return (
+        f"[{grid_id}] {status.done}/{status.total} done · {status.running} running · {status.waiting} waiting · "
+        f"{status.failed} failed · {eta}{per}"
+    )
 
 
 def say(text: str, stream=None) -> None:
@@ -99,7 +105,7 @@ def running_since(run_dir: Path) -> float | None:
 def cell_line(cell, since: float, now: float) -> str:
     """Where a running cell is: iteration, PPO update, phase, last eval, s/it and ETA, from the last
     row of its metrics.csv (one row per finished iteration)."""
-    from vapo_lit.logs import read_rows
+    from vapo_lit.loggers import read_rows
 
     cfg = cell.cfg
     pre = cfg.vapo.value_pretrain_steps if "value_pretraining" in cfg.components else 0
@@ -114,10 +120,16 @@ def cell_line(cell, since: float, now: float) -> str:
     it, ppo = int(_float(last, "train/iteration", 0)), int(_float(last, "train/ppo_update", 0))
     # the step-0 row is the base eval: whether value pretraining follows (or a cached critic skips
     # it) shows only in the next row
-    phase = ("value-pretrain" if _float(last, "train/value_pretraining", 0) > 0 else "ppo") if it > 0 else "base eval done"
+    phase = (
+        ("value-pretrain" if _float(last, "train/value_pretraining", 0) > 0 else "ppo")
+        if it > 0
+        else "base eval done"
+    )
     key = f"eval/avg@{cfg.eval_k}"
     evals = [r for r in rows if r.get(key, "") != ""]
-    shown = "-" if not evals else f"{_float(evals[-1], key):.2f} @{int(_float(evals[-1], 'train/ppo_update', 0))}"
+    shown = (
+        "-" if not evals else f"{_float(evals[-1], key):.2f} @{int(_float(evals[-1], 'train/ppo_update', 0))}"
+    )
     per_it = _float(last, "perf/cumulative_seconds") / it if it > 0 else float("nan")
     eta = fmt_seconds(per_it * max(0, total - it)) if math.isfinite(per_it) else "?"
     rate = f"{per_it:.1f} s/it" if math.isfinite(per_it) else "- s/it"
@@ -156,7 +168,9 @@ class LiveView:
         lines = self.lines()
         with self._lock:
             if self.tty:  # the block below the cursor, the cursor back at its first line
-                width = max(20, shutil.get_terminal_size().columns - 1)  # a wrapped line would break the redraw
+                width = max(
+                    20, shutil.get_terminal_size().columns - 1
+                )  # a wrapped line would break the redraw
                 block = [x[:width] for x in lines]
                 if not block and not self._drawn:
                     return
@@ -170,6 +184,7 @@ class LiveView:
 
     def around(self, log):
         """`log` that erases the live block first (on a terminal), so its line replaces it."""
+
         def logged(text: str) -> None:
             with self._lock:
                 if self._drawn:
@@ -177,6 +192,7 @@ class LiveView:
                     self.stream.flush()
                     self._drawn = False
                 log(text)
+
         return logged
 
     def _run(self) -> None:

@@ -10,6 +10,7 @@ Output folder layout:
     OUT/grids/<grid>.json       which cells make up a grid (rows in order), for vapo-report
     OUT/reports/<grid>/         table.md, table.tex, table.csv, figures (vapo-report)
 """
+
 from __future__ import annotations
 
 import json
@@ -51,9 +52,20 @@ def default_storage(out: Path) -> str:
     return f"sqlite:///{(Path(out) / 'ablate.db').resolve()}"
 
 
-def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *, workers: int = 1,
-         retries: int = 2, heartbeat_interval: int = 10, grace_period: int = 60, study: str = STUDY,
-         devices_per_cell: int | None = None) -> Plan:
+def plan(
+    grid: Grid,
+    base: RunConfig,
+    seeds,
+    out,
+    storage: str | None = None,
+    *,
+    workers: int = 1,
+    retries: int = 2,
+    heartbeat_interval: int = 10,
+    grace_period: int = 60,
+    study: str = STUDY,
+    devices_per_cell: int | None = None,
+) -> Plan:
     """Resolve and validate every cell and the storage URL; raises ValueError; writes nothing."""
     out = Path(out)
     if workers < 1 or retries < 0 or heartbeat_interval < 1 or grace_period < 1:
@@ -74,7 +86,9 @@ def plan(grid: Grid, base: RunConfig, seeds, out, storage: str | None = None, *,
     if storage is not None:
         check_url(storage)
     endpoint, tuning = fixed_protocol(grid, out)
-    return Plan(grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices, endpoint, tuning)
+    return Plan(
+        grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices, endpoint, tuning
+    )
 
 
 def manifest_path(out: Path, grid: Grid) -> Path:
@@ -92,17 +106,25 @@ def fixed_protocol(grid: Grid, out: Path) -> tuple[str, list]:
     try:
         recorded = json.loads(path.read_text())
     except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh")
-    endpoint = protocol.parse_endpoint(recorded.get("endpoint", protocol.RECORDED_BEFORE), f"{path} endpoint").name
+        raise ValueError(
+            f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh"
+        )
+    endpoint = protocol.parse_endpoint(
+        recorded.get("endpoint", protocol.RECORDED_BEFORE), f"{path} endpoint"
+    ).name
     tuning = recorded.get("tuning_seeds")
     if grid.endpoint is not None and grid.endpoint != endpoint:
-        raise ValueError(f"endpoint {grid.endpoint}: grid {grid.grid_id!r} was started with endpoint {endpoint} "
-                         f"(recorded in {path}); a primary endpoint is fixed before the grid runs: drop --endpoint, or "
-                         "start a new grid (another --out)")
+        raise ValueError(
+            f"endpoint {grid.endpoint}: grid {grid.grid_id!r} was started with endpoint {endpoint} "
+            f"(recorded in {path}); a primary endpoint is fixed before the grid runs: drop --endpoint, or "
+            "start a new grid (another --out)"
+        )
     if tuning is not None and grid.tuning_seeds is not None and sorted(grid.tuning_seeds) != sorted(tuning):
-        raise ValueError(f"tuning seeds {grid.tuning_seeds}: grid {grid.grid_id!r} was started with tuning seeds "
-                         f"{tuning} (recorded in {path}); they are fixed before the grid runs: drop --tuning-seeds, or "
-                         "start a new grid (another --out)")
+        raise ValueError(
+            f"tuning seeds {grid.tuning_seeds}: grid {grid.grid_id!r} was started with tuning seeds "
+            f"{tuning} (recorded in {path}); they are fixed before the grid runs: drop --tuning-seeds, or "
+            "start a new grid (another --out)"
+        )
     return endpoint, sorted(tuning if tuning is not None else (grid.tuning_seeds or []))
 
 
@@ -116,32 +138,50 @@ def _devices_per_cell(base: RunConfig, k: int, workers: int):
     if base.devices != "1":
         raise ValueError(f"--devices {base.devices} and --devices-per-cell {k}: give only --devices-per-cell")
     if base.num_nodes != 1:
-        raise ValueError(f"--num_nodes {base.num_nodes}: a grid cell runs on one machine (workers on other machines "
-                         "join through --storage); use vapo-train for a multi-node run")
+        raise ValueError(
+            f"--num_nodes {base.num_nodes}: a grid cell runs on one machine (workers on other machines "
+            "join through --storage); use vapo-train for a multi-node run"
+        )
     base = merge(base, {"devices": str(k)})
     if resolve_accelerator(base.accelerator) != "cuda":
         return base, None  # CPU processes (gloo): nothing to pin
     gpus = visible_gpus()
     if workers * k > len(gpus):
-        raise ValueError(f"--workers {workers} x --devices-per-cell {k} needs {workers * k} GPUs; {len(gpus)} visible "
-                         f"({','.join(gpus) or 'none'}); use fewer workers or devices per cell")
-    return base, [",".join(gpus[i * k:(i + 1) * k]) for i in range(workers)]
+        raise ValueError(
+            f"--workers {workers} x --devices-per-cell {k} needs {workers * k} GPUs; {len(gpus)} visible "
+            f"({','.join(gpus) or 'none'}); use fewer workers or devices per cell"
+        )
+    return base, [",".join(gpus[i * k : (i + 1) * k]) for i in range(workers)]
 
 
 def write_manifest(p: Plan) -> Path:
     path = manifest_path(p.out, p.grid)
     path.parent.mkdir(parents=True, exist_ok=True)
-    rows = sorted({c.row: c for c in p.cells}.values(),
-                  key=lambda c: row_order(c.cfg.components, c.cfg.advantage_estimator, c.row))
+    rows = sorted(
+        {c.row: c for c in p.cells}.values(),
+        key=lambda c: row_order(c.cfg.components, c.cfg.advantage_estimator, c.row),
+    )
     data = {
-        "grid": p.grid.grid_id, "description": p.grid.description, "storage": mask_url(p.url), "study": p.study,
-        "wandb_group": p.grid.grid_id, "rows": [c.row for c in rows],
+        "grid": p.grid.grid_id,
+        "description": p.grid.description,
+        "storage": mask_url(p.url),
+        "study": p.study,
+        "wandb_group": p.grid.grid_id,
+        "rows": [c.row for c in rows],
         **({"reference": p.grid.reference} if p.grid.reference else {}),
         **({"contrasts": [list(c) for c in p.grid.contrasts]} if p.grid.contrasts else {}),
-        "endpoint": p.endpoint, "tuning_seeds": p.tuning_seeds,
-        "cells": [{"row": c.row, "seed": c.seed, "cell_id": c.cell_id, "run_dir": os.path.relpath(c.run_dir, p.out),
-                   "role": protocol.role(c.seed, p.tuning_seeds)}
-                  for c in p.cells],
+        "endpoint": p.endpoint,
+        "tuning_seeds": p.tuning_seeds,
+        "cells": [
+            {
+                "row": c.row,
+                "seed": c.seed,
+                "cell_id": c.cell_id,
+                "run_dir": os.path.relpath(c.run_dir, p.out),
+                "role": protocol.role(c.seed, p.tuning_seeds),
+            }
+            for c in p.cells
+        ],
     }
     tmp = path.with_suffix(".json.tmp")
     tmp.write_text(json.dumps(data, indent=1))
@@ -169,15 +209,25 @@ def prepare_models(cells, log=print) -> None:
     seen = set()
     for c in cells:
         cfg = c.cfg
-        key = (cfg.task, repr(sorted(cfg.task_options.items())), cfg.model, cfg.critic_init, cfg.model_seed,
-               cfg.cache_dir, bool(builtin_variant(cfg)), repr(sorted(cfg.critic_model.items())),
-               cfg.advantage_estimator == "grpo")
+        key = (
+            cfg.task,
+            repr(sorted(cfg.task_options.items())),
+            cfg.model,
+            cfg.critic_init,
+            cfg.model_seed,
+            cfg.cache_dir,
+            bool(builtin_variant(cfg)),
+            repr(sorted(cfg.critic_model.items())),
+            cfg.advantage_estimator == "grpo",
+        )
         if cfg.model != "builtin" or key in seen:
             continue
         seen.add(key)
         t0 = time.time()
         load_models(cfg, get_task(cfg.task, **cfg.task_options))
-        log(f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)")
+        log(
+            f"built-in models (model_seed {cfg.model_seed}) ready ({time.time() - t0:.0f} s; cached for later runs)"
+        )
 
 
 def run(p: Plan, *, workers: int = 1, report=None, log=progress.say) -> int:
@@ -202,16 +252,30 @@ def _work(p: Plan, workers: int, view: progress.LiveView, log):
     store = open_store(p)
     write_manifest(p)
     counts = store.enqueue(p.cells, p.grid.grid_id)
-    log(f"[{p.grid.grid_id}] {len(p.cells)} cells ({len({c.row for c in p.cells})} rows x "
+    log(
+        f"[{p.grid.grid_id}] {len(p.cells)} cells ({len({c.row for c in p.cells})} rows x "
         f"{len({c.seed for c in p.cells})} seeds): {counts['new']} queued, {counts['reused']} already finished "
         f"(reused), {counts['pending']} queued or running from before · storage {mask_url(p.url)} · W&B group "
-        f"{p.grid.grid_id}")
+        f"{p.grid.grid_id}"
+    )
     if any(c.cfg.model == "builtin" for c in p.cells):
         view.note = "building or loading the built-in models (no cell running yet)"
     prepare_models(p.cells, log=log)
     view.note = None
-    specs = [WorkerSpec(p.url, p.study, p.grid.grid_id, p.cells, p.heartbeat_interval, p.grace_period, p.retries,
-                        workers, gpus=p.gpu_slices[i] if p.gpu_slices else None) for i in range(workers)]
+    specs = [
+        WorkerSpec(
+            p.url,
+            p.study,
+            p.grid.grid_id,
+            p.cells,
+            p.heartbeat_interval,
+            p.grace_period,
+            p.retries,
+            workers,
+            gpus=p.gpu_slices[i] if p.gpu_slices else None,
+        )
+        for i in range(workers)
+    ]
     spec = specs[0]
     procs = []
     if workers > 1:

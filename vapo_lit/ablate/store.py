@@ -26,6 +26,7 @@ winner calls Optuna's retry-stale-trial callback, which enqueues a copy; whoever
 resumes the run from its `checkpoints/last.ckpt`. A live worker whose trial was failed under it
 (a pause longer than the grace period) notices on its next heartbeat and stops its run.
 """
+
 from __future__ import annotations
 
 import os
@@ -50,7 +51,11 @@ def open_storage(url: str, heartbeat_interval: int = 10, grace_period: int = 60,
     from optuna.storages import RDBStorage
 
     retry_cls = getattr(optuna.storages, "RetryHeartbeatStaleTrialCallback", None)
-    kw = {"engine_kwargs": {"connect_args": {"timeout": 120}}} if is_sqlite(url) else {"engine_kwargs": {"pool_pre_ping": True}}
+    kw = (
+        {"engine_kwargs": {"connect_args": {"timeout": 120}}}
+        if is_sqlite(url)
+        else {"engine_kwargs": {"pool_pre_ping": True}}
+    )
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # "experimental" notices
         if retry_cls is not None:
@@ -61,16 +66,22 @@ def open_storage(url: str, heartbeat_interval: int = 10, grace_period: int = 60,
         with warnings.catch_warnings():
             warnings.simplefilter("ignore")  # heartbeat arguments are "experimental"
             try:
-                return RDBStorage(engine_url(url), heartbeat_interval=heartbeat_interval, grace_period=grace_period, **kw)
+                return RDBStorage(
+                    engine_url(url), heartbeat_interval=heartbeat_interval, grace_period=grace_period, **kw
+                )
             except Exception as e:  # noqa: BLE001 - report any connection error, masked
                 # another worker is creating the same tables at this moment: try again
-                racing = type(e).__name__ == "IntegrityError" or "already exists" in str(e) or "locked" in str(e)
+                racing = (
+                    type(e).__name__ == "IntegrityError" or "already exists" in str(e) or "locked" in str(e)
+                )
                 if racing and attempt < 19:
                     time.sleep(0.25 + 0.1 * attempt)
                     continue
                 first = str(e).strip().splitlines()[0] if str(e).strip() else ""
-                raise ValueError(f"cannot open storage {mask_url(url)}: {type(e).__name__}: {mask_text(first, url)} "
-                                 "(is the server running, and the URL's host, port, user and database right?)") from None
+                raise ValueError(
+                    f"cannot open storage {mask_url(url)}: {type(e).__name__}: {mask_text(first, url)} "
+                    "(is the server running, and the URL's host, port, user and database right?)"
+                ) from None
 
 
 # ----------------------------------------------------------------------------- status
@@ -82,7 +93,7 @@ class Status:
     failed: int = 0
     total: int = 0
     mean_seconds: float | None = None  # mean wall time of the cells that were trained (not reused)
-    errors: dict | None = None          # cell_id -> last error of failed cells
+    errors: dict | None = None  # cell_id -> last error of failed cells
 
     @property
     def finished(self) -> bool:
@@ -97,8 +108,14 @@ def worker_id() -> str:
 class CellStore:
     """The grid's cells as trials of one study (see the module doc for the claim protocol)."""
 
-    def __init__(self, url: str, study_name: str = STUDY, heartbeat_interval: int = 10,
-                 grace_period: int = 60, retries: int = 2):
+    def __init__(
+        self,
+        url: str,
+        study_name: str = STUDY,
+        heartbeat_interval: int = 10,
+        grace_period: int = 60,
+        retries: int = 2,
+    ):
         import optuna
 
         optuna.logging.set_verbosity(optuna.logging.WARNING)
@@ -107,8 +124,9 @@ class CellStore:
         self.rdb = open_storage(url, heartbeat_interval, grace_period, retries)
         for attempt in range(10):
             try:
-                self.study = optuna.create_study(storage=self.rdb, study_name=study_name, load_if_exists=True,
-                                                 direction="maximize")
+                self.study = optuna.create_study(
+                    storage=self.rdb, study_name=study_name, load_if_exists=True, direction="maximize"
+                )
                 break
             except Exception:  # noqa: BLE001 - two processes creating the study at once: retry the load
                 if attempt == 9:
@@ -139,7 +157,11 @@ class CellStore:
             if S.COMPLETE in states:
                 st.done += 1
                 for t in trials:
-                    if t.state == S.COMPLETE and t.user_attrs.get("mode") in ("fresh", "resume") and t.datetime_start:
+                    if (
+                        t.state == S.COMPLETE
+                        and t.user_attrs.get("mode") in ("fresh", "resume")
+                        and t.datetime_start
+                    ):
                         durations.append((t.datetime_complete - t.datetime_start).total_seconds())
             elif S.RUNNING in states:
                 st.running += 1
@@ -174,8 +196,13 @@ class CellStore:
                 elif states & {S.WAITING, S.RUNNING}:
                     counts["pending"] += 1
                 else:
-                    attrs = {"cell_id": c.cell_id, "row": c.row, "seed": c.seed, "run_name": c.cfg.name,
-                             "grid": grid_id}
+                    attrs = {
+                        "cell_id": c.cell_id,
+                        "row": c.row,
+                        "seed": c.seed,
+                        "run_name": c.cfg.name,
+                        "grid": grid_id,
+                    }
                     self._retry(lambda: self.study.enqueue_trial({}, user_attrs=attrs))
                     counts["new"] += 1
                     faults.reach("enqueue")
@@ -189,8 +216,10 @@ class CellStore:
         cell_ids = set(cell_ids)
         while True:
             trials = self.trials()
-            waiting = sorted((t for t in trials if t.state == S.WAITING and t.user_attrs.get("cell_id") in cell_ids),
-                             key=lambda t: t.number)
+            waiting = sorted(
+                (t for t in trials if t.state == S.WAITING and t.user_attrs.get("cell_id") in cell_ids),
+                key=lambda t: t.number,
+            )
             if not waiting:
                 return None
             for t in waiting:
@@ -211,7 +240,9 @@ class CellStore:
         """None if `mine` may run; else the number of the trial that owns (or finished) the cell."""
         from optuna.trial import TrialState as S
 
-        for t in sorted(self.by_cell([mine.user_attrs["cell_id"]])[mine.user_attrs["cell_id"]], key=lambda t: t.number):
+        for t in sorted(
+            self.by_cell([mine.user_attrs["cell_id"]])[mine.user_attrs["cell_id"]], key=lambda t: t.number
+        ):
             if t.number == mine.number:
                 continue
             if t.state == S.COMPLETE or (t.number < mine.number and t.state in (S.WAITING, S.RUNNING)):
@@ -271,8 +302,11 @@ class CellStore:
         return n
 
     def _run_retry_callback(self, trial_id: int) -> None:
-        cb = self.rdb.get_heartbeat_stale_trial_callback() if hasattr(self.rdb, "get_heartbeat_stale_trial_callback") \
+        cb = (
+            self.rdb.get_heartbeat_stale_trial_callback()
+            if hasattr(self.rdb, "get_heartbeat_stale_trial_callback")
             else self.rdb.get_failed_trial_callback()
+        )
         if cb is not None:
             self._retry(lambda: cb(self.study, self.rdb.get_trial(trial_id)))
 
@@ -299,12 +333,16 @@ class CellStore:
                     values[cols.datetime_start] = now
                 if to.is_finished():
                     values[cols.datetime_complete] = now
-                n = (session.query(models.TrialModel)
-                     .filter(cols.trial_id == trial_id, cols.state == frm)
-                     .update(values, synchronize_session=False))
+                n = (
+                    session.query(models.TrialModel)
+                    .filter(cols.trial_id == trial_id, cols.state == frm)
+                    .update(values, synchronize_session=False)
+                )
                 if n == 1 and value is not None:
                     stored, kind = models.TrialValueModel.value_to_stored_repr(float(value))
-                    session.add(models.TrialValueModel(trial_id=trial_id, objective=0, value=stored, value_type=kind))
+                    session.add(
+                        models.TrialValueModel(trial_id=trial_id, objective=0, value=stored, value_type=kind)
+                    )
                 session.commit()
                 return n == 1
             except BaseException:
@@ -325,7 +363,7 @@ class CellStore:
             except sqlalchemy.exc.OperationalError as e:
                 if i == attempts - 1 or faults.is_disk_full(e):  # a full disk does not clear by waiting
                     raise
-                time.sleep(min(0.05 * 2 ** i, 2.0))
+                time.sleep(min(0.05 * 2**i, 2.0))
 
 
 class Heartbeat:

@@ -12,6 +12,7 @@ its trial runs) with the trials table, the best trial and the parameter importan
 Its id comes from project and study name, so continuing the sweep updates the same run. Mode: the
 trials' (`--wandb`; auto = online when logged in, else offline); files in OUT/wandb.
 """
+
 from __future__ import annotations
 
 import json
@@ -23,7 +24,11 @@ from vapo_lit.config import to_dict
 
 
 def _number(value):
-    return value if isinstance(value, (int, str)) or (isinstance(value, float) and math.isfinite(value)) else None
+    return (
+        value
+        if isinstance(value, (int, str)) or (isinstance(value, float) and math.isfinite(value))
+        else None
+    )
 
 
 def trial_rows(study, space: dict) -> tuple[list[str], list[list]]:
@@ -35,8 +40,17 @@ def trial_rows(study, space: dict) -> tuple[list[str], list[list]]:
         card = Path(run_dir) / "run_card.json" if run_dir else None
         wb = (json.loads(card.read_text()).get("wandb") or {}) if card is not None and card.is_file() else {}
         duration = t.duration.total_seconds() if t.duration is not None else None
-        data.append([t.number, t.state.name, _number(t.value), *(_number(t.params.get(p)) for p in space),
-                     duration, run_dir, wb.get("id")])
+        data.append(
+            [
+                t.number,
+                t.state.name,
+                _number(t.value),
+                *(_number(t.params.get(p)) for p in space),
+                duration,
+                run_dir,
+                wb.get("id"),
+            ]
+        )
     return columns, data
 
 
@@ -61,41 +75,81 @@ def importances(study) -> tuple[dict, str | None]:
 def log_study(study, spec, base, out) -> str | None:
     """Log (or update) the study run; returns one line saying where it went (None when disabled)."""
     import wandb
-    from optuna.trial import TrialState
 
     from vapo_lit.wandb_runs import offline_folder, summary_run
 
-    config = {"study": spec.study, "objective": spec.objective, "direction": "maximize", "n_trials": spec.n_trials,
-              "space": spec.space, "sampler": spec.sampler, "pruner": spec.pruner, "base_config": to_dict(base)}
-    run = summary_run(Path(out), kind="study", project=base.wandb_project, group=spec.study,
-                      name=f"{spec.study}-study", config=config, mode=base.wandb)
+    config = {
+        "study": spec.study,
+        "objective": spec.objective,
+        "direction": "maximize",
+        "n_trials": spec.n_trials,
+        "space": spec.space,
+        "sampler": spec.sampler,
+        "pruner": spec.pruner,
+        "base_config": to_dict(base),
+    }
+    run = summary_run(
+        Path(out),
+        kind="study",
+        project=base.wandb_project,
+        group=spec.study,
+        name=f"{spec.study}-study",
+        config=config,
+        mode=base.wandb,
+    )
     if run is None:
         return None
     try:
         columns, data = trial_rows(study, spec.space)
-        run.define_metric("trial/number")
-        run.define_metric("trial/*", step_metric="trial/number")
-        for line in data:
-            rec = dict(zip(columns, line))
-            if rec["state"] in ("COMPLETE", "PRUNED"):
-                run.log({"trial/number": rec["number"], "trial/value": rec["value"],
-                         **{f"trial/{p}": rec[p] for p in spec.space if isinstance(rec[p], (int, float))}})
+        _log_trials(run, columns, data, spec.space)
         imp, why = importances(study)
-        row = {"study/trials": wandb.Table(columns=columns, data=data, allow_mixed_types=True),
-               "study/importances": wandb.Table(columns=["param", "importance"], data=[[k, v] for k, v in imp.items()])}
+        row = {
+            "study/trials": wandb.Table(columns=columns, data=data, allow_mixed_types=True),
+            "study/importances": wandb.Table(
+                columns=["param", "importance"], data=[[k, v] for k, v in imp.items()]
+            ),
+        }
         run.log(row)
-        summary = {"trials": len(data), "importances_note": why or ""}
-        complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
-        if complete:
-            best = max(complete, key=lambda t: t.value)
-            best_line = next(line for line in data if line[0] == best.number)
-            summary.update({"best/number": best.number, "best/value": best.value,
-                            **{f"best/params/{k}": v for k, v in best.params.items()},
-                            "best/run_dir": best.user_attrs.get("run_dir"), "best/wandb_id": best_line[-1]})
-        run.summary.update(summary)
+        run.summary.update({"trials": len(data), "importances_note": why or "", **_best_summary(study, data)})
         where = offline_folder(run)
     finally:
         run.finish()
     if where:
-        return f"[{spec.study}] W&B study run {run.id} (offline) in {where}; upload it with: wandb sync {where}"
+        return (
+            f"[{spec.study}] W&B study run {run.id} (offline) in {where}; upload it with: wandb sync {where}"
+        )
     return f"[{spec.study}] W&B study run {run.id}: {run.url}"
+
+
+def _log_trials(run, columns: list, data: list, space) -> None:
+    """One W&B row per finished trial (complete or pruned) on the trial/number axis."""
+    run.define_metric("trial/number")
+    run.define_metric("trial/*", step_metric="trial/number")
+    for line in data:
+        rec = dict(zip(columns, line))
+        if rec["state"] in ("COMPLETE", "PRUNED"):
+            run.log(
+                {
+                    "trial/number": rec["number"],
+                    "trial/value": rec["value"],
+                    **{f"trial/{p}": rec[p] for p in space if isinstance(rec[p], (int, float))},
+                }
+            )
+
+
+def _best_summary(study, data: list) -> dict:
+    """The best complete trial's number, value, parameters, run folder and W&B id ({} when none)."""
+    from optuna.trial import TrialState
+
+    complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
+    if not complete:
+        return {}
+    best = max(complete, key=lambda t: t.value)
+    best_line = next(line for line in data if line[0] == best.number)
+    return {
+        "best/number": best.number,
+        "best/value": best.value,
+        **{f"best/params/{k}": v for k, v in best.params.items()},
+        "best/run_dir": best.user_attrs.get("run_dir"),
+        "best/wandb_id": best_line[-1],
+    }

@@ -23,6 +23,7 @@ retry-stale-trial callback and resumes from its run folder's last checkpoint. Lo
 `optuna-dashboard sqlite:///OUT/sweeps.db` (pip install optuna-dashboard), or in W&B: the study
 run (ablate/study_run.py) holds the trials table, the best trial and the parameter importances.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field
@@ -50,7 +51,6 @@ class SweepSpec:
     enqueue: list = field(default_factory=list)
 
 
-
 def available_sweeps() -> list[str]:
     """Names of the sweeps `load_sweep` finds by name: ./sweeps/*.yaml, then the shipped ones."""
     from vapo_lit.ablate.grid import definition_dirs
@@ -70,8 +70,10 @@ def sweep_path(name_or_path) -> Path:
         for d in definition_dirs("sweeps"):
             if (d / f"{path.name}.yaml").is_file():
                 return d / f"{path.name}.yaml"
-    raise ValueError(f"{name_or_path}: no such sweep file or shipped sweep; shipped sweeps: "
-                     f"{', '.join(available_sweeps()) or '(none)'}")
+    raise ValueError(
+        f"{name_or_path}: no such sweep file or shipped sweep; shipped sweeps: "
+        f"{', '.join(available_sweeps()) or '(none)'}"
+    )
 
 
 def load_sweep(name_or_path) -> SweepSpec:
@@ -92,7 +94,9 @@ def load_sweep(name_or_path) -> SweepSpec:
         raise ValueError(f"{path}: empty search space")
     for name, dist in spec.space.items():
         if name not in paths:
-            raise ValueError(f"{path}: space key {name!r} is not a config field (e.g. vapo.alpha, ppo.critic_lr)")
+            raise ValueError(
+                f"{path}: space key {name!r} is not a config field (e.g. vapo.alpha, ppo.critic_lr)"
+            )
         kind = (dist or {}).get("type")
         if kind not in KINDS:
             raise ValueError(f"{path}: {name}: type must be one of {', '.join(KINDS)}")
@@ -119,7 +123,9 @@ def make_sampler(spec: SweepSpec):
     import optuna
 
     opts = {k: v for k, v in spec.sampler.items() if k != "name"}
-    return {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[spec.sampler.get("name", "tpe")](**opts)
+    return {"tpe": optuna.samplers.TPESampler, "random": optuna.samplers.RandomSampler}[
+        spec.sampler.get("name", "tpe")
+    ](**opts)
 
 
 def make_pruner(spec: SweepSpec):
@@ -127,18 +133,26 @@ def make_pruner(spec: SweepSpec):
 
     opts = {k: v for k, v in spec.pruner.items() if k != "name"}
     name = spec.pruner.get("name", "median")
-    return {"median": optuna.pruners.MedianPruner, "percentile": optuna.pruners.PercentilePruner,
-            "threshold": optuna.pruners.ThresholdPruner, "hyperband": optuna.pruners.HyperbandPruner,
-            "none": optuna.pruners.NopPruner}[name](**opts)
+    return {
+        "median": optuna.pruners.MedianPruner,
+        "percentile": optuna.pruners.PercentilePruner,
+        "threshold": optuna.pruners.ThresholdPruner,
+        "hyperband": optuna.pruners.HyperbandPruner,
+        "none": optuna.pruners.NopPruner,
+    }[name](**opts)
 
 
 def suggest(trial, space: dict) -> dict:
     out = {}
     for name, d in space.items():
         if d["type"] == "float":
-            out[name] = trial.suggest_float(name, d["low"], d["high"], log=d.get("log", False), step=d.get("step"))
+            out[name] = trial.suggest_float(
+                name, d["low"], d["high"], log=d.get("log", False), step=d.get("step")
+            )
         elif d["type"] == "int":
-            out[name] = trial.suggest_int(name, d["low"], d["high"], log=d.get("log", False), step=d.get("step", 1))
+            out[name] = trial.suggest_int(
+                name, d["low"], d["high"], log=d.get("log", False), step=d.get("step", 1)
+            )
         else:
             out[name] = trial.suggest_categorical(name, d["choices"])
     return out
@@ -157,7 +171,12 @@ def prune_callback(trial, k: int):
 
         def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx):
             ev = pl_module.last_eval
-            if ev is None or ev.iteration != pl_module.iteration or ev.ppo_update < 1 or ev.ppo_update in self.reported:
+            if (
+                ev is None
+                or ev.iteration != pl_module.iteration
+                or ev.ppo_update < 1
+                or ev.ppo_update in self.reported
+            ):
                 return  # no eval in this iteration (the base policy's eval is not reported)
             self.reported.add(ev.ppo_update)
             trial.report(ev.score, ev.ppo_update)
@@ -193,8 +212,16 @@ def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
     def objective(trial) -> float:
         params = suggest(trial, spec.space)
         runs, name = run_dir_of_trial(out, spec.study, trial)
-        cfg = merge(base, {**nest(params), "out_dir": str(runs), "name": name, "wandb_group": spec.study,
-                           "wandb_job_type": "trial"})
+        cfg = merge(
+            base,
+            {
+                **nest(params),
+                "out_dir": str(runs),
+                "name": name,
+                "wandb_group": spec.study,
+                "wandb_job_type": "trial",
+            },
+        )
         validate(cfg)
         trial.set_user_attr("run_dir", str(runs / name))
         resume = (runs / name / "checkpoints" / "last.ckpt").is_file()
@@ -212,10 +239,40 @@ def objective_fn(spec: SweepSpec, base: RunConfig, out: Path):
     return objective
 
 
-def run_sweep(spec: SweepSpec, base: RunConfig, out, storage: str | None = None, *, n_trials: int | None = None,
-              heartbeat_interval: int = 10, grace_period: int = 60, retries: int = 2, log=print):
-    """Create or continue the study and run trials until n_trials are COMPLETE or PRUNED."""
+def _open_study(spec: SweepSpec, base: RunConfig, rdb):
+    """The sweep's Optuna study on storage `rdb`, created (with its enqueued trials and the base
+    config) or continued."""
     import optuna
+
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(
+        storage=rdb,
+        study_name=spec.study,
+        sampler=make_sampler(spec),
+        pruner=make_pruner(spec),
+        direction="maximize",
+        load_if_exists=True,
+    )
+    if not study.trials:
+        for params in spec.enqueue:
+            study.enqueue_trial(params)
+        study.set_user_attr("base_config", to_dict(base))
+    return study
+
+
+def run_sweep(
+    spec: SweepSpec,
+    base: RunConfig,
+    out,
+    storage: str | None = None,
+    *,
+    n_trials: int | None = None,
+    heartbeat_interval: int = 10,
+    grace_period: int = 60,
+    retries: int = 2,
+    log=print,
+):
+    """Create or continue the study and run trials until n_trials are COMPLETE or PRUNED."""
     from optuna.study import MaxTrialsCallback
     from optuna.trial import TrialState
 
@@ -224,35 +281,47 @@ def run_sweep(spec: SweepSpec, base: RunConfig, out, storage: str | None = None,
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     url = storage or f"sqlite:///{(out / 'sweeps.db').resolve()}"
-    rdb = open_storage(url, heartbeat_interval, grace_period, retries)
-    optuna.logging.set_verbosity(optuna.logging.WARNING)
-    study = optuna.create_study(storage=rdb, study_name=spec.study, sampler=make_sampler(spec),
-                                pruner=make_pruner(spec), direction="maximize", load_if_exists=True)
-    if not study.trials:
-        for params in spec.enqueue:
-            study.enqueue_trial(params)
-        study.set_user_attr("base_config", to_dict(base))
+    study = _open_study(spec, base, open_storage(url, heartbeat_interval, grace_period, retries))
     target = n_trials or spec.n_trials
     counted = (TrialState.COMPLETE, TrialState.PRUNED)
     done = len(study.get_trials(deepcopy=False, states=counted))
-    log(f"[{spec.study}] {done}/{target} trials finished · storage {mask_url(url)} · "
-        f"optuna-dashboard {mask_url(url)}")
+    log(
+        f"[{spec.study}] {done}/{target} trials finished · storage {mask_url(url)} · "
+        f"optuna-dashboard {mask_url(url)}"
+    )
     if done < target:
-        study.optimize(objective_fn(spec, base, out), n_trials=None, catch=(Exception,), gc_after_trial=True,
-                       callbacks=[MaxTrialsCallback(target, states=counted),
-                                  lambda s, t: log(f"[{spec.study}] trial {t.number}: {t.state.name} "
-                                                   f"value={t.value} params={t.params}")])
+        study.optimize(
+            objective_fn(spec, base, out),
+            n_trials=None,
+            catch=(Exception,),
+            gc_after_trial=True,
+            callbacks=[
+                MaxTrialsCallback(target, states=counted),
+                lambda s, t: log(
+                    f"[{spec.study}] trial {t.number}: {t.state.name} value={t.value} params={t.params}"
+                ),
+            ],
+        )
+    _report_best(study, spec, base, out, log)
+    return study
+
+
+def _report_best(study, spec: SweepSpec, base: RunConfig, out: Path, log) -> None:
+    """After the trials: the best complete trial in one line, and the study's W&B run."""
+    from optuna.trial import TrialState
+
+    from vapo_lit.ablate.study_run import log_study
+
     complete = study.get_trials(deepcopy=False, states=(TrialState.COMPLETE,))
     if complete:
         best = max(complete, key=lambda t: t.value)
-        log(f"[{spec.study}] best trial {best.number}: eval avg@k {spec.objective} = {best.value:.4f} "
-            f"params {best.params} run {best.user_attrs.get('run_dir')}")
-    from vapo_lit.ablate.study_run import log_study
-
+        log(
+            f"[{spec.study}] best trial {best.number}: eval avg@k {spec.objective} = {best.value:.4f} "
+            f"params {best.params} run {best.user_attrs.get('run_dir')}"
+        )
     try:
         line = log_study(study, spec, base, out)
     except Exception as e:  # noqa: BLE001 - the trials are stored; W&B trouble must not fail the sweep
         line = f"[{spec.study}] W&B study run not logged: {type(e).__name__}: {str(e).splitlines()[0] if str(e) else ''}"
     if line:
         log(line)
-    return study

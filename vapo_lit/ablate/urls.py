@@ -13,6 +13,7 @@ Drivers. SQLAlchemy 2.1 maps a plain ``postgresql://`` to psycopg 3 (``pip insta
 ``psycopg2-binary``. When only psycopg2 is installed, a plain ``postgresql://`` URL is opened with
 it (`engine_url`), so both spellings work with either driver.
 """
+
 from __future__ import annotations
 
 import importlib.util
@@ -52,7 +53,9 @@ def with_password(url: str | None, password_file: str | os.PathLike | None = Non
         except OSError as e:
             raise ValueError(f"--storage-password-file {path}: cannot read it ({e.strerror})") from None
         if not password:
-            raise ValueError(f"--storage-password-file {path}: the file is empty (expected the password on line 1)")
+            raise ValueError(
+                f"--storage-password-file {path}: the file is empty (expected the password on line 1)"
+            )
     elif os.environ.get(PASSWORD_ENV):
         password = os.environ[PASSWORD_ENV]
     if password is None:
@@ -65,7 +68,9 @@ def with_password(url: str | None, password_file: str | os.PathLike | None = Non
         return url
     if u.password:
         where = "--storage-password-file" if password_file is not None else f"${PASSWORD_ENV}"
-        raise ValueError(f"--storage {mask_url(url)} already holds a password; give it once (in {where} only)")
+        raise ValueError(
+            f"--storage {mask_url(url)} already holds a password; give it once (in {where} only)"
+        )
     if u.get_backend_name() == "sqlite":
         return url
     return u.set(password=password).render_as_string(hide_password=False)
@@ -75,8 +80,11 @@ def with_password(url: str | None, password_file: str | os.PathLike | None = Non
 def engine_url(url: str) -> str:
     """The URL SQLAlchemy opens: a plain postgresql:// uses psycopg 3, or psycopg2 when only it is
     installed."""
-    if re.match(r"^postgres(ql)?://", url) and importlib.util.find_spec("psycopg") is None \
-            and importlib.util.find_spec("psycopg2") is not None:
+    if (
+        re.match(r"^postgres(ql)?://", url)
+        and importlib.util.find_spec("psycopg") is None
+        and importlib.util.find_spec("psycopg2") is not None
+    ):
         return "postgresql+psycopg2://" + url.split("://", 1)[1]
     if url.startswith("postgres://"):  # Heroku-style spelling; SQLAlchemy wants postgresql://
         return "postgresql://" + url.split("://", 1)[1]
@@ -91,21 +99,30 @@ def check_url(url: str) -> None:
         u = sqlalchemy.engine.make_url(engine_url(url))
         dialect = u.get_dialect()
     except Exception as e:  # noqa: BLE001 - any parse error is a bad URL
-        raise ValueError(f"--storage {mask_url(url)}: not a valid database URL ({mask_text(e, url)}); "
-                         "examples: sqlite:///abs/path.db, postgresql://user@host:5432/db") from None
+        raise ValueError(
+            f"--storage {mask_url(url)}: not a valid database URL ({mask_text(e, url)}); "
+            "examples: sqlite:///abs/path.db, postgresql://user@host:5432/db"
+        ) from None
     try:
         dialect.import_dbapi() if hasattr(dialect, "import_dbapi") else dialect.dbapi()
     except ImportError:
         driver = getattr(dialect, "driver", "?")
         package = DRIVER_PACKAGES.get(driver, driver)
-        hint = (" (SQLAlchemy maps a plain postgresql:// to psycopg 3; with psycopg2 installed it is used instead)"
-                if u.get_backend_name() == "postgresql" and "+" not in url.split("://")[0] else "")
-        raise ValueError(f"--storage {mask_url(url)}: its database driver {driver!r} is not installed; "
-                         f"pip install {package}{hint}") from None
+        hint = (
+            " (SQLAlchemy maps a plain postgresql:// to psycopg 3; with psycopg2 installed it is used instead)"
+            if u.get_backend_name() == "postgresql" and "+" not in url.split("://")[0]
+            else ""
+        )
+        raise ValueError(
+            f"--storage {mask_url(url)}: its database driver {driver!r} is not installed; "
+            f"pip install {package}{hint}"
+        ) from None
     if u.get_backend_name() == "sqlite":
         db = u.database
         if not db or db == ":memory:":
-            raise ValueError(f"--storage {mask_url(url)}: an in-memory SQLite database cannot be shared by workers")
+            raise ValueError(
+                f"--storage {mask_url(url)}: an in-memory SQLite database cannot be shared by workers"
+            )
         parent = Path(db).resolve().parent
         if not parent.is_dir():
             raise ValueError(f"--storage {mask_url(url)}: folder {parent} does not exist")

@@ -7,6 +7,7 @@ mode (fresh / resume / reused), start and end time and outcome; nothing else is 
 except by `train()` and, for a cell on several devices (`--devices-per-cell K`, run as a process
 of its own by `vapo_lit.ablate.cell`), its resolved config `cell.json` and output `cell.log`.
 """
+
 from __future__ import annotations
 
 import errno
@@ -40,6 +41,7 @@ class WorkerStopped(RuntimeError):
 @dataclass
 class WorkerSpec:
     """Everything a worker process needs (picklable: spawned workers get it as-is)."""
+
     url: str
     study: str
     grid_id: str
@@ -79,36 +81,51 @@ def _final_eval(summary: dict, k: int) -> float:
     return 0.0
 
 
-def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
-    """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
+def _start_mode(run_dir: Path, trial_number: int) -> str:
+    """How a claimed cell starts: 'reused' (its run finished), 'resume' (from a readable checkpoint)
+    or 'fresh' (a run that died before its first checkpoint is moved aside first)."""
+    ckpt = run_dir / "checkpoints" / "last.ckpt"
+    if (run_dir / "summary.json").is_file():
+        return "reused"
+    if ckpt.is_file() and _readable(ckpt):
+        return "resume"
+    if (
+        run_dir / "metrics.csv"
+    ).exists():  # died before its first checkpoint: start over, keep the old one aside
+        aside = run_dir.parent / ".partial" / f"{run_dir.name}-t{trial_number}"
+        aside.parent.mkdir(parents=True, exist_ok=True)
+        shutil.move(str(run_dir), str(aside))
+    return "fresh"
+
+
+def _run_or_reuse(store: CellStore, trial, cell, mode: str) -> dict:
+    """The cell's summary: the finished run's, or that of a run trained (or resumed) under a heartbeat."""
     from vapo_lit.devices import spans_devices
     from vapo_lit.train import train
 
+    if mode == "reused":
+        return json.loads((cell.run_dir / "summary.json").read_text())
+    with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
+        warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
+        if spans_devices(cell.cfg):
+            return _train_apart(cell, mode == "resume", hb)
+        return train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
+
+
+def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
+    """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
     run_dir = cell.run_dir
-    summary_path = run_dir / "summary.json"
-    ckpt = run_dir / "checkpoints" / "last.ckpt"
-    if summary_path.is_file():
-        mode = "reused"
-    elif ckpt.is_file() and _readable(ckpt):
-        mode = "resume"
-    else:
-        mode = "fresh"
-        if (run_dir / "metrics.csv").exists():  # died before its first checkpoint: start over, keep the old one aside
-            aside = run_dir.parent / ".partial" / f"{run_dir.name}-t{trial.number}"
-            aside.parent.mkdir(parents=True, exist_ok=True)
-            shutil.move(str(run_dir), str(aside))
-    record = {"trial": trial.number, "worker": worker_id(), "pid": os.getpid(), "mode": mode, "start": time.time()}
+    mode = _start_mode(run_dir, trial.number)
+    record = {
+        "trial": trial.number,
+        "worker": worker_id(),
+        "pid": os.getpid(),
+        "mode": mode,
+        "start": time.time(),
+    }
     _ledger(run_dir, {**record, "event": "start"})
     try:
-        if mode == "reused":
-            summary = json.loads(summary_path.read_text())
-        else:
-            with Heartbeat(store, trial._trial_id, store.heartbeat_interval) as hb, warnings.catch_warnings():
-                warnings.filterwarnings("ignore", ".*exists and is not empty.*")  # attempts.jsonl is ours
-                if spans_devices(cell.cfg):
-                    summary = _train_apart(cell, mode == "resume", hb)
-                else:
-                    summary = train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
+        summary = _run_or_reuse(store, trial, cell, mode)
     except (KeyboardInterrupt, SystemExit) as e:  # Lightning turns Ctrl-C inside fit() into SystemExit(1)
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "interrupted"})
         store.release(trial)
@@ -117,10 +134,16 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "lost"})
         return "lost"
     except Exception as e:  # noqa: BLE001 - any crash of a cell is recorded, the grid goes on
-        if is_disk_full(e) or is_storage_error(e):  # not the cell's fault: retrying it would fail the same way
+        if is_disk_full(e) or is_storage_error(
+            e
+        ):  # not the cell's fault: retrying it would fail the same way
             _hand_back(store, trial, run_dir, record, e, url)
-        err = mask_text(f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]), url)
-        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "failed", "error": err[-500:]})
+        err = mask_text(
+            f"{type(e).__name__}: {e}\n" + "".join(traceback.format_exc().splitlines(True)[-12:]), url
+        )
+        _ledger(
+            run_dir, {**record, "event": "end", "end": time.time(), "outcome": "failed", "error": err[-500:]}
+        )
         try:
             store.fail(trial, err)
         except Exception as e2:  # noqa: BLE001
@@ -151,8 +174,13 @@ def _train_apart(cell, resume: bool, hb: Heartbeat) -> dict:
     root = str(Path(__file__).resolve().parents[2])
     env["PYTHONPATH"] = os.pathsep.join(x for x in (root, env.get("PYTHONPATH")) if x)
     with open(run_dir / "cell.log", "ab") as log:
-        proc = subprocess.Popen([sys.executable, "-m", "vapo_lit.ablate.cell", str(cfg_path)] + (["--resume"] if resume else []),
-                                stdout=log, stderr=subprocess.STDOUT, env=env, start_new_session=True)
+        proc = subprocess.Popen(
+            [sys.executable, "-m", "vapo_lit.ablate.cell", str(cfg_path)] + (["--resume"] if resume else []),
+            stdout=log,
+            stderr=subprocess.STDOUT,
+            env=env,
+            start_new_session=True,
+        )
         try:
             while proc.poll() is None:
                 if hb.lost:
@@ -175,7 +203,9 @@ def _train_apart(cell, resume: bool, hb: Heartbeat) -> dict:
         raise OSError(errno.ENOSPC, f"disk full in the cell's process: {last}")
     if proc.returncode == 130:
         raise KeyboardInterrupt
-    raise RuntimeError(f"the cell's process exited with code {proc.returncode}: {last} (see {run_dir / 'cell.log'})")
+    raise RuntimeError(
+        f"the cell's process exited with code {proc.returncode}: {last} (see {run_dir / 'cell.log'})"
+    )
 
 
 def _kill(proc, sig) -> None:
@@ -204,8 +234,16 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
     message saying what to do. Best effort: on a full disk the database may refuse the write too."""
     what = "disk full" if is_disk_full(e) else "storage error"
     try:
-        _ledger(run_dir, {**record, "event": "end", "end": time.time(), "outcome": "handed back",
-                          "error": mask_text(f"{type(e).__name__}: {e}", url)[-500:]})
+        _ledger(
+            run_dir,
+            {
+                **record,
+                "event": "end",
+                "end": time.time(),
+                "outcome": "handed back",
+                "error": mask_text(f"{type(e).__name__}: {e}", url)[-500:],
+            },
+        )
     except OSError:
         pass
     try:
@@ -213,12 +251,20 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
     except Exception:  # noqa: BLE001
         handed = False
     first = mask_text(str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__, url)
-    where = "" if handed else (f"; the cell could not be handed back ({what}): another run takes it over "
-                               f"{store.grace_period} s after its last heartbeat")
+    where = (
+        ""
+        if handed
+        else (
+            f"; the cell could not be handed back ({what}): another run takes it over "
+            f"{store.grace_period} s after its last heartbeat"
+        )
+    )
     fix = "free some space" if what == "disk full" else "check the database server"
-    raise WorkerStopped(f"{what} in cell {run_dir.name} ({type(e).__name__}: {first}){where}; {fix}, then rerun "
-                        "the same command to continue (finished cells are kept, this one resumes from its last "
-                        "checkpoint)") from e
+    raise WorkerStopped(
+        f"{what} in cell {run_dir.name} ({type(e).__name__}: {first}){where}; {fix}, then rerun "
+        "the same command to continue (finished cells are kept, this one resumes from its last "
+        "checkpoint)"
+    ) from e
 
 
 def work(spec: WorkerSpec, log=progress.say) -> None:
@@ -227,7 +273,7 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpus
     import torch
 
-    from vapo_lit.progress import quiet_libraries
+    from vapo_lit.progress_line import quiet_libraries
 
     quiet_libraries()  # the grid's own progress lines, not Lightning's banners and tips per cell
 
@@ -246,8 +292,10 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
             if status.finished:
                 return
             if not said_waiting:
-                log(f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] nothing to claim: {status.running} cell(s) running "
-                    f"in other workers; a dead worker's cell is taken over after {spec.grace_period}s without heartbeat")
+                log(
+                    f"{time.strftime('%H:%M:%S')} [{spec.grid_id}] nothing to claim: {status.running} cell(s) running "
+                    f"in other workers; a dead worker's cell is taken over after {spec.grace_period}s without heartbeat"
+                )
                 said_waiting = True
             time.sleep(spec.poll_seconds)
             continue

@@ -8,6 +8,7 @@ the compiler command, and written atomically, so concurrent processes never load
 `VAPO_LIT_GAE_BACKEND` selects the backend: `auto` (default: native where it builds, else torch),
 `native` (error if it cannot build) or `torch`.
 """
+
 from __future__ import annotations
 
 import ctypes
@@ -34,9 +35,7 @@ def cache_root() -> Path:
 def backend_choice() -> str:
     choice = os.environ.get("VAPO_LIT_GAE_BACKEND", "auto").strip().lower()
     if choice not in ("auto", "native", "torch"):
-        raise ValueError(
-            f"VAPO_LIT_GAE_BACKEND={choice!r} is not valid; use one of: auto, native, torch"
-        )
+        raise ValueError(f"VAPO_LIT_GAE_BACKEND={choice!r} is not valid; use one of: auto, native, torch")
     return choice
 
 

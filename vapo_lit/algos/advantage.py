@@ -15,6 +15,7 @@ Backends: a C sweep (one pass over memory, see `_native.py`) for CPU tensors, an
 pure-torch scan (compaction + chunked matmul) for everything else. Both are tested against a
 float64 loop.
 """
+
 from __future__ import annotations
 
 import math
@@ -25,8 +26,15 @@ import torch
 
 from vapo_lit.algos import _native
 
-__all__ = ["length_adaptive_lambda", "lambda_clamped", "gae", "decoupled_gae", "decoupled_gae_observations",
-           "OBSERVATION_MODES", "group_normalized_advantage"]
+__all__ = [
+    "length_adaptive_lambda",
+    "lambda_clamped",
+    "gae",
+    "decoupled_gae",
+    "decoupled_gae_observations",
+    "OBSERVATION_MODES",
+    "group_normalized_advantage",
+]
 
 
 # --------------------------------------------------------------------------- lambda schedule
@@ -85,9 +93,7 @@ def _check_inputs(rewards, values, mask, bootstrap_values, gamma):
             f"rewards {tuple(rewards.shape)}, values {tuple(values.shape)}, mask {tuple(mask.shape)}"
         )
     if not rewards.is_floating_point() or not values.is_floating_point():
-        raise ValueError(
-            f"rewards and values must be floating point; got {rewards.dtype} and {values.dtype}"
-        )
+        raise ValueError(f"rewards and values must be floating point; got {rewards.dtype} and {values.dtype}")
     if not isinstance(gamma, Real) or not (0 <= gamma <= 1):
         raise ValueError(f"gamma must be in [0, 1] (paper: 1.0); got {gamma!r}")
     B = rewards.shape[0]
@@ -102,7 +108,9 @@ def _check_inputs(rewards, values, mask, bootstrap_values, gamma):
 def _as_lambda(lam, name: str, B: int, like: torch.Tensor) -> torch.Tensor:
     if isinstance(lam, torch.Tensor) and lam.dim() > 0:
         if lam.shape != (B,):
-            raise ValueError(f"{name} must be a float or a (B,) = ({B},) tensor; got shape {tuple(lam.shape)}")
+            raise ValueError(
+                f"{name} must be a float or a (B,) = ({B},) tensor; got shape {tuple(lam.shape)}"
+            )
         t = lam.detach().to(device=like.device, dtype=like.dtype)
     else:
         val = float(lam)
@@ -137,8 +145,17 @@ value and the running advantage through unchanged), step (every token a timestep
 zeroed on observation tokens, which then take part in the recursion; biased when `gamma*lambda < 1`)."""
 
 
-def decoupled_gae_observations(rewards, values, action_mask, obs_mask, lam_policy, lam_critic=1.0,
-                               gamma: float = 1.0, bootstrap_values=None, observations: str = "skip"):
+def decoupled_gae_observations(
+    rewards,
+    values,
+    action_mask,
+    obs_mask,
+    lam_policy,
+    lam_critic=1.0,
+    gamma: float = 1.0,
+    bootstrap_values=None,
+    observations: str = "skip",
+):
     """:func:`decoupled_gae` over a multi-turn trajectory: (advantages, returns), both 0 off the
     action tokens.
 
@@ -154,16 +171,25 @@ def decoupled_gae_observations(rewards, values, action_mask, obs_mask, lam_polic
     * zero: like step, with V = 0 on observation tokens.
     """
     if observations not in OBSERVATION_MODES:
-        raise ValueError(f"observations={observations!r} is not valid; choose one of: {', '.join(OBSERVATION_MODES)}")
-    if not isinstance(obs_mask, torch.Tensor) or not isinstance(action_mask, torch.Tensor) \
-            or obs_mask.shape != action_mask.shape:
-        raise ValueError("action_mask and obs_mask must be tensors of the same (B, T) shape; got "
-                         f"{tuple(getattr(action_mask, 'shape', ()))} and {tuple(getattr(obs_mask, 'shape', ()))}")
+        raise ValueError(
+            f"observations={observations!r} is not valid; choose one of: {', '.join(OBSERVATION_MODES)}"
+        )
+    if (
+        not isinstance(obs_mask, torch.Tensor)
+        or not isinstance(action_mask, torch.Tensor)
+        or obs_mask.shape != action_mask.shape
+    ):
+        raise ValueError(
+            "action_mask and obs_mask must be tensors of the same (B, T) shape; got "
+            f"{tuple(getattr(action_mask, 'shape', ()))} and {tuple(getattr(obs_mask, 'shape', ()))}"
+        )
     if bool(((obs_mask != 0) & (obs_mask != 1)).any()):
         raise ValueError("obs_mask must contain only 0 and 1")
     if bool(((obs_mask != 0) & (action_mask != 0)).any()):
         b, t = ((obs_mask != 0) & (action_mask != 0)).nonzero()[0].tolist()
-        raise ValueError(f"a token cannot be both an action and an observation: action_mask and obs_mask are both 1 at [{b}, {t}]")
+        raise ValueError(
+            f"a token cannot be both an action and an observation: action_mask and obs_mask are both 1 at [{b}, {t}]"
+        )
     if observations == "skip":
         return decoupled_gae(rewards, values, action_mask, lam_policy, lam_critic, gamma, bootstrap_values)
     steps = action_mask + obs_mask  # (B, T) every real token is a timestep
@@ -234,8 +260,20 @@ def _sweep_native(lib, r, v, m, boot, la, lc, gamma):
 
     def run(b0: int, b1: int) -> None:
         row = lambda t, width=T, s=size: None if t is None else t.data_ptr() + b0 * width * s  # noqa: E731
-        fn(row(r), row(v), row(m), row(boot, 1), row(la, 1), row(lc, 1), row(adv), row(ret),
-           bad.data_ptr() + b0 * 8, b1 - b0, T, gamma)
+        fn(
+            row(r),
+            row(v),
+            row(m),
+            row(boot, 1),
+            row(la, 1),
+            row(lc, 1),
+            row(adv),
+            row(ret),
+            bad.data_ptr() + b0 * 8,
+            b1 - b0,
+            T,
+            gamma,
+        )
 
     n_threads = max(1, min(torch.get_num_threads(), B, (B * T) // _MIN_ROWS_PER_THREAD_ELEMS))
     if n_threads == 1:
@@ -323,6 +361,6 @@ def group_normalized_advantage(scores, mask, group_size: int, eps: float = 1e-6,
     centred = g - g.mean(1, keepdim=True)
     if scale:
         centred = centred / (g.std(1, unbiased=True, keepdim=True) + eps)
-    flat = (g.max(1, keepdim=True).values == g.min(1, keepdim=True).values)  # all equal: no signal
+    flat = g.max(1, keepdim=True).values == g.min(1, keepdim=True).values  # all equal: no signal
     centred = torch.where(flat, torch.zeros_like(centred), centred)
     return centred.reshape(-1, 1) * mask

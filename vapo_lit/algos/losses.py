@@ -7,6 +7,7 @@ Pass `denominator` (N_tok or N_seq of the whole mini-batch, summed over gradient
 micro-batches and data-parallel ranks) so that the sum of micro-batch losses equals the loss of the
 whole mini-batch exactly; left as None it is this call's own count.
 """
+
 from __future__ import annotations
 
 import math
@@ -42,7 +43,9 @@ def _check_eps(eps_low: float, eps_high: float) -> None:
     if not (0.0 <= eps_low < 1.0):
         raise ValueError(f"eps_low must be in [0, 1) (paper: 0.2); got {eps_low!r}")
     if not (eps_high >= 0.0):
-        raise ValueError(f"eps_high must be >= 0 (paper: 0.28 with clip_higher, 0.2 without); got {eps_high!r}")
+        raise ValueError(
+            f"eps_high must be >= 0 (paper: 0.28 with clip_higher, 0.2 without); got {eps_high!r}"
+        )
 
 
 def aggregate(x: torch.Tensor, mask: torch.Tensor, mode: str = "token", denominator=None) -> torch.Tensor:
@@ -67,21 +70,31 @@ def aggregation_weights(mask: torch.Tensor, mode: str = "token", denominator=Non
         return m / den.clamp(min=1)
     if mode == "sample":
         per_seq_tokens = m.sum(-1, keepdim=True)
-        den = (per_seq_tokens > 0).sum() if denominator is None else torch.as_tensor(denominator, dtype=torch.float64)
+        den = (
+            (per_seq_tokens > 0).sum()
+            if denominator is None
+            else torch.as_tensor(denominator, dtype=torch.float64)
+        )
         return m / per_seq_tokens.clamp(min=1) / den.clamp(min=1)
     raise ValueError(f"aggregation must be one of {AGGREGATIONS}; got {mode!r}")
 
 
-def weight_share(weights: torch.Tensor, advantages: torch.Tensor, group: torch.Tensor, n_groups: int) -> torch.Tensor:
+def weight_share(
+    weights: torch.Tensor, advantages: torch.Tensor, group: torch.Tensor, n_groups: int
+) -> torch.Tensor:
     """(n_groups,) float64: the share of sum_t w_t |A_t| (the policy gradient's coefficient on each
     token's log-prob, at ratio 1) carried by each group of rows; `group` (B,) long in [0, n_groups).
     All nan when every coefficient is 0. With token-level weights a long response carries in
     proportion to its tokens; with sample-level ones each response carries alike (DAPO, VAPO Eq. 7)."""
     if weights.shape != advantages.shape:
-        raise ValueError(f"weights and advantages must have the same shape; got {tuple(weights.shape)} and "
-                         f"{tuple(advantages.shape)}")
+        raise ValueError(
+            f"weights and advantages must have the same shape; got {tuple(weights.shape)} and "
+            f"{tuple(advantages.shape)}"
+        )
     per_row = (weights.to(torch.float64) * advantages.detach().to(torch.float64).abs()).sum(-1)  # (B,)
-    per_group = torch.zeros(n_groups, dtype=torch.float64, device=per_row.device).index_add_(0, group.long(), per_row)
+    per_group = torch.zeros(n_groups, dtype=torch.float64, device=per_row.device).index_add_(
+        0, group.long(), per_row
+    )
     return per_group / per_group.sum()
 
 
@@ -131,7 +144,9 @@ def policy_loss(
     checked = [("old_logprobs", old_logprobs), ("advantages", advantages), ("mask", mask)]
     for name, t in checked + ([("is_weights", is_weights)] if is_weights is not None else []):
         if t.shape != logprobs.shape:
-            raise ValueError(f"{name} must have the shape of logprobs {tuple(logprobs.shape)}; got {tuple(t.shape)}")
+            raise ValueError(
+                f"{name} must have the shape of logprobs {tuple(logprobs.shape)}; got {tuple(t.shape)}"
+            )
     old_logprobs = old_logprobs.detach()
     advantages = advantages.detach()
     j, ratio = clipped_surrogate(logprobs, old_logprobs, advantages, eps_low, eps_high)
@@ -158,8 +173,10 @@ def truncated_is_weights(old_logprobs, sampler_logprobs, cap: float):
     if not (cap > 0 and math.isfinite(cap)):
         raise ValueError(f"cap must be a finite number > 0 (verl's default: 2); got {cap!r}")
     if old_logprobs.shape != sampler_logprobs.shape:
-        raise ValueError(f"sampler_logprobs must have the shape of old_logprobs {tuple(old_logprobs.shape)}; "
-                         f"got {tuple(sampler_logprobs.shape)}")
+        raise ValueError(
+            f"sampler_logprobs must have the shape of old_logprobs {tuple(old_logprobs.shape)}; "
+            f"got {tuple(sampler_logprobs.shape)}"
+        )
     log_w = old_logprobs.detach() - sampler_logprobs.detach().to(old_logprobs.dtype)
     return torch.exp(log_w).clamp(max=cap)
 
@@ -179,8 +196,10 @@ class SamplerMismatch(NamedTuple):
 def sampler_mismatch(trainer_logprobs, sampler_logprobs, mask) -> SamplerMismatch:
     """The sampler-trainer gap on the sampled tokens, in float64 (see :class:`SamplerMismatch`)."""
     if trainer_logprobs.shape != sampler_logprobs.shape or mask.shape != trainer_logprobs.shape:
-        raise ValueError(f"trainer_logprobs, sampler_logprobs and mask must share one shape; got "
-                         f"{tuple(trainer_logprobs.shape)}, {tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}")
+        raise ValueError(
+            f"trainer_logprobs, sampler_logprobs and mask must share one shape; got "
+            f"{tuple(trainer_logprobs.shape)}, {tuple(sampler_logprobs.shape)}, {tuple(mask.shape)}"
+        )
     d = trainer_logprobs.detach().double() - sampler_logprobs.detach().double()
     m = mask.double()
     valid = m > 0
@@ -198,7 +217,9 @@ def positive_nll(logprobs, mask, positive, denominator=None):
     """
     positive = torch.as_tensor(positive, device=logprobs.device).bool()
     if positive.shape != logprobs.shape[:1]:
-        raise ValueError(f"positive must have shape (B,) = ({logprobs.shape[0]},); got {tuple(positive.shape)}")
+        raise ValueError(
+            f"positive must have shape (B,) = ({logprobs.shape[0]},); got {tuple(positive.shape)}"
+        )
     pos_mask = mask * positive[:, None].to(mask.dtype)
     n_tokens = pos_mask.sum()
     n_resp = (positive & (mask.sum(-1) > 0)).sum()
@@ -208,7 +229,9 @@ def positive_nll(logprobs, mask, positive, denominator=None):
     return -masked_sum(logprobs, pos_mask) / den, n_resp, n_tokens.long()
 
 
-def value_loss(values, returns, mask, *, old_values=None, clip_range=None, aggregation="token", denominator=None):
+def value_loss(
+    values, returns, mask, *, old_values=None, clip_range=None, aggregation="token", denominator=None
+):
     """0.5 * (V - R)^2 aggregated; with clip_range, PPO's pessimistic clipped form around old_values."""
     returns = returns.detach()
     err = (values - returns) ** 2

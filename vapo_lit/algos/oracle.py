@@ -18,6 +18,7 @@ drifts with position within a kind is approximated by the kind's average).
 
 Shapes: N responses, R response columns (right-padded), L target columns (right-padded).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ import torch
 __all__ = ["first_mismatch", "kind_error_rates", "target_success_values"]
 
 
-def first_mismatch(response_ids: torch.Tensor, lengths: torch.Tensor, target_ids: torch.Tensor,
-                   target_lengths: torch.Tensor) -> torch.Tensor:
+def first_mismatch(
+    response_ids: torch.Tensor, lengths: torch.Tensor, target_ids: torch.Tensor, target_lengths: torch.Tensor
+) -> torch.Tensor:
     """(N,) long: how many leading tokens each response shares with its target, i.e. the index of
     the first position where they differ or where one of them ends. A response equal to its target
     gives the target's length."""
@@ -36,8 +38,8 @@ def first_mismatch(response_ids: torch.Tensor, lengths: torch.Tensor, target_ids
     cols = torch.arange(width, device=response_ids.device)
     resp = torch.full((n, width), -1, dtype=torch.long, device=response_ids.device)
     targ = torch.full((n, width), -2, dtype=torch.long, device=response_ids.device)
-    resp[:, :response_ids.shape[1]] = response_ids
-    targ[:, :target_ids.shape[1]] = target_ids.to(response_ids.device)
+    resp[:, : response_ids.shape[1]] = response_ids
+    targ[:, : target_ids.shape[1]] = target_ids.to(response_ids.device)
     resp = torch.where(cols < lengths[:, None], resp, torch.full_like(resp, -1))
     targ = torch.where(cols < target_lengths.to(cols.device)[:, None], targ, torch.full_like(targ, -2))
     return (resp != targ).int().argmax(1)  # the extra column always differs: argmax finds the first
@@ -55,8 +57,14 @@ def _attempts(first: torch.Tensor, lengths: torch.Tensor, target_lengths: torch.
     return trial, error
 
 
-def kind_error_rates(first: torch.Tensor, lengths: torch.Tensor, kinds: torch.Tensor, target_lengths: torch.Tensor,
-                     n_kinds: int, prior_strength: float = 1.0):
+def kind_error_rates(
+    first: torch.Tensor,
+    lengths: torch.Tensor,
+    kinds: torch.Tensor,
+    target_lengths: torch.Tensor,
+    n_kinds: int,
+    prior_strength: float = 1.0,
+):
     """Per kind: the error rate (errors + m * p_all) / (trials + m), shrunk toward the rate p_all
     pooled over every kind by `prior_strength` m pseudo-trials (a kind seldom reached, such as the
     end of a long target, gets about the pooled rate; a kind with many trials its own frequency),
@@ -71,7 +79,8 @@ def kind_error_rates(first: torch.Tensor, lengths: torch.Tensor, kinds: torch.Te
 
     def count(where):
         return torch.zeros(n_kinds, dtype=torch.float64, device=first.device).index_add_(
-            0, k[where], torch.ones(int(where.sum()), dtype=torch.float64, device=first.device))
+            0, k[where], torch.ones(int(where.sum()), dtype=torch.float64, device=first.device)
+        )
 
     trials, errors = count(trial), count(error)
     pooled = errors.sum() / trials.sum().clamp(min=1)
@@ -79,8 +88,14 @@ def kind_error_rates(first: torch.Tensor, lengths: torch.Tensor, kinds: torch.Te
     return torch.where(trials + prior_strength > 0, rates, pooled.expand_as(rates)), trials, errors
 
 
-def target_success_values(first: torch.Tensor, lengths: torch.Tensor, kinds: torch.Tensor,
-                          target_lengths: torch.Tensor, rates: torch.Tensor, width: int) -> torch.Tensor:
+def target_success_values(
+    first: torch.Tensor,
+    lengths: torch.Tensor,
+    kinds: torch.Tensor,
+    target_lengths: torch.Tensor,
+    rates: torch.Tensor,
+    width: int,
+) -> torch.Tensor:
     """(N, width) float64: V*(s_t) of the module docstring for response positions t < length, 0 on
     padding. `rates`: (n_kinds,) error rate of each kind."""
     device = first.device

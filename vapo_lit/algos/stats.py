@@ -2,6 +2,7 @@
 
 Every function takes a `mask` of the same shape as the data (1 = counted, 0 = ignored).
 """
+
 from __future__ import annotations
 
 import torch
@@ -24,7 +25,9 @@ __all__ = [
 
 def _check_same_shape(x: torch.Tensor, mask: torch.Tensor, name: str = "x") -> None:
     if x.shape != mask.shape:
-        raise ValueError(f"{name} and mask must have the same shape; got {tuple(x.shape)} and {tuple(mask.shape)}")
+        raise ValueError(
+            f"{name} and mask must have the same shape; got {tuple(x.shape)} and {tuple(mask.shape)}"
+        )
 
 
 def masked_sum(x: torch.Tensor, mask: torch.Tensor, dim=None) -> torch.Tensor:
@@ -49,7 +52,9 @@ def masked_var(x: torch.Tensor, mask: torch.Tensor, unbiased: bool = True) -> to
     return ss / n
 
 
-def masked_whiten(x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8) -> torch.Tensor:
+def masked_whiten(
+    x: torch.Tensor, mask: torch.Tensor, shift_mean: bool = True, eps: float = 1e-8
+) -> torch.Tensor:
     """(x - mean) / std over mask==1 entries; masked entries are returned as 0."""
     mean = masked_mean(x, mask)
     var = masked_var(x, mask, unbiased=False)
@@ -99,7 +104,9 @@ def bucketed_mean(x: torch.Tensor, mask: torch.Tensor, bucket: torch.Tensor, n_b
     idx = bucket[m].long()
     vals = x[m].to(torch.float64)
     sums = torch.zeros(n_buckets, dtype=torch.float64, device=x.device).index_add_(0, idx, vals)
-    counts = torch.zeros(n_buckets, dtype=torch.float64, device=x.device).index_add_(0, idx, torch.ones_like(vals))
+    counts = torch.zeros(n_buckets, dtype=torch.float64, device=x.device).index_add_(
+        0, idx, torch.ones_like(vals)
+    )
     return sums / counts, counts.long()
 
 

@@ -3,6 +3,7 @@
 Precedence: defaults < --preset < --config FILE (YAML deltas) < individual flags < --only, then --add and --drop.
 Every value is validated (type and range) before anything is built.
 """
+
 from __future__ import annotations
 
 import argparse
@@ -12,29 +13,62 @@ from pathlib import Path
 
 import yaml
 
-from vapo_lit.config import (AUTO_SIZED, COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, check_components, from_dict, merge,
-                             nest, ordered, to_dict, validate, walk_fields)
+from vapo_lit.config import (
+    AUTO_SIZED,
+    COMPONENTS,
+    OPTIONAL_COMPONENTS,
+    RunConfig,
+    check_components,
+    from_dict,
+    merge,
+    nest,
+    ordered,
+    to_dict,
+    validate,
+    walk_fields,
+)
 from vapo_lit.presets import PRESETS, preset_task_options
 
 
 def add_config_flags(parser: argparse.ArgumentParser) -> None:
     """One flag per config field (`--steps`, `--ppo.actor_lr`, `--vapo.alpha`, ...)."""
-    group = parser.add_argument_group("settings (docs/reference/configuration.md; any field of the YAML config)")
+    group = parser.add_argument_group(
+        "settings (docs/reference/configuration.md; any field of the YAML config)"
+    )
     for name, kind, f in walk_fields():
         doc = f.metadata.get("doc", "")
         default = f.default if f.default is not dataclasses.MISSING else f.default_factory()
-        group.add_argument(f"--{name}", dest=f"set:{name}", metavar=kind.__name__.upper() if kind in (int, float) else "V",
-                           default=None, help=f"{doc} (default: {default})")
+        group.add_argument(
+            f"--{name}",
+            dest=f"set:{name}",
+            metavar=kind.__name__.upper() if kind in (int, float) else "V",
+            default=None,
+            help=f"{doc} (default: {default})",
+        )
 
 
 def add_selection_flags(parser: argparse.ArgumentParser) -> None:
     parser.add_argument("--config", type=Path, help="YAML file of settings (deltas from the preset)")
-    parser.add_argument("--preset", default="default", help=f"base settings: {', '.join(PRESETS)} (default: default)")
-    parser.add_argument("--drop", default="", help=f"components to switch off, comma-separated; valid: {', '.join(COMPONENTS)}")
-    parser.add_argument("--only", default=None, help="switch on only these components (comma-separated; 'none' for vanilla PPO); "
-                        f"optional ones, off unless named: {', '.join(OPTIONAL_COMPONENTS)}")
-    parser.add_argument("--add", default="", help="switch these components on in addition (e.g. an optional one: "
-                        f"{', '.join(OPTIONAL_COMPONENTS)})")
+    parser.add_argument(
+        "--preset", default="default", help=f"base settings: {', '.join(PRESETS)} (default: default)"
+    )
+    parser.add_argument(
+        "--drop",
+        default="",
+        help=f"components to switch off, comma-separated; valid: {', '.join(COMPONENTS)}",
+    )
+    parser.add_argument(
+        "--only",
+        default=None,
+        help="switch on only these components (comma-separated; 'none' for vanilla PPO); "
+        f"optional ones, off unless named: {', '.join(OPTIONAL_COMPONENTS)}",
+    )
+    parser.add_argument(
+        "--add",
+        default="",
+        help="switch these components on in addition (e.g. an optional one: "
+        f"{', '.join(OPTIONAL_COMPONENTS)})",
+    )
 
 
 def parse_components(text: str | None, flag: str) -> list[str] | None:
@@ -92,7 +126,9 @@ def load_run_config(run_dir: Path) -> RunConfig:
     try:
         return validate(from_dict(yaml.safe_load(path.read_text())))
     except (yaml.YAMLError, TypeError, KeyError, AttributeError) as e:
-        raise ValueError(f"{path} is not a readable run config ({type(e).__name__}: {str(e).splitlines()[0]})") from None
+        raise ValueError(
+            f"{path} is not a readable run config ({type(e).__name__}: {str(e).splitlines()[0]})"
+        ) from None
 
 
 def parse_value(text: str, kind, name: str):
@@ -121,8 +157,13 @@ def parse_value(text: str, kind, name: str):
             return value
         return text
     except (ValueError, json.JSONDecodeError):
-        what = {bool: "true/false", int: "an integer", float: "a number", list: "a comma-separated list",
-                dict: "a JSON object"}.get(kind, "a string")
+        what = {
+            bool: "true/false",
+            int: "an integer",
+            float: "a number",
+            list: "a comma-separated list",
+            dict: "a JSON object",
+        }.get(kind, "a string")
         raise ValueError(f"--{name}={text!r} is not valid; expected {what}") from None
 
 

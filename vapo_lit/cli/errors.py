@@ -6,6 +6,7 @@ what to do, and a stable exit code. Tracebacks go to a file, never to the termin
     2    bad input: a flag, a config value, a file or folder the command was pointed at
     130  interrupted (Ctrl-C or SIGTERM), with the command that continues
 """
+
 from __future__ import annotations
 
 import shutil
@@ -59,8 +60,11 @@ def disk_full(exc: BaseException, where: Path | None) -> bool:
     if is_disk_full(exc):
         return True
     try:
-        return where is not None and isinstance(exc, (OSError, RuntimeError)) and \
-            shutil.disk_usage(_existing(where)).free < LOW_SPACE
+        return (
+            where is not None
+            and isinstance(exc, (OSError, RuntimeError))
+            and shutil.disk_usage(_existing(where)).free < LOW_SPACE
+        )
     except OSError:
         return False
 

@@ -9,6 +9,7 @@
 Exit codes: 0 done, 1 runtime failure (disk full, a crash; the run folder keeps what was done),
 2 bad input (nothing was started), 130 interrupted (the message gives the --resume command).
 """
+
 from __future__ import annotations
 
 import argparse
@@ -24,11 +25,20 @@ from vapo_lit.cli.args import add_config_flags, add_selection_flags, config_from
 
 
 def build_parser() -> argparse.ArgumentParser:
-    ap = argparse.ArgumentParser(prog="vapo-train", description=__doc__.split("\n\n")[0],
-                                 epilog=__doc__.split("\n\n", 1)[1], formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap = argparse.ArgumentParser(
+        prog="vapo-train",
+        description=__doc__.split("\n\n")[0],
+        epilog=__doc__.split("\n\n", 1)[1],
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     add_selection_flags(ap)
     ap.add_argument("--print-config", action="store_true", help="print the resolved config as YAML and exit")
-    ap.add_argument("--resume", type=Path, metavar="RUN_DIR", help="continue the run in RUN_DIR from checkpoints/last.ckpt")
+    ap.add_argument(
+        "--resume",
+        type=Path,
+        metavar="RUN_DIR",
+        help="continue the run in RUN_DIR from checkpoints/last.ckpt",
+    )
     add_config_flags(ap)
     return ap
 
@@ -48,9 +58,11 @@ def main(argv=None) -> int:
         print(dump(cfg), end="")
         return 0
     with status.announcing():  # before the imports below, which take seconds
-        status.say(f"vapo-train: {'resuming' if args.resume is not None else 'starting'} ({what_runs(cfg)}); "
-                   "loading torch and Lightning")
-    from vapo_lit import progress
+        status.say(
+            f"vapo-train: {'resuming' if args.resume is not None else 'starting'} ({what_runs(cfg)}); "
+            "loading torch and Lightning"
+        )
+    from vapo_lit import progress_line
     from vapo_lit.checkpoints import check_checkpoint
     from vapo_lit.train import run_dir_of, train
 
@@ -61,8 +73,8 @@ def main(argv=None) -> int:
     except ValueError as e:
         print(f"vapo-train: error: {e}", file=sys.stderr)
         return errors.BAD_INPUT
-    progress.quiet_libraries()
-    with errors.catch_signals() as sig, progress.enabled():
+    progress_line.quiet_libraries()
+    with errors.catch_signals() as sig, progress_line.enabled():
         try:
             summary = train(cfg, resume=args.resume is not None)
         except BaseException as e:  # noqa: BLE001 - every way out gets one line and a stable code
@@ -71,18 +83,29 @@ def main(argv=None) -> int:
             return end_process(code, together=False)
     last = summary["last_metrics"]
     keys = [k for k in last if k.startswith("eval/avg@") and k.count("/") == 1]
-    print(json.dumps({"run_dir": summary["run_dir"], "ppo_updates": summary["ppo_updates"],
-                      "best_eval": summary["best_eval"], "final_eval": {k: last[k] for k in keys},
-                      "wall_seconds": round(summary["wall_seconds"], 1),
-                      **({"wandb": w} if (w := wandb_line(Path(summary["run_dir"]))) else {})}, indent=1))
+    print(
+        json.dumps(
+            {
+                "run_dir": summary["run_dir"],
+                "ppo_updates": summary["ppo_updates"],
+                "best_eval": summary["best_eval"],
+                "final_eval": {k: last[k] for k in keys},
+                "wall_seconds": round(summary["wall_seconds"], 1),
+                **({"wandb": w} if (w := wandb_line(Path(summary["run_dir"]))) else {}),
+            },
+            indent=1,
+        )
+    )
     return end_process(0, together=True)
 
 
 def what_runs(cfg) -> str:
     """'task chain, policy builtin, critic auto, engine hf, 100 PPO updates': the first status line's summary."""
     critic = "none (grpo)" if cfg.advantage_estimator == "grpo" else cfg.critic_init
-    return (f"task {cfg.task}, policy {cfg.model}, critic {critic}, engine {cfg.rollout_engine}, "
-            f"{cfg.steps} PPO update{'s' if cfg.steps != 1 else ''}")
+    return (
+        f"task {cfg.task}, policy {cfg.model}, critic {critic}, engine {cfg.rollout_engine}, "
+        f"{cfg.steps} PPO update{'s' if cfg.steps != 1 else ''}"
+    )
 
 
 def end_process(code: int, *, together: bool) -> int:
@@ -121,8 +144,11 @@ def failure(e: BaseException, sig: errors.Signals, run_dir: Path) -> tuple[int, 
     """(exit code, message) for whatever ended train()."""
     ckpt = run_dir / "checkpoints" / "last.ckpt"
     resume = f"vapo-train --resume {shlex.quote(str(run_dir))}"
-    then = (f"continue with: {resume}" if ckpt.is_file() else
-            f"no checkpoint was written yet, so nothing to resume: remove {run_dir} and run the same command again")
+    then = (
+        f"continue with: {resume}"
+        if ckpt.is_file()
+        else f"no checkpoint was written yet, so nothing to resume: remove {run_dir} and run the same command again"
+    )
     if isinstance(e, KeyboardInterrupt) or (isinstance(e, SystemExit) and sig.hit):
         return errors.INTERRUPTED, f"interrupted ({sig.hit or 'SIGINT'}); {then}"
     if isinstance(e, SystemExit):
@@ -130,11 +156,15 @@ def failure(e: BaseException, sig: errors.Signals, run_dir: Path) -> tuple[int, 
     if isinstance(e, (ValueError, FileExistsError, FileNotFoundError)):
         return errors.BAD_INPUT, f"error: {errors.first_line(e)}"
     if errors.disk_full(e, run_dir):
-        return errors.RUNTIME, (f"error: disk full ({errors.first_line(e)}; {errors.free_text(run_dir)} under "
-                                f"{run_dir.parent}); free some space, then {then}")
+        return errors.RUNTIME, (
+            f"error: disk full ({errors.first_line(e)}; {errors.free_text(run_dir)} under "
+            f"{run_dir.parent}); free some space, then {then}"
+        )
     if isinstance(e, (PermissionError, NotADirectoryError, IsADirectoryError)):
-        return errors.BAD_INPUT, (f"error: cannot write the run folder {run_dir} ({errors.first_line(e)}); "
-                                  "choose an --out_dir you may write in")
+        return errors.BAD_INPUT, (
+            f"error: cannot write the run folder {run_dir} ({errors.first_line(e)}); "
+            "choose an --out_dir you may write in"
+        )
     where = errors.save_traceback(run_dir if run_dir.is_dir() else None, e)
     return errors.RUNTIME, f"error: {type(e).__name__}: {errors.first_line(e)}{where}; {then} once fixed"
 

@@ -5,6 +5,7 @@
 No callback at all is vanilla PPO. The registry is `config.ALL_COMPONENTS`: the component called
 NAME lives in `vapo_lit/components/NAME.py` as the `Component` subclass whose `name` is NAME.
 """
+
 from __future__ import annotations
 
 import importlib
@@ -15,10 +16,15 @@ from vapo_lit.config import ALL_COMPONENTS, ComponentValues, check_components
 
 def _load(name: str) -> type[Component]:
     module = importlib.import_module(f"vapo_lit.components.{name}")
-    found = [c for c in vars(module).values()
-             if isinstance(c, type) and issubclass(c, Component) and getattr(c, "name", None) == name]
+    found = [
+        c
+        for c in vars(module).values()
+        if isinstance(c, type) and issubclass(c, Component) and getattr(c, "name", None) == name
+    ]
     if len(found) != 1:
-        raise ImportError(f"vapo_lit/components/{name}.py must define one Component subclass with name = {name!r}")
+        raise ImportError(
+            f"vapo_lit/components/{name}.py must define one Component subclass with name = {name!r}"
+        )
     return found[0]
 
 

@@ -27,6 +27,7 @@ The iteration, PPO iterations only (not while the critic is pretrained):
   micro-batch `mb`, normalised by the mini-batch's valid tokens (so micro-batches add up);
   returns (loss tensor, metrics of this micro-batch), or None.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -50,7 +51,9 @@ class Component(Callback):
         allowed = [d for d in self.declares if d != self.name]
         for key, value in values.items():
             if key not in allowed:
-                raise ValueError(f"component {self.name!r} takes {', '.join(allowed) or 'no values'}; got {key!r}")
+                raise ValueError(
+                    f"component {self.name!r} takes {', '.join(allowed) or 'no values'}; got {key!r}"
+                )
             check_range(f"{self.name}.{key}", value, fields[key].metadata)
         self.values = {k: values.get(k, fields[k].default) for k in allowed}
 

@@ -1,5 +1,6 @@
 """Decoupled GAE (VC-PPO, VAPO section 4.1): critic targets with lambda_critic (1.0: Monte-Carlo-like,
 unbiased), actor advantages with lambda_policy. Off: one lambda (the policy's) for both."""
+
 from dataclasses import replace
 
 from vapo_lit.components.base import Component

@@ -2,6 +2,7 @@
 the number of responses per step unchanged. Off: every response has its own prompt. The actor
 advantage still comes from the critic (this is a budget allocation, not GRPO).
 Its rule, samples_per_prompt divides ppo.responses_per_step: `config.COMPONENT_CHECKS`."""
+
 from vapo_lit.components.base import Component
 
 

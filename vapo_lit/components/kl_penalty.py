@@ -6,6 +6,7 @@ samples) and averaged over the mini-batch's valid tokens. Off: no reference mode
 Also the worked example (docs/guides/extending.md) of adding a component: this file, its name in
 `config.OPTIONAL_COMPONENTS`, its value `kl_coef` in `config.ComponentValues`.
 """
+
 from __future__ import annotations
 
 import copy
@@ -39,11 +40,23 @@ class KLPenalty(Component):
         ref = self.reference if self.sharded else self.reference.to(exp.mask.device)
         p, rows = module.cfg.ppo, module.cfg.ppo.micro_batch_size
         ids, attn = exp.input_ids, exp.attention_mask
-        exp.extras["ref_logprobs"] = torch.cat([
-            ref(ids[s:s + rows], attn[s:s + rows], exp.prompt_width, exp.response_ids[s:s + rows], p.temperature,
-                False, p.logits_chunk)[0]
-            for s in range(0, exp.n, rows)])
-        for m in ref.modules() if self.sharded else ():  # the root unit keeps its gathered parameters: shard them again
+        exp.extras["ref_logprobs"] = torch.cat(
+            [
+                ref(
+                    ids[s : s + rows],
+                    attn[s : s + rows],
+                    exp.prompt_width,
+                    exp.response_ids[s : s + rows],
+                    p.temperature,
+                    False,
+                    p.logits_chunk,
+                )[0]
+                for s in range(0, exp.n, rows)
+            ]
+        )
+        for m in (
+            ref.modules() if self.sharded else ()
+        ):  # the root unit keeps its gathered parameters: shard them again
             if is_sharded(m):
                 m.reshard()
         return {}
@@ -52,4 +65,6 @@ class KLPenalty(Component):
         log_ratio = mb.extras["ref_logprobs"] - logprobs  # log pi_init / pi
         k3 = torch.expm1(log_ratio) - log_ratio
         kl = algos.aggregate(k3, mb.mask, "token", token_denominator)
-        return self.values["kl_coef"] * kl, {"policy/kl_initial": float(algos.masked_mean(k3.detach(), mb.mask))}
+        return self.values["kl_coef"] * kl, {
+            "policy/kl_initial": float(algos.masked_mean(k3.detach(), mb.mask))
+        }

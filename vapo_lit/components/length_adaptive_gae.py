@@ -3,6 +3,7 @@ window 1/(1 - lambda) grows with the response length l. Off: ppo.lam (0.95) for 
 
 alpha = 0.05 assumes chains of thousands of tokens: below l = 20/alpha the adaptive lambda is
 *smaller* than vanilla's 0.95 (docs/algorithm.md); choose alpha for your task's lengths."""
+
 from dataclasses import replace
 
 from vapo_lit.components.base import Component

@@ -2,6 +2,7 @@
 of the correct responses in the mini-batch, normalised by their count; exactly 0 with no correct
 response. Off: no NLL term (logged as loss/nll = 0). Caution: it also imitates shortcuts a lax
 verifier lets through."""
+
 from dataclasses import replace
 
 from vapo_lit.components.base import Component

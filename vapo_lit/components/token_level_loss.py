@@ -1,6 +1,7 @@
 """Token-level policy loss (DAPO, VAPO Eq. 7): the sum over every valid token of the mini-batch
 divided by their number, so long responses are not down-weighted. Off: mean within each
 response, then over responses (Eq. 6)."""
+
 from dataclasses import replace
 
 from vapo_lit.components.base import Component

@@ -10,6 +10,7 @@ The module runs the phase (`VapoModule.pretrain`, see `vapo_lit/pretrain.py`: cr
 iterations on Monte-Carlo targets, the pretrained-critic cache) when a component asks for it
 (`before_ppo`); this callback asks, with its budget, target and critic rate, and decides when it ends.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,8 +22,14 @@ from vapo_lit.pretrain import Plan
 
 class ValuePretraining(Component):
     name = "value_pretraining"
-    declares = ("value_pretraining", "value_pretrain_steps", "value_pretrain_min_ev", "value_pretrain_ev_window",
-                "value_pretrain_critic_lr", "value_pretrain_critic_epochs")
+    declares = (
+        "value_pretraining",
+        "value_pretrain_steps",
+        "value_pretrain_min_ev",
+        "value_pretrain_ev_window",
+        "value_pretrain_critic_lr",
+        "value_pretrain_critic_epochs",
+    )
 
     def before_ppo(self, plan: Plan | None) -> Plan:
         return Plan(**self.values)

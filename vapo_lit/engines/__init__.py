@@ -29,6 +29,7 @@ state dict to the server after each update and ``generate`` returns its tokens a
 engine whose log-probs come from its own kernels sets ``own_kernels = True`` and the trainer
 recomputes them (see docs/guides/rollout-engines.md).
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -83,10 +84,14 @@ def make_engine(name: str, actor, tokenizer, task=None, cfg=None) -> RolloutEngi
 
     if is_environment(task):
         if name == "vllm":  # its own episode loop: each turn resubmitted, the prefix cache reused
-            return VLLMEngine(actor, tokenizer, kv_cache_gib=getattr(cfg, "vllm_kv_cache_gib", None), env=task)
+            return VLLMEngine(
+                actor, tokenizer, kv_cache_gib=getattr(cfg, "vllm_kv_cache_gib", None), env=task
+            )
         if name != "hf":
-            raise ValueError(f"rollout engine {name!r} cannot run the multi-turn task {task.name!r} "
-                             "(an environment between turns); use rollout_engine=hf or vllm")
+            raise ValueError(
+                f"rollout engine {name!r} cannot run the multi-turn task {task.name!r} "
+                "(an environment between turns); use rollout_engine=hf or vllm"
+            )
         from vapo_lit.engines.episodes import EpisodeEngine
 
         return EpisodeEngine(actor, tokenizer, task)
@@ -109,5 +114,14 @@ def own_kernels(name: str) -> bool:
     return bool(getattr(ENGINES.get(name), "own_kernels", False))
 
 
-__all__ = ["SamplingParams", "RolloutEngine", "HFEngine", "ContinuousBatchingEngine", "VLLMEngine", "ENGINES",
-           "make_engine", "own_kernels", "Rollout"]
+__all__ = [
+    "SamplingParams",
+    "RolloutEngine",
+    "HFEngine",
+    "ContinuousBatchingEngine",
+    "VLLMEngine",
+    "ENGINES",
+    "make_engine",
+    "own_kernels",
+    "Rollout",
+]

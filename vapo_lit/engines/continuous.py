@@ -25,6 +25,7 @@ call, its attention switched to a paged-cache-friendly one for the call and rest
 an update is visible at once; like HFEngine, `load_weights` only follows a rebuilt module.
 The model must be a transformers `PreTrainedModel` (it carries `init_continuous_batching`).
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -49,8 +50,14 @@ PAGE_SIZE_NAMES = ("page_size", "block_size")
 """What `ContinuousBatchingConfig` calls the tokens per KV-cache page, newest name first: the field
 was renamed within the transformers versions that have these classes (5.17 has block_size, later
 ones page_size; the same quantity, with num_blocks counting those pages either way)."""
-CONFIG_FIELDS = ("num_blocks", "max_batch_tokens", "max_requests_per_batch", "use_async_batching",
-                 "allow_block_sharing", "seed")
+CONFIG_FIELDS = (
+    "num_blocks",
+    "max_batch_tokens",
+    "max_requests_per_batch",
+    "use_async_batching",
+    "allow_block_sharing",
+    "seed",
+)
 """The other `ContinuousBatchingConfig` fields the engine sets."""
 
 
@@ -63,21 +70,33 @@ def _import_cb():
         from transformers import GenerationConfig, LogitsProcessorList
         from transformers.generation.configuration_utils import ContinuousBatchingConfig
         from transformers.generation.continuous_batching.cb_logits_processors import (
-            ContinuousBatchingLogitsProcessor, ContinuousBatchingLogitsProcessorList)
+            ContinuousBatchingLogitsProcessor,
+            ContinuousBatchingLogitsProcessorList,
+        )
         from transformers.generation.continuous_batching.utils import WorkloadHints
     except ImportError as e:  # pragma: no cover - depends on the installed transformers
-        raise ImportError(f"rollout engine 'cb' needs transformers' continuous batching with per-request logits "
-                          f"processors, which transformers {transformers.__version__} does not have ({e}); "
-                          "use rollout_engine=hf") from e
+        raise ImportError(
+            f"rollout engine 'cb' needs transformers' continuous batching with per-request logits "
+            f"processors, which transformers {transformers.__version__} does not have ({e}); "
+            "use rollout_engine=hf"
+        ) from e
     fields = _fields(ContinuousBatchingConfig)
     missing = [n for n in CONFIG_FIELDS if n not in fields]
     if not any(n in fields for n in PAGE_SIZE_NAMES):
         missing.insert(0, " or ".join(PAGE_SIZE_NAMES))
     if missing:  # pragma: no cover - depends on the installed transformers
-        raise ImportError(f"rollout engine 'cb' needs ContinuousBatchingConfig fields that transformers "
-                          f"{transformers.__version__} lacks: {', '.join(missing)} (use rollout_engine=hf)")
-    return (GenerationConfig, LogitsProcessorList, ContinuousBatchingConfig, ContinuousBatchingLogitsProcessor,
-            ContinuousBatchingLogitsProcessorList, WorkloadHints)
+        raise ImportError(
+            f"rollout engine 'cb' needs ContinuousBatchingConfig fields that transformers "
+            f"{transformers.__version__} lacks: {', '.join(missing)} (use rollout_engine=hf)"
+        )
+    return (
+        GenerationConfig,
+        LogitsProcessorList,
+        ContinuousBatchingConfig,
+        ContinuousBatchingLogitsProcessor,
+        ContinuousBatchingLogitsProcessorList,
+        WorkloadHints,
+    )
 
 
 @functools.lru_cache(maxsize=1)
@@ -101,9 +120,11 @@ def memory_unmeasured() -> str | None:
     device, total = get_device_and_memory_breakdown()[:2]
     if total > 0:
         return None
-    return (f"rollout engine 'cb': transformers {transformers.__version__} reads this machine's {device.type} memory "
-            "as 0 (it needs psutil for that), so its continuous batching would refuse every request; "
-            "pip install psutil, or use rollout_engine=hf")
+    return (
+        f"rollout engine 'cb': transformers {transformers.__version__} reads this machine's {device.type} memory "
+        "as 0 (it needs psutil for that), so its continuous batching would refuse every request; "
+        "pip install psutil, or use rollout_engine=hf"
+    )
 
 
 def unavailable() -> str | None:
@@ -130,26 +151,35 @@ def uniform_bits(seeds: torch.LongTensor, steps: torch.LongTensor) -> torch.Tens
     """(n,) int32 holding the top 32 bits of ``uniforms(seeds[i], steps[i])`` (the 32-bit slot a
     continuous-batching logits processor gets per request)."""
     u = uniforms(seeds, steps)
-    bits = (u * 2.0 ** 32).long()  # exact: u has 53 bits, the product is < 2**32
-    return torch.where(bits >= 2 ** 31, bits - 2 ** 32, bits).to(torch.int32)
+    bits = (u * 2.0**32).long()  # exact: u has 53 bits, the product is < 2**32
+    return torch.where(bits >= 2**31, bits - 2**32, bits).to(torch.int32)
 
 
 def bits_to_uniform(bits: torch.Tensor) -> torch.Tensor:
     """Inverse of the packing in :func:`uniform_bits`: float64 in [0, 1)."""
-    return (bits.long() & 0xFFFFFFFF).double() * (1.0 / 2 ** 32)
+    return (bits.long() & 0xFFFFFFFF).double() * (1.0 / 2**32)
 
 
 def on_device(ro: Rollout, device) -> Rollout:
     """`ro` with every tensor on `device`, dtypes kept: the Rollout convention (the sampling model's
     device, as `hf` returns it), so the critic and update passes never meet CPU ids on a GPU run."""
-    moved = {f.name: getattr(ro, f.name).to(device) for f in dataclasses.fields(ro)
-             if isinstance(getattr(ro, f.name), torch.Tensor)}
+    moved = {
+        f.name: getattr(ro, f.name).to(device)
+        for f in dataclasses.fields(ro)
+        if isinstance(getattr(ro, f.name), torch.Tensor)
+    }
     return dataclasses.replace(ro, **moved)
 
 
 def _make_sampler_classes():
-    (_, LogitsProcessorList, _, ContinuousBatchingLogitsProcessor,
-     ContinuousBatchingLogitsProcessorList, _) = _import_cb()
+    (
+        _,
+        LogitsProcessorList,
+        _,
+        ContinuousBatchingLogitsProcessor,
+        ContinuousBatchingLogitsProcessorList,
+        _,
+    ) = _import_cb()
 
     class CounterSampler(ContinuousBatchingLogitsProcessor):
         """Draws each request's next token from its own counter-based stream and returns scores
@@ -169,8 +199,13 @@ def _make_sampler_classes():
             # with its generated tokens moved into its prompt, so count from the true prompt length.
             states = [r.state for r in requests_with_new_token]
             seeds = torch.tensor([s.logit_processor_kwargs[_SEED] for s in states], dtype=torch.int64)
-            steps = torch.tensor([len(s.initial_tokens) + s.generated_len() - s.logit_processor_kwargs[_PROMPT_LEN]
-                                  for s in states], dtype=torch.int64)
+            steps = torch.tensor(
+                [
+                    len(s.initial_tokens) + s.generated_len() - s.logit_processor_kwargs[_PROMPT_LEN]
+                    for s in states
+                ],
+                dtype=torch.int64,
+            )
             return uniform_bits(seeds, steps)
 
         def __call__(self, scores: torch.Tensor, tensor_arg: torch.Tensor) -> torch.Tensor:
@@ -221,8 +256,10 @@ class ContinuousBatchingEngine:
 
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
         if not hasattr(self.model, "init_continuous_batching"):
-            raise TypeError(f"rollout engine 'cb' needs a transformers PreTrainedModel; got "
-                            f"{type(self.model).__name__} (use rollout_engine='hf' for other modules)")
+            raise TypeError(
+                f"rollout engine 'cb' needs a transformers PreTrainedModel; got "
+                f"{type(self.model).__name__} (use rollout_engine='hf' for other modules)"
+            )
         tok = self.tokenizer
         prompt_ids, prompt_mask = encode_prompts(tok, prompts)
         n = prompt_ids.shape[0]
@@ -239,15 +276,22 @@ class ContinuousBatchingEngine:
 
     def _cb_config(self, inputs, max_new_tokens: int):
         _, _, ContinuousBatchingConfig, _, _, WorkloadHints = _import_cb()
-        cfg = ContinuousBatchingConfig(**page_size_kwarg(ContinuousBatchingConfig, self.page_size),
-                                       num_blocks=self.cache_pages(inputs, max_new_tokens),
-                                       max_batch_tokens=max(self.max_batch_tokens, len(inputs)),
-                                       max_requests_per_batch=self.max_requests_per_batch,
-                                       # synchronous steps: the sampler reads each request's step when
-                                       # its batch is prepared (async batching prepares one step ahead)
-                                       use_async_batching=False, allow_block_sharing=False, seed=0)
-        hints = WorkloadHints(max_prompt_length=max(len(x) for x in inputs), max_generated_length=max_new_tokens,
-                              num_requests=len(inputs))
+        cfg = ContinuousBatchingConfig(
+            **page_size_kwarg(ContinuousBatchingConfig, self.page_size),
+            num_blocks=self.cache_pages(inputs, max_new_tokens),
+            max_batch_tokens=max(self.max_batch_tokens, len(inputs)),
+            max_requests_per_batch=self.max_requests_per_batch,
+            # synchronous steps: the sampler reads each request's step when
+            # its batch is prepared (async batching prepares one step ahead)
+            use_async_batching=False,
+            allow_block_sharing=False,
+            seed=0,
+        )
+        hints = WorkloadHints(
+            max_prompt_length=max(len(x) for x in inputs),
+            max_generated_length=max_new_tokens,
+            num_requests=len(inputs),
+        )
         return cfg, hints
 
     def cache_pages(self, inputs: list[list[int]], max_new_tokens: int) -> int:
@@ -259,36 +303,52 @@ class ContinuousBatchingEngine:
     def _sample(self, inputs: list[list[int]], seeds: list[int], sampling, eos: list[int]) -> list[list[int]]:
         """Response token lists in input order (EOS included when emitted)."""
         GenerationConfig = _import_cb()[0]
-        gen = GenerationConfig(do_sample=False, max_new_tokens=sampling.max_new_tokens, eos_token_id=eos,
-                               pad_token_id=pad_id_of(self.tokenizer))
+        gen = GenerationConfig(
+            do_sample=False,
+            max_new_tokens=sampling.max_new_tokens,
+            eos_token_id=eos,
+            pad_token_id=pad_id_of(self.tokenizer),
+        )
         cb_config, hints = self._cb_config(inputs, sampling.max_new_tokens)
         # `seed` makes the manager call torch.manual_seed; fork_rng keeps the caller's RNG untouched.
         device = next(self.model.parameters()).device
         with torch.random.fork_rng(devices=[device] if device.type == "cuda" else []), torch.inference_mode():
             # inference_mode: the manager's thread inherits it (grad mode alone is thread-local)
-            manager = self.model.init_continuous_batching(generation_config=gen, continuous_batching_config=cb_config,
-                                                          workload_hints=hints)
+            manager = self.model.init_continuous_batching(
+                generation_config=gen, continuous_batching_config=cb_config, workload_hints=hints
+            )
             # The batch processor is built from this attribute when the manager starts.
-            manager.logit_processor = self.SamplerList(self.CounterSampler(sampling.temperature, sampling.top_p))
+            manager.logit_processor = self.SamplerList(
+                self.CounterSampler(sampling.temperature, sampling.top_p)
+            )
             results = {}
             manager.start()
             try:
                 for i, (ids, seed) in enumerate(zip(inputs, seeds)):
-                    manager.add_request(ids, request_id=str(i), max_new_tokens=sampling.max_new_tokens,
-                                        eos_token_id=eos, **{_SEED: int(seed), _PROMPT_LEN: len(ids)})
+                    manager.add_request(
+                        ids,
+                        request_id=str(i),
+                        max_new_tokens=sampling.max_new_tokens,
+                        eos_token_id=eos,
+                        **{_SEED: int(seed), _PROMPT_LEN: len(ids)},
+                    )
                 while len(results) < len(inputs):
                     out = manager.get_result(timeout=1)
                     if out is not None and out.is_finished():
                         results[out.request_id] = out
                     elif out is None and not manager.is_running():
-                        raise RuntimeError("transformers' continuous-batching thread stopped before every response "
-                                           f"was done ({len(results)}/{len(inputs)}); see its log above")
+                        raise RuntimeError(
+                            "transformers' continuous-batching thread stopped before every response "
+                            f"was done ({len(results)}/{len(inputs)}); see its log above"
+                        )
             finally:
                 manager.stop(block=True)
                 manager.destroy()
         failed = [(k, r.error) for k, r in results.items() if r.error is not None]
         if failed:
-            raise RuntimeError(f"continuous batching failed on {len(failed)} request(s); first: {failed[0][1]}")
+            raise RuntimeError(
+                f"continuous batching failed on {len(failed)} request(s); first: {failed[0][1]}"
+            )
         return [list(results[str(i)].generated_tokens) for i in range(len(inputs))]
 
     @torch.no_grad()
@@ -302,15 +362,29 @@ class ContinuousBatchingEngine:
             response_ids[i, : len(o)] = torch.tensor(o, dtype=torch.long)
         response_mask = (torch.arange(r)[None, :] < lengths[:, None]).float()
         t0 = time.perf_counter()
-        logprobs = self._behaviour_logprobs(prompt_ids, prompt_mask, response_ids, response_mask, sampling.temperature)
+        logprobs = self._behaviour_logprobs(
+            prompt_ids, prompt_mask, response_ids, response_mask, sampling.temperature
+        )
         self.recompute_seconds = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(outputs, skip_special_tokens=True)
-        return on_device(Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                                 response_mask=response_mask, logprobs=logprobs, lengths=lengths,
-                                 terminated=terminated, truncated=~terminated, texts=list(texts)),
-                         next(self.model.parameters()).device)
+        return on_device(
+            Rollout(
+                prompt_ids=prompt_ids,
+                prompt_mask=prompt_mask,
+                response_ids=response_ids,
+                response_mask=response_mask,
+                logprobs=logprobs,
+                lengths=lengths,
+                terminated=terminated,
+                truncated=~terminated,
+                texts=list(texts),
+            ),
+            next(self.model.parameters()).device,
+        )
 
-    def _behaviour_logprobs(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature) -> torch.Tensor:
+    def _behaviour_logprobs(
+        self, prompt_ids, prompt_mask, response_ids, response_mask, temperature
+    ) -> torch.Tensor:
         """(N, R) log softmax(logits / T) of each response token (at least float32: a float64 model keeps
         float64, as `hf` does), one forward pass per chunk of rows."""
         device = next(self.model.parameters()).device
@@ -322,7 +396,11 @@ class ContinuousBatchingEngine:
         rows = max(1, self.logprob_tokens // (ids.shape[1] * vocab))
         out = []
         for i in range(0, ids.shape[0], rows):
-            lp = sequence_logprobs(self.model, ids[i: i + rows].to(device), mask[i: i + rows].to(device),
-                                   temperature=temperature)
-            out.append(at_least_float32(lp[:, P - 1:]))
+            lp = sequence_logprobs(
+                self.model,
+                ids[i : i + rows].to(device),
+                mask[i : i + rows].to(device),
+                temperature=temperature,
+            )
+            out.append(at_least_float32(lp[:, P - 1 :]))
         return torch.cat(out) * response_mask.to(device)

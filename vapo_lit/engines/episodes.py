@@ -18,6 +18,7 @@ environment (a final answer), `truncated` at the turn limit or the token budget.
 seeded per row and response column exactly as `HFEngine` (vapo_lit.rng), so row i depends only on
 its own prompt, seed and the weights, not on how its observations were fed.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -42,9 +43,18 @@ class EpisodeEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
-        return generate_episodes(self.model, self.tokenizer, self.env, prompts, max_new_tokens=sampling.max_new_tokens,
-                                 temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds,
-                                 rules=self._rules, obs_chunk=self.obs_chunk)
+        return generate_episodes(
+            self.model,
+            self.tokenizer,
+            self.env,
+            prompts,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seeds=seeds,
+            rules=self._rules,
+            obs_chunk=self.obs_chunk,
+        )
 
 
 class StopStrings:
@@ -67,7 +77,7 @@ class StopStrings:
         """Whether the turn's last token completes a stop string (absent before it)."""
         if not self.stops:
             return False
-        tail = turn[-self.window:]
+        tail = turn[-self.window :]
         text = self._text(tail)
         return any(s in text for s in self.stops) and not any(s in self._text(tail[:-1]) for s in self.stops)
 
@@ -92,36 +102,49 @@ class ChatRenderer:
 
     def __init__(self, tokenizer, env):
         if not getattr(tokenizer, "chat_template", None):
-            raise ValueError(f"task {env.name!r} renders observations with the tokenizer's chat template, but the "
-                             f"tokenizer has none (set tokenizer.chat_template, or chat = False)")
+            raise ValueError(
+                f"task {env.name!r} renders observations with the tokenizer's chat template, but the "
+                f"tokenizer has none (set tokenizer.chat_template, or chat = False)"
+            )
         self.tokenizer, self.tools = tokenizer, env.tool_schemas() or None
         self._render_chat = getattr(env, "render_chat", None)
         self.role = self._supported(env.observation_role)
 
     def render(self, messages: list[dict], generation_prompt: bool) -> str:
         if self._render_chat is not None:
-            return self._render_chat(messages, tokenizer=self.tokenizer, add_generation_prompt=generation_prompt)
-        return self.tokenizer.apply_chat_template(messages, tools=self.tools, tokenize=False,
-                                                  add_generation_prompt=generation_prompt)
+            return self._render_chat(
+                messages, tokenizer=self.tokenizer, add_generation_prompt=generation_prompt
+            )
+        return self.tokenizer.apply_chat_template(
+            messages, tools=self.tools, tokenize=False, add_generation_prompt=generation_prompt
+        )
 
     def _supported(self, role: str) -> str:
         """`role` if the template renders a message of that role after an assistant turn, else user."""
         probe = "\u2063probe\u2063"
         try:
-            text = self.render([{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"},
-                                {"role": role, "content": probe}], True)
+            text = self.render(
+                [
+                    {"role": "user", "content": "a"},
+                    {"role": "assistant", "content": "b"},
+                    {"role": role, "content": probe},
+                ],
+                True,
+            )
         except Exception:  # noqa: BLE001 - templates refuse unknown roles by raising
             return "user"
         return role if probe in text else "user"
 
-    def after_turn(self, messages: list[dict], turn: str, observation: str, eot: str | None) -> tuple[str, list]:
+    def after_turn(
+        self, messages: list[dict], turn: str, observation: str, eot: str | None
+    ) -> tuple[str, list]:
         """(the text that follows the model's turn, the conversation with the turn and the
         observation); `eot` is the end-of-turn text the model already wrote (None after a stop string)."""
         obs = {"role": self.role, "content": observation}
         text = self.render([*messages, {"role": "assistant", "content": self._TURN}, obs], True)
-        suffix = text[text.index(self._TURN) + len(self._TURN):]
+        suffix = text[text.index(self._TURN) + len(self._TURN) :]
         if eot and suffix.startswith(eot):
-            suffix = suffix[len(eot):]
+            suffix = suffix[len(eot) :]
         return suffix, [*messages, {"role": "assistant", "content": turn}, obs]
 
 
@@ -137,8 +160,12 @@ class Rules:
 
     @classmethod
     def of(cls, env, tokenizer) -> "Rules":
-        return cls(env, tokenizer, StopStrings(tokenizer, env.stop_sequences),
-                   ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None)
+        return cls(
+            env,
+            tokenizer,
+            StopStrings(tokenizer, env.stop_sequences),
+            ChatRenderer(tokenizer, env) if getattr(env, "chat", False) else None,
+        )
 
     def episodes(self, prompts: list[str]) -> list["Episode"]:
         """One fresh episode per prompt (ValueError, before any compute, for a prompt the task never writes)."""
@@ -151,7 +178,14 @@ class Episode:
     in a chat environment the conversation so far."""
 
     def __init__(self, problem, messages=None):
-        self.problem, self.turn, self.queue, self.turns, self.done, self.cut = problem, [], [], 0, False, False
+        self.problem, self.turn, self.queue, self.turns, self.done, self.cut = (
+            problem,
+            [],
+            [],
+            0,
+            False,
+            False,
+        )
         self.messages = messages
 
     def end_turn(self, rules: Rules, response: list, *, final: bool) -> None:
@@ -176,9 +210,20 @@ class Episode:
 
 
 @torch.no_grad()
-def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-                      top_p: float = 1.0, seeds=0, rules: Rules | None = None, fast: bool = True,
-                      obs_chunk: int | None = None) -> Rollout:
+def generate_episodes(
+    model,
+    tokenizer,
+    env,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seeds=0,
+    rules: Rules | None = None,
+    fast: bool = True,
+    obs_chunk: int | None = None,
+) -> Rollout:
     """Episodes of `env` from `prompts`, `max_new_tokens` the budget of actions + observations;
     `obs_chunk`: the most tokens a row feeds in one forward pass (None: a whole observation)."""
     if max_new_tokens < 1:
@@ -188,8 +233,16 @@ def generate_episodes(model, tokenizer, env, prompts: list[str], *, max_new_toke
     rules = rules or Rules.of(env, tokenizer)
     episodes = rules.episodes(prompts)
     with eval_mode(model):
-        loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
-                       temperature=temperature, top_p=top_p)
+        loop = prefill(
+            model,
+            tokenizer,
+            prompts,
+            seeds,
+            max_new_tokens=max_new_tokens,
+            fast=fast,
+            temperature=temperature,
+            top_p=top_p,
+        )
         eos = set(eos_ids_of(model, tokenizer))
         batch = _Transcripts(rules, episodes, max_new_tokens, pad=loop.pad, eos=eos, chunk=obs_chunk)
         for _ in range(max_new_tokens):  # every live row takes at least one column per step
@@ -216,8 +269,16 @@ class _Transcripts:
     """The batch's responses so far, each row's at its own length, on the CPU (the environment reads
     them between tokens): tokens, action flags, behaviour log-probs (float64) and lengths per row."""
 
-    def __init__(self, rules: Rules, episodes: list[Episode], width: int, *, pad: int, eos: set,
-                 chunk: int | None = None):
+    def __init__(
+        self,
+        rules: Rules,
+        episodes: list[Episode],
+        width: int,
+        *,
+        pad: int,
+        eos: set,
+        chunk: int | None = None,
+    ):
         self.rules, self.episodes, self.width = rules, episodes, width
         self.pad, self.eos, self.chunk = pad, eos, chunk or width
         n = len(episodes)
@@ -252,12 +313,12 @@ class _Transcripts:
             ep.turn.append(t)
             block.append(t)
             if t in self.eos or self.rules.stops.completed(ep.turn):
-                ep.end_turn(self.rules, self.tokens[row, :col + 1].tolist(), final=t in self.eos)
+                ep.end_turn(self.rules, self.tokens[row, : col + 1].tolist(), final=t in self.eos)
         room = min(self.chunk - len(block), self.width - int(self.lengths[row]))
         observed, ep.queue = ep.queue[:room], ep.queue[room:]
         if observed:
             col = int(self.lengths[row])
-            self.tokens[row, col:col + len(observed)] = torch.tensor(observed, dtype=torch.long)
+            self.tokens[row, col : col + len(observed)] = torch.tensor(observed, dtype=torch.long)
             self.lengths[row] += len(observed)
         if not ep.done and int(self.lengths[row]) == self.width:
             ep.done = ep.cut = True  # token budget spent (possibly inside an observation)
@@ -268,5 +329,12 @@ class _Transcripts:
         steps = int(self.lengths.max())
         truncated = torch.tensor([ep.cut for ep in self.episodes], dtype=torch.bool)
         turns = torch.tensor([ep.turns for ep in self.episodes], dtype=torch.long, device=loop.device)
-        return loop.rollout(self.rules.tokenizer, self.tokens[:, :steps], self.logps[:, :steps], self.lengths,
-                            truncated=truncated, action=self.action[:, :steps], turns=turns)
+        return loop.rollout(
+            self.rules.tokenizer,
+            self.tokens[:, :steps],
+            self.logps[:, :steps],
+            self.lengths,
+            truncated=truncated,
+            action=self.action[:, :steps],
+            turns=turns,
+        )

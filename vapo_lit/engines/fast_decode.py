@@ -30,6 +30,7 @@ own. `decode_supported(model)` says whether a model can use this loop;
 `vapo_lit.engines.hf.generate` falls back to transformers' forward otherwise. Equality with that
 forward (tokens, behaviour log-probs) is tested in tests/test_rollout.py.
 """
+
 from __future__ import annotations
 
 import torch
@@ -80,8 +81,13 @@ class StaticDecoder:
         self.capacity = capacity  # column `capacity` is the scratch a block's unused columns are written to
         self.next_col = None  # (n,) each row's next column once rows stand at different columns, else None
         self.rows = torch.arange(n, device=key_valid.device)  # original row of each cache row
-        self.prompt_bias = None if bool(self.key_valid.all()) else torch.zeros(
-            (n, 1, P), dtype=dtype, device=key_valid.device).masked_fill_(~self.key_valid[:, None], float("-inf"))
+        self.prompt_bias = (
+            None
+            if bool(self.key_valid.all())
+            else torch.zeros((n, 1, P), dtype=dtype, device=key_valid.device).masked_fill_(
+                ~self.key_valid[:, None], float("-inf")
+            )
+        )
         self.by_bmm = key_valid.device.type == "cpu" and dtype in (torch.float32, torch.float64)
         self.rope = _RopeTable(self.inner.rotary_emb, capacity, key_valid.device)
 
@@ -92,8 +98,8 @@ class StaticDecoder:
         idx = keep.nonzero().squeeze(1)
         for cache in (self.k, self.v):
             for i, t in enumerate(cache):
-                t[:len(idx)] = t.index_select(0, idx)
-                cache[i] = t[:len(idx)]
+                t[: len(idx)] = t.index_select(0, idx)
+                cache[i] = t[: len(idx)]
         self.key_valid = self.key_valid[keep]
         self.prompt_bias = None if self.prompt_bias is None else self.prompt_bias[keep]
         if self.next_col is not None:
@@ -153,7 +159,9 @@ class StaticDecoder:
         offsets = torch.arange(K, device=tokens.device)
         real = offsets[None] < counts[:, None]
         cols = torch.where(real, start[:, None] + offsets[None], self.capacity)
-        pos = positions[:, None] + torch.minimum(offsets[None], counts[:, None] - 1)  # an unused column repeats the last
+        pos = positions[:, None] + torch.minimum(
+            offsets[None], counts[:, None] - 1
+        )  # an unused column repeats the last
         x = self.inner.embed_tokens(tokens).reshape(m * K, -1)
         cos, sin = self.rope(x, pos.reshape(-1))
         mask = self._bias(start[:, None] + offsets[None], self.length, rows)[:, None]  # (m, 1, K, length)
@@ -162,9 +170,15 @@ class StaticDecoder:
             self.k[i][rows[:, None], :, cols] = k.view(m, K, *k.shape[1:])
             self.v[i][rows[:, None], :, cols] = v.view(m, K, *v.shape[1:])
             q = q.view(m, K, *q.shape[1:]).transpose(1, 2).to(self.k[i].dtype)  # (m, heads, K, d)
-            keys, values = self.k[i][rows, :, :self.length], self.v[i][rows, :, :self.length]
-            out = F.scaled_dot_product_attention(q, keys, values, attn_mask=mask, scale=layer.self_attn.scaling,
-                                                 enable_gqa=q.shape[1] != keys.shape[1])
+            keys, values = self.k[i][rows, :, : self.length], self.v[i][rows, :, : self.length]
+            out = F.scaled_dot_product_attention(
+                q,
+                keys,
+                values,
+                attn_mask=mask,
+                scale=layer.self_attn.scaling,
+                enable_gqa=q.shape[1] != keys.shape[1],
+            )
             x = x + layer.self_attn.o_proj(out.transpose(1, 2).reshape(m * K, -1))
             x = x + fused.mlp(fused.norm(layer.post_attention_layernorm, x))
         last = x.view(m, K, -1)[torch.arange(m, device=x.device), counts - 1]
@@ -178,11 +192,14 @@ class StaticDecoder:
         bias = torch.zeros((*query_cols.shape, length), dtype=self.k[0].dtype, device=query_cols.device)
         bias.masked_fill_(keys[None, None] > query_cols[..., None], float("-inf"))
         if self.prompt_bias is not None:
-            bias[..., :self.prompt_bias.shape[2]] += self.prompt_bias if rows is None else self.prompt_bias[rows]
+            bias[..., : self.prompt_bias.shape[2]] += (
+                self.prompt_bias if rows is None else self.prompt_bias[rows]
+            )
         return bias
 
-    def attend(self, i: int, q: torch.Tensor, length: int, scale: float, bias: torch.Tensor | None = None
-               ) -> torch.Tensor:
+    def attend(
+        self, i: int, q: torch.Tensor, length: int, scale: float, bias: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """Attention of the new token's queries q (n, heads, d) over layer i's first `length` cached
         positions; (n, heads * d); `bias` (n, 1, length): an additive mask over all of them (else
         the prompt's padding only). Grouped-query heads share their K/V without copies. On the CPU in
@@ -193,10 +210,27 @@ class StaticDecoder:
         keys, values = self.k[i][:, :, :length], self.v[i][:, :, :length]
         kv_heads = keys.shape[1]
         if not self.by_bmm:
-            mask = bias[:, None] if bias is not None else None if self.prompt_bias is None else torch.cat(
-                [self.prompt_bias, self.prompt_bias.new_zeros((n, 1, length - self.prompt_bias.shape[2]))], -1)[:, None]
-            out = F.scaled_dot_product_attention(q[:, :, None].to(keys.dtype), keys, values, attn_mask=mask, scale=scale,
-                                                 enable_gqa=heads != kv_heads)
+            mask = (
+                bias[:, None]
+                if bias is not None
+                else None
+                if self.prompt_bias is None
+                else torch.cat(
+                    [
+                        self.prompt_bias,
+                        self.prompt_bias.new_zeros((n, 1, length - self.prompt_bias.shape[2])),
+                    ],
+                    -1,
+                )[:, None]
+            )
+            out = F.scaled_dot_product_attention(
+                q[:, :, None].to(keys.dtype),
+                keys,
+                values,
+                attn_mask=mask,
+                scale=scale,
+                enable_gqa=heads != kv_heads,
+            )
             return out.reshape(n, heads * d)
         cap = self.k[i].shape[2]
         keys = self.k[i].view(n * kv_heads, cap, d)[:, :length]
@@ -205,7 +239,7 @@ class StaticDecoder:
         if bias is not None:
             scores.view(n, heads, length).add_(bias)
         elif self.prompt_bias is not None:
-            scores.view(n, heads, length)[:, :, :self.prompt_bias.shape[2]] += self.prompt_bias
+            scores.view(n, heads, length)[:, :, : self.prompt_bias.shape[2]] += self.prompt_bias
         return torch.bmm(torch.softmax(scores, -1), values).view(n, heads * d)
 
 
@@ -269,8 +303,8 @@ class _FusedLayer:
             return _rope(q, cos, sin), _rope(k, cos, sin), v
         out = F.linear(h, self.w_qkv, self.b_qkv)
         nq, nk = self.split[0] // d, self.split[1] // d
-        qk = _rope(out[:, :(nq + nk) * d].view(n, nq + nk, d), cos, sin)
-        return qk[:, :nq], qk[:, nq:], out[:, (nq + nk) * d:].view(n, nk, d)
+        qk = _rope(out[:, : (nq + nk) * d].view(n, nq + nk, d), cos, sin)
+        return qk[:, :nq], qk[:, nq:], out[:, (nq + nk) * d :].view(n, nk, d)
 
     def mlp(self, h):
         if self.w_gu is None:
@@ -301,9 +335,17 @@ def _gate_up(mlp) -> tuple:
 
 def _fused_bytes(layers) -> int:
     """Bytes of the q/k/v and gate/up weights of all layers (what fusing would copy)."""
-    return sum(p.weight.numel() * p.weight.element_size() for layer in layers
-               for p in (layer.self_attn.q_proj, layer.self_attn.k_proj, layer.self_attn.v_proj, *_gate_up(layer.mlp))
-               if hasattr(p, "weight"))
+    return sum(
+        p.weight.numel() * p.weight.element_size()
+        for layer in layers
+        for p in (
+            layer.self_attn.q_proj,
+            layer.self_attn.k_proj,
+            layer.self_attn.v_proj,
+            *_gate_up(layer.mlp),
+        )
+        if hasattr(p, "weight")
+    )
 
 
 def _concat(linears):
@@ -314,7 +356,9 @@ def _concat(linears):
     biases = [p.bias for p in linears]
     if all(b is None for b in biases):
         return weight, None
-    bias = torch.cat([b if b is not None else p.weight.new_zeros(p.out_features) for p, b in zip(linears, biases)])
+    bias = torch.cat(
+        [b if b is not None else p.weight.new_zeros(p.out_features) for p, b in zip(linears, biases)]
+    )
     return weight, bias
 
 

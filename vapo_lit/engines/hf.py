@@ -3,6 +3,7 @@
 Llama-family models decode through the static-cache loop (vapo_lit.engines.fast_decode); other
 models step transformers' own forward with its cache. Both give the same responses (tested).
 """
+
 from __future__ import annotations
 
 import inspect
@@ -33,13 +34,29 @@ class HFEngine:
 
     @torch.no_grad()
     def generate(self, prompts: list[str], sampling, seeds) -> Rollout:
-        return generate(self.model, self.tokenizer, prompts, max_new_tokens=sampling.max_new_tokens,
-                        temperature=sampling.temperature, top_p=sampling.top_p, seeds=seeds)
+        return generate(
+            self.model,
+            self.tokenizer,
+            prompts,
+            max_new_tokens=sampling.max_new_tokens,
+            temperature=sampling.temperature,
+            top_p=sampling.top_p,
+            seeds=seeds,
+        )
 
 
 @torch.no_grad()
-def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, temperature: float = 1.0,
-             top_p: float = 1.0, seeds=0, fast: bool = True) -> Rollout:
+def generate(
+    model,
+    tokenizer,
+    prompts: list[str],
+    *,
+    max_new_tokens: int,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+    seeds=0,
+    fast: bool = True,
+) -> Rollout:
     """Sample one response per prompt with a KV cache, one token at a time.
 
     Stops as soon as every sequence has emitted EOS, or after `max_new_tokens`. `seeds`: one
@@ -56,8 +73,16 @@ def generate(model, tokenizer, prompts: list[str], *, max_new_tokens: int, tempe
     if not 0.0 < top_p <= 1.0:
         raise ValueError(f"top_p must be in (0, 1], got {top_p}")
     with eval_mode(model):
-        loop = prefill(model, tokenizer, prompts, seeds, max_new_tokens=max_new_tokens, fast=fast,
-                       temperature=temperature, top_p=top_p)
+        loop = prefill(
+            model,
+            tokenizer,
+            prompts,
+            seeds,
+            max_new_tokens=max_new_tokens,
+            fast=fast,
+            temperature=temperature,
+            top_p=top_p,
+        )
         n, device = loop.n, loop.device
         eos = torch.tensor(eos_ids_of(model, tokenizer), device=device)
         tokens = torch.full((n, max_new_tokens), loop.pad, dtype=torch.long, device=device)
@@ -143,11 +168,21 @@ class TokenLoop:
     def sample(self, column: int | torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(tokens, behaviour log-probs) of the held rows for response column `column` (one for every
         row, or a tensor with each held row's own)."""
-        return sample_next(self.logits, temperature=self.temperature, top_p=self.top_p,
-                           u=uniforms(self.row_seeds[self.active], column))
+        return sample_next(
+            self.logits,
+            temperature=self.temperature,
+            top_p=self.top_p,
+            u=uniforms(self.row_seeds[self.active], column),
+        )
 
-    def feed(self, tokens: torch.Tensor, done: torch.Tensor, *, lazy: bool = False,
-             counts: torch.Tensor | None = None) -> bool:
+    def feed(
+        self,
+        tokens: torch.Tensor,
+        done: torch.Tensor,
+        *,
+        lazy: bool = False,
+        counts: torch.Tensor | None = None,
+    ) -> bool:
         """Push `tokens` through the cache and hold the next logits: one per held row (in `active`
         order), or with `counts` a block (held, K) of which row i feeds its first counts[i], in one
         forward pass. `done` (n,): rows that have ended, dropped from the static cache (`lazy`: only
@@ -163,26 +198,41 @@ class TokenLoop:
                 tokens, counts = tokens[~finished], None if counts is None else counts[~finished]
             self.active = self.static.rows
             pos = self.next_pos[self.active]
-            self.logits = self.static.step(tokens, pos) if counts is None else self.static.extend(tokens, counts, pos)
+            self.logits = (
+                self.static.step(tokens, pos) if counts is None else self.static.extend(tokens, counts, pos)
+            )
         else:
             if bool(done.all()):
                 return False
             self._forward(tokens[:, None] if counts is None else tokens, counts)
-        self.next_pos = self.next_pos + 1 if counts is None else self.next_pos.index_add(0, self.active, counts)
+        self.next_pos = (
+            self.next_pos + 1 if counts is None else self.next_pos.index_add(0, self.active, counts)
+        )
         return True
 
     def _forward(self, block: torch.Tensor, counts: torch.Tensor) -> None:
         """The plain path's feed: every row's block (n, K) through transformers' forward and cache,
         a row's columns past its count masked (as left padding is); counts None: all K of every row."""
         offsets = torch.arange(block.shape[1], device=self.device)
-        real = torch.ones_like(block, dtype=self.mask.dtype) if counts is None else offsets[None] < counts[:, None]
+        real = (
+            torch.ones_like(block, dtype=self.mask.dtype)
+            if counts is None
+            else offsets[None] < counts[:, None]
+        )
         self.mask = torch.cat([self.mask, real.to(self.mask.dtype)], 1)
-        out = self.model(input_ids=block, attention_mask=self.mask, position_ids=self.next_pos[:, None] + offsets[None],
-                         use_cache=True, **{self.cache_kw: self.past})
+        out = self.model(
+            input_ids=block,
+            attention_mask=self.mask,
+            position_ids=self.next_pos[:, None] + offsets[None],
+            use_cache=True,
+            **{self.cache_kw: self.past},
+        )
         self.past = _cache_of(out)
         self.logits = out.logits[:, -1, :] if counts is None else out.logits[torch.arange(self.n), counts - 1]
 
-    def rollout(self, tokenizer, response_ids, logprobs, lengths, *, truncated, action=None, turns=None) -> Rollout:
+    def rollout(
+        self, tokenizer, response_ids, logprobs, lengths, *, truncated, action=None, turns=None
+    ) -> Rollout:
         """The Rollout of responses (n, R) with their `lengths` (the response mask) and unmasked
         behaviour log-probs, kept on action tokens only when an `action` mask is given (multi-turn),
         every tensor moved to the model's device."""
@@ -191,17 +241,35 @@ class TokenLoop:
         action_mask = None if action is None else action * response_mask
         logprobs = logprobs * (response_mask if action_mask is None else action_mask)
         cpu_ids, cpu_len = response_ids.cpu(), lengths.cpu()
-        texts = tokenizer.batch_decode([cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(self.n)],
-                                       skip_special_tokens=True)
-        return Rollout(prompt_ids=self.ids, prompt_mask=self.prompt_mask.to(device),
-                       response_ids=response_ids.to(device), response_mask=response_mask.to(device),
-                       logprobs=logprobs.to(device=device, dtype=self.logp_dtype), lengths=lengths.to(device),
-                       terminated=(~truncated).to(device), truncated=truncated.to(device), texts=list(texts),
-                       action_mask=None if action_mask is None else action_mask.to(device), turns=turns)
+        texts = tokenizer.batch_decode(
+            [cpu_ids[i, : int(cpu_len[i])].tolist() for i in range(self.n)], skip_special_tokens=True
+        )
+        return Rollout(
+            prompt_ids=self.ids,
+            prompt_mask=self.prompt_mask.to(device),
+            response_ids=response_ids.to(device),
+            response_mask=response_mask.to(device),
+            logprobs=logprobs.to(device=device, dtype=self.logp_dtype),
+            lengths=lengths.to(device),
+            terminated=(~truncated).to(device),
+            truncated=truncated.to(device),
+            texts=list(texts),
+            action_mask=None if action_mask is None else action_mask.to(device),
+            turns=turns,
+        )
 
 
-def prefill(model, tokenizer, prompts: list[str], seeds, *, max_new_tokens: int, fast: bool,
-            temperature: float = 1.0, top_p: float = 1.0) -> TokenLoop:
+def prefill(
+    model,
+    tokenizer,
+    prompts: list[str],
+    seeds,
+    *,
+    max_new_tokens: int,
+    fast: bool,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+) -> TokenLoop:
     """Encode `prompts`, run the model's regular forward over them once, and return the token loop
     that samples on from there (with room for `max_new_tokens` more in a static cache)."""
     device = next(model.parameters()).device
@@ -210,10 +278,26 @@ def prefill(model, tokenizer, prompts: list[str], seeds, *, max_new_tokens: int,
     pos = position_ids_from_mask(mask)
     out = model(input_ids=ids, attention_mask=mask, position_ids=pos, use_cache=True, logits_to_keep=1)
     past = _cache_of(out)
-    static = StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens) if fast and decode_supported(model) else None
-    return TokenLoop(model, ids, prompt_mask, mask, row_seeds=as_seeds(seeds, ids.shape[0]).to(device), past=past,
-                     logits=out.logits[:, -1, :], next_pos=pos[:, -1] + 1, static=static, pad=pad_id_of(tokenizer),
-                     temperature=temperature, top_p=top_p)
+    static = (
+        StaticDecoder(model, past, mask, ids.shape[1] + max_new_tokens)
+        if fast and decode_supported(model)
+        else None
+    )
+    return TokenLoop(
+        model,
+        ids,
+        prompt_mask,
+        mask,
+        row_seeds=as_seeds(seeds, ids.shape[0]).to(device),
+        past=past,
+        logits=out.logits[:, -1, :],
+        next_pos=pos[:, -1] + 1,
+        static=static,
+        pad=pad_id_of(tokenizer),
+        temperature=temperature,
+        top_p=top_p,
+    )
+
 
 def _cache_kwarg(model) -> str:
     """Name of the KV-cache argument: `cache` (transformers >= 5.2x) or `past_key_values`."""

@@ -4,6 +4,7 @@ Inverse-CDF sampling with per-sample counter-based uniforms (vapo_lit.rng), so a
 its own seed only; the behaviour log-prob is log softmax(logits / T) of the drawn token, before the
 top-p cut (see vapo_lit.rollout for the conventions).
 """
+
 from __future__ import annotations
 
 import torch
@@ -25,8 +26,9 @@ def top_p_filter(probs: torch.Tensor, top_p: float) -> torch.Tensor:
     return out / out.sum(-1, keepdim=True)
 
 
-def sample_next(logits: torch.Tensor, *, temperature: float, top_p: float,
-                u: torch.Tensor | None) -> tuple[torch.LongTensor, torch.Tensor]:
+def sample_next(
+    logits: torch.Tensor, *, temperature: float, top_p: float, u: torch.Tensor | None
+) -> tuple[torch.LongTensor, torch.Tensor]:
     """One token per row of `logits` (N, V) by inverse-CDF sampling with the uniforms `u` (N,)
     (see vapo_lit.rng); returns (tokens, behaviour log-probs). Greedy when temperature is 0.
     Computed in at least float32 (a float64 model samples and records in float64, so its samples and

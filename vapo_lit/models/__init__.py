@@ -6,6 +6,7 @@
   :class:`ValueModel`), ``"actor"`` (the policy's backbone with a fresh head) or a local path (a
   saved ValueModel or an HF causal-LM directory).
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -22,8 +23,10 @@ def _builtin_kwargs(task, kwargs):
     from vapo_lit.tasks.chain import ChainTask
 
     if not isinstance(task, ChainTask):
-        raise ValueError(f"the built-in policy exists only for the built-in tasks (chain, longchain, toolchain), not {getattr(task, 'name', task)!r};"
-                         " pass a local HF model directory instead")
+        raise ValueError(
+            f"the built-in policy exists only for the built-in tasks (chain, longchain, toolchain), not {getattr(task, 'name', task)!r};"
+            " pass a local HF model directory instead"
+        )
     allowed = {"model_config", "sft_config", "rm_config", "log"}
     bad = set(kwargs) - allowed
     if bad:
@@ -34,14 +37,21 @@ def _builtin_kwargs(task, kwargs):
 def _check_model_dir(path: str | Path, what: str) -> Path:
     p = Path(path).expanduser()
     if not p.exists():
-        raise ValueError(f"{what} {str(path)!r} does not exist (expected 'builtin' or a local HF model directory)")
+        raise ValueError(
+            f"{what} {str(path)!r} does not exist (expected 'builtin' or a local HF model directory)"
+        )
     if not p.is_dir() or not (p / "config.json").is_file():
         raise ValueError(f"{what} {str(path)!r} is not a model directory (no config.json)")
     return p
 
 
-DTYPES = {"float32": torch.float32, "bfloat16": torch.bfloat16, "float16": torch.float16, "float64": torch.float64,
-          "auto": "auto"}
+DTYPES = {
+    "float32": torch.float32,
+    "bfloat16": torch.bfloat16,
+    "float16": torch.float16,
+    "float64": torch.float64,
+    "auto": "auto",
+}
 
 
 def resolve_critic_init(init: str, policy_spec: str) -> str:
@@ -84,8 +94,16 @@ def load_policy(spec: str, task, *, seed: int = 0, cache_dir=None, dtype: str = 
     return model, tok
 
 
-def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, cache_dir=None, dtype: str = "float32",
-                **builtin_options) -> ValueModel:
+def load_critic(
+    init: str,
+    task,
+    *,
+    policy_spec: str = BUILTIN,
+    seed: int = 0,
+    cache_dir=None,
+    dtype: str = "float32",
+    **builtin_options,
+) -> ValueModel:
     """Return a fresh :class:`ValueModel` (eval mode) for ``critic_init`` = `init`.
 
     * ``"reward_model"``: a copy of the cached outcome reward model trained on samples of the
@@ -98,15 +116,29 @@ def load_critic(init: str, task, *, policy_spec: str = BUILTIN, seed: int = 0, c
     init = resolve_critic_init(init, policy_spec)
     if init == "reward_model":
         if policy_spec != BUILTIN:
-            raise ValueError("critic_init='reward_model' is only built for the built-in policy; "
-                             "pass a local reward/value model directory as the critic instead")
+            raise ValueError(
+                "critic_init='reward_model' is only built for the built-in policy; "
+                "pass a local reward/value model directory as the critic instead"
+            )
         from vapo_lit.models.builtin import builtin_reward_model_dir
 
         opts = _builtin_kwargs(task, builtin_options)
-        critic = ValueModel.from_pretrained(builtin_reward_model_dir(task, seed=seed, cache_dir=cache_dir, **opts))
+        critic = ValueModel.from_pretrained(
+            builtin_reward_model_dir(task, seed=seed, cache_dir=cache_dir, **opts)
+        )
     elif init == "actor":
-        policy, _ = load_policy(policy_spec, task, seed=seed, cache_dir=cache_dir, dtype=dtype, **(
-            {k: v for k, v in builtin_options.items() if k != "rm_config"} if policy_spec == BUILTIN else builtin_options))
+        policy, _ = load_policy(
+            policy_spec,
+            task,
+            seed=seed,
+            cache_dir=cache_dir,
+            dtype=dtype,
+            **(
+                {k: v for k, v in builtin_options.items() if k != "rm_config"}
+                if policy_spec == BUILTIN
+                else builtin_options
+            ),
+        )
         with torch.random.fork_rng():
             torch.manual_seed(seed)
             critic = ValueModel.from_causal_lm(policy)
@@ -147,7 +179,14 @@ def enable_gradient_checkpointing(model) -> None:
         if isinstance(getattr(m, "attention_dropout", None), float):
             m.attention_dropout = 0.0
     if getattr(target, "config", None) is not None:
-        for key in ("attention_dropout", "hidden_dropout", "dropout", "resid_pdrop", "embd_pdrop", "attn_pdrop"):
+        for key in (
+            "attention_dropout",
+            "hidden_dropout",
+            "dropout",
+            "resid_pdrop",
+            "embd_pdrop",
+            "attn_pdrop",
+        ):
             if isinstance(getattr(target.config, key, None), float):
                 setattr(target.config, key, 0.0)
     model.train()
@@ -184,5 +223,13 @@ def export(model, directory, tokenizer=None, state_dict: dict | None = None) -> 
         raise
 
 
-__all__ = ["ValueModel", "load_policy", "load_critic", "resolve_critic_init", "enable_gradient_checkpointing", "export",
-           "BUILTIN", "DTYPES"]
+__all__ = [
+    "ValueModel",
+    "load_policy",
+    "load_critic",
+    "resolve_critic_init",
+    "enable_gradient_checkpointing",
+    "export",
+    "BUILTIN",
+    "DTYPES",
+]

@@ -3,6 +3,7 @@
 Both are built on first use (a few minutes at most on 2 CPU cores) and cached on disk under a key
 of their full build config + seed + :data:`CODE_VERSION` (see :mod:`vapo_lit.cache`).
 """
+
 from __future__ import annotations
 
 import math
@@ -14,6 +15,7 @@ from pathlib import Path
 import torch
 
 from vapo_lit.models.quiet import quiet_transformers
+from vapo_lit.rng import BuildSeed, sample_seed
 from vapo_lit.tasks.chain import ChainTask, DemoConfig
 from vapo_lit.tasks.env import is_environment
 
@@ -128,11 +130,19 @@ def llama_config(task: ChainTask, cfg: TinyModelConfig):
 
     tok = task.tokenizer
     return LlamaConfig(
-        vocab_size=len(tok), hidden_size=cfg.hidden_size, num_hidden_layers=cfg.num_hidden_layers,
-        num_attention_heads=cfg.num_attention_heads, num_key_value_heads=cfg.num_attention_heads,
-        intermediate_size=cfg.intermediate_size, max_position_embeddings=cfg.max_position_embeddings,
-        rope_theta=cfg.rope_theta, bos_token_id=tok.bos_token_id, eos_token_id=tok.eos_token_id,
-        pad_token_id=tok.pad_token_id, tie_word_embeddings=True)
+        vocab_size=len(tok),
+        hidden_size=cfg.hidden_size,
+        num_hidden_layers=cfg.num_hidden_layers,
+        num_attention_heads=cfg.num_attention_heads,
+        num_key_value_heads=cfg.num_attention_heads,
+        intermediate_size=cfg.intermediate_size,
+        max_position_embeddings=cfg.max_position_embeddings,
+        rope_theta=cfg.rope_theta,
+        bos_token_id=tok.bos_token_id,
+        eos_token_id=tok.eos_token_id,
+        pad_token_id=tok.pad_token_id,
+        tie_word_embeddings=True,
+    )
 
 
 def _lr_lambda(warmup: int, total: int):
@@ -251,24 +261,34 @@ def lm_loss(model, ids, mask, loss_mask, tokens) -> torch.Tensor:
     causal pass without an attention mask (rows right-padded, starting at column 0)."""
     logits = model(input_ids=ids, attention_mask=mask).logits[:, :-1]
     tgt, lm = ids[:, 1:], loss_mask[:, 1:]
-    nll = torch.nn.functional.cross_entropy(logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1),
-                                            reduction="none").view_as(lm)
+    nll = torch.nn.functional.cross_entropy(
+        logits.reshape(-1, logits.shape[-1]), tgt.reshape(-1), reduction="none"
+    ).view_as(lm)
     return (nll * lm).sum() / tokens
 
 
-def sample_scored(model, task: ChainTask, n: int, seed: int, *, batch_size: int = 256,
-                  temperature: float = 1.0, top_p: float = 1.0):
+def sample_scored(
+    model,
+    task: ChainTask,
+    n: int,
+    seed: int,
+    *,
+    batch_size: int = 256,
+    temperature: float = 1.0,
+    top_p: float = 1.0,
+):
     """`n` base-policy rollouts on train prompts with their verifier rewards (list of (Rollout, rewards))."""
     from vapo_lit.engines import SamplingParams, make_engine
-    from vapo_lit.rng import sample_seed
 
     engine = make_engine("hf", model, task.tokenizer, task=task)  # the episode loop for a multi-turn task
     sampling = SamplingParams(max_new_tokens=task.max_new_tokens, temperature=temperature, top_p=top_p)
     probs = task.train_problems(n, seed=seed)
     out = []
     for i in range(0, n, batch_size):
-        chunk = probs[i: i + batch_size]
-        ro = engine.generate([p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))])
+        chunk = probs[i : i + batch_size]
+        ro = engine.generate(
+            [p.prompt for p in chunk], sampling, [sample_seed(seed, j) for j in range(i, i + len(chunk))]
+        )
         rewards = torch.tensor([task.verify(p, t).reward for p, t in zip(chunk, ro.texts)])
         out.append((ro, rewards))
     return out
@@ -285,7 +305,7 @@ def value_batches(scored, batch_size: int, rng: random.Random):
         ids, mask = ro.input_ids, ro.attention_mask
         p = ro.prompt_ids.shape[1]
         vmask = torch.zeros(ids.shape, dtype=torch.float)
-        vmask[:, p - 1: p - 1 + ro.response_mask.shape[1]] = ro.response_mask
+        vmask[:, p - 1 : p - 1 + ro.response_mask.shape[1]] = ro.response_mask
         for i in range(ids.shape[0]):
             items.append((ids[i], mask[i], vmask[i], float(rewards[i]), int(ro.lengths[i])))
     while True:
@@ -311,8 +331,15 @@ def collate_value_items(batch):
 
 
 # ----------------------------------------------------------------------------- value training
-def value_loss(values: torch.Tensor, vmask: torch.Tensor, reward: torch.Tensor, last: torch.Tensor, *,
-               all_tokens: bool, balance: bool) -> torch.Tensor:
+def value_loss(
+    values: torch.Tensor,
+    vmask: torch.Tensor,
+    reward: torch.Tensor,
+    last: torch.Tensor,
+    *,
+    all_tokens: bool,
+    balance: bool,
+) -> torch.Tensor:
     """MSE of V against the final 0/1 reward: on every value state (``all_tokens``; Monte-Carlo
     returns with gamma = lambda = 1) or only at the last real token (an outcome reward model)."""
     w = sample_weights(reward, balance)
@@ -336,8 +363,9 @@ def sample_weights(reward: torch.Tensor, balance: bool) -> torch.Tensor:
     return torch.ones_like(reward)
 
 
-def value_loss_micro(model, ids, mask, vmask, reward, last, micro_batches: int, *, all_tokens: bool,
-                     balance: bool) -> torch.Tensor:
+def value_loss_micro(
+    model, ids, mask, vmask, reward, last, micro_batches: int, *, all_tokens: bool, balance: bool
+) -> torch.Tensor:
     """`value_loss` of the batch, its backward pass run over `micro_batches` length-sorted
     micro-batches, each causal and without a mask (rows moved left by their left padding, which
     goes after their last token); returns the loss (detached)."""
@@ -349,16 +377,33 @@ def value_loss_micro(model, ids, mask, vmask, reward, last, micro_batches: int, 
     total = 0.0
     for rows in torch.sort(last, descending=True, stable=True).indices.chunk(micro_batches):
         width = int(last[rows].max()) + 1
-        errors = sequence_errors(model(ids[rows, :width], None), vmask[rows, :width], reward[rows], last[rows],
-                                 all_tokens=all_tokens)
+        errors = sequence_errors(
+            model(ids[rows, :width], None),
+            vmask[rows, :width],
+            reward[rows],
+            last[rows],
+            all_tokens=all_tokens,
+        )
         part = (errors * w[rows]).sum() / w.sum()
         part.backward()
         total += float(part)
     return torch.tensor(total, dtype=torch.float64)
 
 
-def train_value(model, scored, *, steps: int, batch_size: int, lr: float, warmup_steps: int,
-                all_tokens: bool, balance: bool, seed: int, log=None, micro_batches: int = 0):
+def train_value(
+    model,
+    scored,
+    *,
+    steps: int,
+    batch_size: int,
+    lr: float,
+    warmup_steps: int,
+    all_tokens: bool,
+    balance: bool,
+    seed: int,
+    log=None,
+    micro_batches: int = 0,
+):
     """Fit a :class:`~vapo_lit.models.value.ValueModel` to scored rollouts (see :func:`value_loss`);
     `micro_batches` as RewardModelConfig.micro_batches."""
     rng = random.Random(f"vapo-lit/value/{seed}")
@@ -374,8 +419,9 @@ def train_value(model, scored, *, steps: int, batch_size: int, lr: float, warmup
             loss = value_loss(model(ids, mask), vmask, reward, last, all_tokens=all_tokens, balance=balance)
             loss.backward()
         else:
-            loss = value_loss_micro(model, ids, mask, vmask, reward, last, micro_batches,
-                                    all_tokens=all_tokens, balance=balance)
+            loss = value_loss_micro(
+                model, ids, mask, vmask, reward, last, micro_batches, all_tokens=all_tokens, balance=balance
+            )
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
         sched.step()
@@ -394,14 +440,16 @@ def explained_variance(model, scored, *, batch_size: int = 64) -> dict[str, floa
     model.eval()
     for ro, rewards in scored:
         for i in range(0, ro.prompt_ids.shape[0], batch_size):
-            sub = [(ro.input_ids[j], ro.attention_mask[j], None, float(rewards[j]), 0)
-                   for j in range(i, min(i + batch_size, ro.prompt_ids.shape[0]))]
+            sub = [
+                (ro.input_ids[j], ro.attention_mask[j], None, float(rewards[j]), 0)
+                for j in range(i, min(i + batch_size, ro.prompt_ids.shape[0]))
+            ]
             p = ro.prompt_ids.shape[1]
             ids = torch.stack([s[0] for s in sub])
             mask = torch.stack([s[1] for s in sub])
-            rmask = ro.response_mask[i: i + len(sub)]
+            rmask = ro.response_mask[i : i + len(sub)]
             vmask = torch.zeros(ids.shape)
-            vmask[:, p - 1: p - 1 + rmask.shape[1]] = rmask
+            vmask[:, p - 1 : p - 1 + rmask.shape[1]] = rmask
             v = model(ids, mask)
             r = torch.tensor([s[3] for s in sub])
             sel = vmask > 0
@@ -414,8 +462,12 @@ def explained_variance(model, scored, *, batch_size: int = 64) -> dict[str, floa
     lv, lr_ = torch.cat(last_v), torch.cat(last_r)
     var_r = r.var(unbiased=False)
     ev = float(1 - (r - v).var(unbiased=False) / var_r) if var_r > 0 else float("nan")
-    return {"ev": ev, "final_acc": float(((lv > 0.5).float() == lr_).float().mean()),
-            "reward_mean": float(lr_.mean()), "tokens": float(len(r))}
+    return {
+        "ev": ev,
+        "final_acc": float(((lv > 0.5).float() == lr_).float().mean()),
+        "reward_mean": float(lr_.mean()),
+        "tokens": float(len(r)),
+    }
 
 
 # ----------------------------------------------------------------------------- build + cache
@@ -424,12 +476,23 @@ def _cfg_dict(obj) -> dict:
 
 
 def policy_build_config(task: ChainTask, model_cfg: TinyModelConfig, sft: SFTConfig, seed: int) -> dict:
-    return {"code_version": CODE_VERSION, "task": _cfg_dict(task.config), "task_version": task.version,
-            "model": _cfg_dict(model_cfg), "sft": _cfg_dict(sft), "seed": seed}
+    return {
+        "code_version": CODE_VERSION,
+        "task": _cfg_dict(task.config),
+        "task_version": task.version,
+        "model": _cfg_dict(model_cfg),
+        "sft": _cfg_dict(sft),
+        "seed": seed,
+    }
 
 
 def reward_build_config(policy_config: dict, rm: RewardModelConfig, seed: int) -> dict:
-    return {"code_version": CODE_VERSION, "policy": policy_config, "reward_model": _cfg_dict(rm), "seed": seed}
+    return {
+        "code_version": CODE_VERSION,
+        "policy": policy_config,
+        "reward_model": _cfg_dict(rm),
+        "seed": seed,
+    }
 
 
 class _Threads:
@@ -454,9 +517,15 @@ def _load_policy_dir(path: Path):
 
 
 @quiet_transformers()
-def builtin_policy_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
-                       model_config: TinyModelConfig | None = None, sft_config: SFTConfig | None = None,
-                       log=None) -> Path:
+def builtin_policy_dir(
+    task: ChainTask,
+    *,
+    seed: int = 0,
+    cache_dir=None,
+    model_config: TinyModelConfig | None = None,
+    sft_config: SFTConfig | None = None,
+    log=None,
+) -> Path:
     """Directory of the cached built-in base policy (built on first use)."""
     from vapo_lit.cache import cached_build
 
@@ -474,9 +543,16 @@ def builtin_policy_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
 
 
 @quiet_transformers()
-def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
-                             model_config: TinyModelConfig | None = None, sft_config: SFTConfig | None = None,
-                             rm_config: RewardModelConfig | None = None, log=None) -> Path:
+def builtin_reward_model_dir(
+    task: ChainTask,
+    *,
+    seed: int = 0,
+    cache_dir=None,
+    model_config: TinyModelConfig | None = None,
+    sft_config: SFTConfig | None = None,
+    rm_config: RewardModelConfig | None = None,
+    log=None,
+) -> Path:
     """Directory of the cached outcome reward model (a saved ValueModel), built on first use from
     samples of the built-in base policy (built first if needed) scored by the task's verifier."""
     from vapo_lit.cache import cached_build
@@ -485,25 +561,37 @@ def builtin_reward_model_dir(task: ChainTask, *, seed: int = 0, cache_dir=None,
     model_cfg = model_config or default_model(task)
     sft = sft_config or default_sft(task)
     rm = rm_config or RewardModelConfig(**getattr(task, "rm_overrides", {}))
-    pdir = builtin_policy_dir(task, seed=seed, cache_dir=cache_dir, model_config=model_cfg,
-                              sft_config=sft, log=log)
+    pdir = builtin_policy_dir(
+        task, seed=seed, cache_dir=cache_dir, model_config=model_cfg, sft_config=sft, log=log
+    )
     config = reward_build_config(policy_build_config(task, model_cfg, sft, seed), rm, seed)
 
     def build(tmp: Path) -> None:
         policy, _ = _load_policy_dir(pdir)
         with _Threads():
-            scored = sample_scored(policy, task, rm.samples, seed=seed + 1_000_003)
+            scored = sample_scored(policy, task, rm.samples, seed=seed + BuildSeed.REWARD_MODEL_SAMPLES)
             if log is not None:
                 rew = torch.cat([r for _, r in scored])
                 log(f"reward model data: {len(rew)} samples, mean reward {rew.mean():.3f}")
             with torch.random.fork_rng():
-                torch.manual_seed(seed + 17)
+                torch.manual_seed(seed + BuildSeed.REWARD_MODEL_HEAD)
                 critic = ValueModel.from_causal_lm(policy)
-            train_value(critic, scored, steps=rm.steps, batch_size=rm.batch_size, lr=rm.lr,
-                        warmup_steps=rm.warmup_steps, all_tokens=rm.all_tokens, balance=rm.balance,
-                        seed=seed, log=log, micro_batches=rm.micro_batches)
+            train_value(
+                critic,
+                scored,
+                steps=rm.steps,
+                batch_size=rm.batch_size,
+                lr=rm.lr,
+                warmup_steps=rm.warmup_steps,
+                all_tokens=rm.all_tokens,
+                balance=rm.balance,
+                seed=seed,
+                log=log,
+                micro_batches=rm.micro_batches,
+            )
         critic.save_pretrained(tmp)
         task.tokenizer.save_pretrained(tmp)
 
-    return cached_build("reward_model", config, build, cache_dir=cache_dir,
-                        load=lambda p: ValueModel.from_pretrained(p))
+    return cached_build(
+        "reward_model", config, build, cache_dir=cache_dir, load=lambda p: ValueModel.from_pretrained(p)
+    )

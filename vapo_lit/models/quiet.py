@@ -5,6 +5,7 @@ bar in every `save_pretrained`; the built-in model cache and the exports do seve
 those bars would land between our own lines on the user's terminal. `quiet_transformers` turns
 them off around our calls only (a decorator or a `with` block) and restores the user's setting.
 """
+
 from __future__ import annotations
 
 from contextlib import contextmanager

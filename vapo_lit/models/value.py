@@ -1,4 +1,5 @@
 """The critic / reward model: a causal-LM backbone (without its LM head) plus a scalar head."""
+
 from __future__ import annotations
 
 import json
@@ -49,7 +50,9 @@ class ValueModel(torch.nn.Module):
             h = self.backbone(input_ids=input_ids, position_ids=pos).last_hidden_state
             return self.value_head(h)
         pos = position_ids_from_mask(attention_mask)
-        h = self.backbone(input_ids=input_ids, attention_mask=attention_mask, position_ids=pos).last_hidden_state
+        h = self.backbone(
+            input_ids=input_ids, attention_mask=attention_mask, position_ids=pos
+        ).last_hidden_state
         return self.value_head(h)
 
     def value_head(self, h: torch.Tensor) -> torch.Tensor:
@@ -69,10 +72,19 @@ class ValueModel(torch.nn.Module):
         directory = Path(directory)
         directory.mkdir(parents=True, exist_ok=True)
         sd = state_dict if state_dict is not None else self.state_dict()
-        self.backbone.save_pretrained(directory, safe_serialization=True,
-                                      state_dict={k[len("backbone."):]: v for k, v in sd.items() if k.startswith("backbone.")})
-        save_file({k[len("head."):]: v.detach().contiguous().cpu() for k, v in sd.items() if k.startswith("head.")},
-                  str(directory / HEAD_FILE))
+        self.backbone.save_pretrained(
+            directory,
+            safe_serialization=True,
+            state_dict={k[len("backbone.") :]: v for k, v in sd.items() if k.startswith("backbone.")},
+        )
+        save_file(
+            {
+                k[len("head.") :]: v.detach().contiguous().cpu()
+                for k, v in sd.items()
+                if k.startswith("head.")
+            },
+            str(directory / HEAD_FILE),
+        )
         with open(directory / VALUE_MARKER, "w") as f:
             json.dump({"format": "vapo-lit ValueModel", "version": 1, "head": HEAD_FILE}, f)
 
@@ -88,7 +100,9 @@ class ValueModel(torch.nn.Module):
         backbone = AutoModel.from_pretrained(directory, local_files_only=True, dtype=dtype)
         model = cls(backbone)
         if isinstance(dtype, torch.dtype):
-            model.head.to(dtype)  # the backbone was loaded in `dtype`; the head follows it (before loading it)
+            model.head.to(
+                dtype
+            )  # the backbone was loaded in `dtype`; the head follows it (before loading it)
         if (directory / VALUE_MARKER).is_file():
             model.head.load_state_dict(load_file(str(directory / HEAD_FILE)))
         return model

@@ -8,6 +8,7 @@
 numbers; `table.py` aggregates rows; `render.py` formats; `figures.py` plots; the pure statistics
 (stdlib only) are `vapo_lit/seed_stats.py`, shared with `vapo-ablate --seeds auto`.
 """
+
 from __future__ import annotations
 
 __all__ = ["write_report", "report_grid", "grids_in", "LogError", "REFERENCE"]

@@ -18,6 +18,7 @@ Conventions:
 - Explained variance over the last N PPO rows is a median (one batch with no correct response can
   give -23); entropy and response length are means. NaN (EV undefined) is skipped everywhere.
 """
+
 from __future__ import annotations
 
 import os
@@ -28,8 +29,12 @@ from vapo_lit import seed_stats as stats
 from vapo_lit.protocol import Endpoint
 from vapo_lit.report.logs import RunLog, attempt_counts, label_of  # noqa: F401 (label_of: public here too)
 
-TRACKED = {"entropy": "policy/entropy", "response_length": "rollout/response_length",
-           "ev_mc": "value/explained_variance", "ev_target": "value/explained_variance_target"}
+TRACKED = {
+    "entropy": "policy/entropy",
+    "response_length": "rollout/response_length",
+    "ev_mc": "value/explained_variance",
+    "ev_target": "value/explained_variance_target",
+}
 """Training diagnostics: name in the tables -> metrics.csv column."""
 MEDIAN_LAST = ("ev_mc", "ev_target")
 BIAS_BUCKETS = ("first", "1-7", "8-31", "32-127", "ge128")
@@ -81,8 +86,11 @@ def cost_curves(log: RunLog) -> dict:
         tokens = df["perf/cumulative_tokens"].ffill().fillna(0.0)
         sources.append("logged")
     else:
-        per_row = (_col(df, "rollout/response_length") * _col(df, "rollout/prompts")
-                   * _col(df, "rollout/samples_per_prompt")).fillna(0.0)
+        per_row = (
+            _col(df, "rollout/response_length")
+            * _col(df, "rollout/prompts")
+            * _col(df, "rollout/samples_per_prompt")
+        ).fillna(0.0)
         tokens = per_row.cumsum()
         sources.append("reconstructed")
     source = sources[0] if sources[0] == sources[1] else f"seconds {sources[0]}, tokens {sources[1]}"
@@ -105,8 +113,12 @@ def per_run(log: RunLog, last_n: int, folder, endpoint: Endpoint = Endpoint(1)) 
     ppo = ppo_rows(df)
     cost = cost_curves(log)
     rec = {
-        "row": log.row, "seed": log.seed, "run": os.path.relpath(log.run_dir, folder).replace(os.sep, "/"),
-        "ppo_updates": log.ppo_updates, "steps": log.steps, "truncated": log.truncated,
+        "row": log.row,
+        "seed": log.seed,
+        "run": os.path.relpath(log.run_dir, folder).replace(os.sep, "/"),
+        "ppo_updates": log.ppo_updates,
+        "steps": log.steps,
+        "truncated": log.truncated,
         "base": next((s for u, s in zip(ups, scores) if u == 0), NAN),
         "final": endpoint.score(trained),
         **({"last_eval": trained[-1] if trained else NAN} if endpoint.last > 1 else {}),
@@ -114,7 +126,8 @@ def per_run(log: RunLog, last_n: int, folder, endpoint: Endpoint = Endpoint(1)) 
         "strict_final": strict_trained[-1] if strict_trained else NAN,
         "strict_peak": max(strict_trained) if strict_trained else NAN,
         "auc": stats.curve_auc(ups, scores),
-        "cumulative_seconds": float(cost["seconds"].iloc[-1]), "cumulative_tokens": float(cost["tokens"].iloc[-1]),
+        "cumulative_seconds": float(cost["seconds"].iloc[-1]),
+        "cumulative_tokens": float(cost["tokens"].iloc[-1]),
         "cost_source": cost["source"],
         "tokens_per_second": float(_col(ppo, "perf/tokens_per_second").mean()) if len(ppo) else NAN,
         "peak_memory_mb": float(_col(df, "perf/peak_memory_mb").max()),
@@ -123,7 +136,9 @@ def per_run(log: RunLog, last_n: int, folder, endpoint: Endpoint = Endpoint(1)) 
         series = _col(ppo, col).dropna()
         tail = series.iloc[-last_n:]
         rec[f"{name}_final"] = _last(series)
-        rec[f"{name}_last"] = float(tail.median() if name in MEDIAN_LAST else tail.mean()) if len(tail) else NAN
+        rec[f"{name}_last"] = (
+            float(tail.median() if name in MEDIAN_LAST else tail.mean()) if len(tail) else NAN
+        )
     rec.update(attempt_counts(log.attempts))
     return rec
 
@@ -132,12 +147,18 @@ def efficiency(log: RunLog, threshold: float, token_budget: float, time_budget: 
     """The numbers that depend on the whole table: updates to the threshold, score at the budgets."""
     ups, scores = eval_curve(log)
     cost = cost_curves(log)
-    rows = log.metrics[log.metrics[log.score_key].notna()] if log.score_key in log.metrics else log.metrics.iloc[0:0]
+    rows = (
+        log.metrics[log.metrics[log.score_key].notna()]
+        if log.score_key in log.metrics
+        else log.metrics.iloc[0:0]
+    )
     tokens = [float(cost["tokens"][i]) for i in rows.index]
     seconds = [float(cost["seconds"][i]) for i in rows.index]
-    return {"updates_to_threshold": stats.reach_update(ups, scores, threshold),
-            "score_at_tokens": stats.at_budget(tokens, scores, token_budget),
-            "score_at_seconds": stats.at_budget(seconds, scores, time_budget)}
+    return {
+        "updates_to_threshold": stats.reach_update(ups, scores, threshold),
+        "score_at_tokens": stats.at_budget(tokens, scores, token_budget),
+        "score_at_seconds": stats.at_budget(seconds, scores, time_budget),
+    }
 
 
 def bias_buckets(logs) -> tuple[str, ...]:

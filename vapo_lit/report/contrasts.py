@@ -11,6 +11,7 @@ contrasts.csv, one line per pair, for each metric m in METRICS:
   delta_m_p_holm                         Holm-adjusted over the contrasts (a family of its own,
                                          separate from the table's)
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -21,18 +22,26 @@ from vapo_lit.report.table import by_seed, pretty
 
 METRICS = ("final", "auc", "peak")
 NAN = float("nan")
-TEXT = ("Paired like the table's deltas (the per-seed difference row − against over the seeds both have, "
-        "95% t-interval), between two rows the grid declares (`contrasts:`) or `vapo-report --contrast` names. "
-        "Holm's adjustment runs over these contrasts, per metric, a family of its own: the declared ones and "
-        "any added on the command line together. n/a ‡: the differences are the same nonzero number in every "
-        "pair, so the t statistic and its p-value are undefined.")
+TEXT = (
+    "Paired like the table's deltas (the per-seed difference row − against over the seeds both have, "
+    "95% t-interval), between two rows the grid declares (`contrasts:`) or `vapo-report --contrast` names. "
+    "Holm's adjustment runs over these contrasts, per metric, a family of its own: the declared ones and "
+    "any added on the command line together. n/a ‡: the differences are the same nonzero number in every "
+    "pair, so the t statistic and its p-value are undefined."
+)
 
 
 def columns() -> list[str]:
     cols = ["row", "against"]
     for m in METRICS:
-        cols += [f"delta_{m}", f"delta_{m}_ci_lo", f"delta_{m}_ci_hi", f"delta_{m}_pairs", f"delta_{m}_p",
-                 f"delta_{m}_p_holm"]
+        cols += [
+            f"delta_{m}",
+            f"delta_{m}_ci_lo",
+            f"delta_{m}_ci_hi",
+            f"delta_{m}_pairs",
+            f"delta_{m}_p",
+            f"delta_{m}_p_holm",
+        ]
     return cols
 
 
@@ -47,8 +56,15 @@ def contrast_frame(seeds: pd.DataFrame, pairs: list) -> pd.DataFrame | None:
         rec.update(row=row, against=against)
         for m in METRICS:
             d = stats.paired_delta(by_seed(a, m), by_seed(b, m))
-            rec.update({f"delta_{m}": d["mean"], f"delta_{m}_ci_lo": d["ci_lo"], f"delta_{m}_ci_hi": d["ci_hi"],
-                        f"delta_{m}_pairs": d["pairs"], f"delta_{m}_p": d["p"]})
+            rec.update(
+                {
+                    f"delta_{m}": d["mean"],
+                    f"delta_{m}_ci_lo": d["ci_lo"],
+                    f"delta_{m}_ci_hi": d["ci_hi"],
+                    f"delta_{m}_pairs": d["pairs"],
+                    f"delta_{m}_p": d["p"],
+                }
+            )
         records.append(rec)
     frame = pd.DataFrame(records, columns=columns())
     for m in METRICS:
@@ -64,8 +80,20 @@ def left_out_note(declared: list, kept: list) -> str:
 
 def markdown_table(frame: pd.DataFrame, endpoint: str = "final") -> str:
     """`endpoint`: the primary endpoint's short name (the "final" columns hold it)."""
-    head = ["row", "against", "pairs", f"Δ {endpoint} [95% CI]", "p", "Holm p", "Δ AUC [95% CI]", "p", "Holm p",
-            "Δ peak [95% CI]", "p", "Holm p"]
+    head = [
+        "row",
+        "against",
+        "pairs",
+        f"Δ {endpoint} [95% CI]",
+        "p",
+        "Holm p",
+        "Δ AUC [95% CI]",
+        "p",
+        "Holm p",
+        "Δ peak [95% CI]",
+        "p",
+        "Holm p",
+    ]
     ctx = render.Context(0, 0, NAN, None, NAN, NAN, 0)  # no reference row: render.delta formats every line
     body = []
     for r in frame.to_dict("records"):

@@ -31,6 +31,7 @@ Medians within a run (one batch without a correct response gives an explained va
 0), then the mean over the row's seeds that have a value (NaN when none has). Rows without a critic
 are left out.
 """
+
 from __future__ import annotations
 
 import pandas as pd
@@ -40,8 +41,20 @@ from vapo_lit.report.collect import CALIBRATION_UPDATES, _col, ppo_rows
 LAST_VP = 10
 """Value-pretraining iterations whose median is 'the critic at the end of value pretraining'."""
 SIGNATURE = "value/explained_variance"
-COLUMNS = ("vp_iterations", "ev_vp_end", "ev_early", "ev_late", "ev_oracle_vp_end", "ev_oracle_early", "ev_oracle_late",
-           "ceiling", "vp_end_of_ceiling", "vp_end_of_ceiling_min", "late_of_ceiling", "late_of_ceiling_min")
+COLUMNS = (
+    "vp_iterations",
+    "ev_vp_end",
+    "ev_early",
+    "ev_late",
+    "ev_oracle_vp_end",
+    "ev_oracle_early",
+    "ev_oracle_late",
+    "ceiling",
+    "vp_end_of_ceiling",
+    "vp_end_of_ceiling_min",
+    "late_of_ceiling",
+    "late_of_ceiling_min",
+)
 SHARES = ("vp_end_of_ceiling", "late_of_ceiling")
 """Per-run shares of the ceiling whose smallest value over a row's seeds is kept beside the mean."""
 NAN = float("nan")
@@ -66,8 +79,13 @@ def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
     """One run's line of `critic.csv` (before the mean over seeds)."""
     vp, ppo = vp_rows(df), ppo_rows(df)
     cached = _col(df, "value_pretrain/steps").dropna()
-    out = {"vp_iterations": float(len(vp)) if len(vp) or not value_pretraining else
-           float(cached.iloc[-1]) if len(cached) else NAN}
+    out = {
+        "vp_iterations": float(len(vp))
+        if len(vp) or not value_pretraining
+        else float(cached.iloc[-1])
+        if len(cached)
+        else NAN
+    }
     for suffix, col in (("", "value/explained_variance"), ("_oracle", "value/explained_variance_oracle")):
         out[f"ev{suffix}_vp_end"] = _median(_col(vp, col).iloc[-LAST_VP:]) if len(vp) else NAN
         out[f"ev{suffix}_early"] = _median(_col(ppo, col).dropna().iloc[:CALIBRATION_UPDATES])
@@ -76,9 +94,15 @@ def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
     ceiling_vp = _median(_col(vp, "value/oracle_ceiling").iloc[-LAST_VP:]) if len(vp) else NAN
     if not len(vp) and value_pretraining:  # loaded from the cache: the cached phase's end, where logged
         # (never `final_ev`, the last batch alone: an entry that kept only that leaves these NaN)
-        end = {k: _median(_col(df, f"value_pretrain/{k}").dropna().iloc[-1:])
-               for k in ("ev_end", "ev_oracle_end", "ceiling_end")}
-        out["ev_vp_end"], out["ev_oracle_vp_end"], ceiling_vp = end["ev_end"], end["ev_oracle_end"], end["ceiling_end"]
+        end = {
+            k: _median(_col(df, f"value_pretrain/{k}").dropna().iloc[-1:])
+            for k in ("ev_end", "ev_oracle_end", "ceiling_end")
+        }
+        out["ev_vp_end"], out["ev_oracle_vp_end"], ceiling_vp = (
+            end["ev_end"],
+            end["ev_oracle_end"],
+            end["ceiling_end"],
+        )
     out["vp_end_of_ceiling"] = out["ev_vp_end"] / ceiling_vp if ceiling_vp > 0 else NAN
     ceiling_late = _median(_col(ppo, "value/oracle_ceiling").dropna().iloc[-last_n:])
     out["late_of_ceiling"] = out["ev_late"] / ceiling_late if ceiling_late > 0 else NAN
@@ -91,8 +115,11 @@ def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
         return None
     records = []
     for row in order:
-        runs = [log for log in logs if log.row == row and SIGNATURE in log.metrics
-                and log.metrics[SIGNATURE].notna().any()]
+        runs = [
+            log
+            for log in logs
+            if log.row == row and SIGNATURE in log.metrics and log.metrics[SIGNATURE].notna().any()
+        ]
         if not runs:
             continue
         per_run = [run_quality(log.metrics, last_n, "value_pretraining" in log.components) for log in runs]
@@ -117,7 +144,8 @@ CRITIC_TEXT = (
     "random given the state, so on a finite batch a critic exceeds it only where its departures from the true "
     "values track that batch's outcome noise); 'VP end / ceiling' = the share of it reached when PPO starts, "
     "'late / ceiling' = EV late over the ceiling's median in the same iterations: the share still held at the end "
-    "(mean over seeds, and the smallest seed's). Figure: critic_quality.png.")
+    "(mean over seeds, and the smallest seed's). Figure: critic_quality.png."
+)
 
 
 def _share(mean: float, low: float) -> str:
@@ -130,10 +158,30 @@ def markdown_table(frame: pd.DataFrame) -> str:
     from vapo_lit.report.render import markdown, num
     from vapo_lit.report.table import pretty
 
-    head = ["row", "n", "VP iters", "EV VP end", "EV early", "EV late", "EV vs true VP end", "EV vs true early",
-            "EV vs true late", "ceiling", "VP end / ceiling (min)", "late / ceiling (min)"]
-    body = [[pretty(r["row"]), str(int(r["runs"])), num(r["vp_iterations"], 0), *(num(r[c], 2) for c in COLUMNS[1:8]),
-             *(_share(r[share], r[f"{share}_min"]) for share in SHARES)] for _, r in frame.iterrows()]
+    head = [
+        "row",
+        "n",
+        "VP iters",
+        "EV VP end",
+        "EV early",
+        "EV late",
+        "EV vs true VP end",
+        "EV vs true early",
+        "EV vs true late",
+        "ceiling",
+        "VP end / ceiling (min)",
+        "late / ceiling (min)",
+    ]
+    body = [
+        [
+            pretty(r["row"]),
+            str(int(r["runs"])),
+            num(r["vp_iterations"], 0),
+            *(num(r[c], 2) for c in COLUMNS[1:8]),
+            *(_share(r[share], r[f"{share}_min"]) for share in SHARES),
+        ]
+        for _, r in frame.iterrows()
+    ]
     return markdown(head, body)
 
 
@@ -163,21 +211,43 @@ def plot(logs, order: list, path) -> None:
 
     fig, axes = plt.subplots(1, 2, figsize=(9.6, 4.0), dpi=110, sharey=True)
     drawn = []
-    for ax, col, title in ((axes[0], "value/explained_variance", "against Monte-Carlo returns (dashed: ceiling)"),
-                           (axes[1], "value/explained_variance_oracle", "against the true values")):
-        drawn.append(_lines(ax, logs, order, lambda log, c=col: _curve(log, c).rolling(5, min_periods=1, center=True)
-                            .median(), robust=True))
+    for ax, col, title in (
+        (axes[0], "value/explained_variance", "against Monte-Carlo returns (dashed: ceiling)"),
+        (axes[1], "value/explained_variance_oracle", "against the true values"),
+    ):
+        drawn.append(
+            _lines(
+                ax,
+                logs,
+                order,
+                lambda log, c=col: _curve(log, c).rolling(5, min_periods=1, center=True).median(),
+                robust=True,
+            )
+        )
         ax.set_title(title, fontsize=9)
         ax.set_xlabel("PPO update (value pretraining at <= 0)")
         ax.axvline(0.0, color="grey", lw=0.8)
         ax.grid(alpha=0.3)
     ceiling = [c for c in (_curve(log, "value/oracle_ceiling") for log in logs) if len(c)]
     if ceiling:
-        c = pd.concat(ceiling, axis=1).sort_index().median(axis=1).rolling(5, min_periods=1, center=True).median()
+        c = (
+            pd.concat(ceiling, axis=1)
+            .sort_index()
+            .median(axis=1)
+            .rolling(5, min_periods=1, center=True)
+            .median()
+        )
         axes[0].plot(c.index, c.values, "--", color="0.45", lw=1)  # grey: black is a row colour
     if not drawn[1]:
-        axes[1].text(0.5, 0.5, "not logged: these runs have no true values", ha="center", va="center",
-                     transform=axes[1].transAxes, fontsize=8)
+        axes[1].text(
+            0.5,
+            0.5,
+            "not logged: these runs have no true values",
+            ha="center",
+            va="center",
+            transform=axes[1].transAxes,
+            fontsize=8,
+        )
     axes[0].set_ylabel("explained variance")
     axes[0].set_ylim(-0.5, 1.0)
     panels = list(axes) if drawn[1] else [axes[1], axes[0]]  # the legend goes in the last panel with lines

@@ -19,6 +19,7 @@
 - loss_share.png (likewise): the share of the policy-gradient weight carried by responses of 500
   tokens and more (`policy/loss_share_len_500-999` + `_ge1000`) vs PPO update.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -29,20 +30,43 @@ from vapo_lit.report.collect import CALIBRATION_UPDATES, cost_curves, eval_curve
 from vapo_lit.report.table import pretty
 
 ROLLING = 5
-TRAIN = {"response_length": ("response length (tokens)", "rollout/response_length", False),
-         "entropy": ("policy entropy", "policy/entropy", False),
-         "explained_variance": ("critic EV vs Monte-Carlo returns", "value/explained_variance", True),
-         "explained_variance_target": ("critic EV vs its own targets", "value/explained_variance_target", True)}
-COST = {"score_vs_tokens": ("tokens", "generated tokens (training rollouts)", 1.0),
-        "score_vs_seconds": ("seconds", "wall time (min)", 60.0)}
+TRAIN = {
+    "response_length": ("response length (tokens)", "rollout/response_length", False),
+    "entropy": ("policy entropy", "policy/entropy", False),
+    "explained_variance": ("critic EV vs Monte-Carlo returns", "value/explained_variance", True),
+    "explained_variance_target": ("critic EV vs its own targets", "value/explained_variance_target", True),
+}
+COST = {
+    "score_vs_tokens": ("tokens", "generated tokens (training rollouts)", 1.0),
+    "score_vs_seconds": ("seconds", "wall time (min)", 60.0),
+}
 """Score vs cost figures: name -> (cost_curves column, x label, x divisor)."""
 NAMES = ("score", "strict_score", *TRAIN, "value_calibration", *COST)
 MECHANISM_FIGURES = ("clip_fractions", "loss_share")
 LONG = ("500-999", "ge1000")
 """The length buckets loss_share.png adds up: responses of 500 tokens and more."""
-COLOURS = ("#1f77b4", "#ff7f0e", "#2ca02c", "#d62728", "#9467bd", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22",
-           "#17becf", "#000000", "#b15928", "#6a3d9a", "#01665e", "#fb9a99", "#fdbf6f", "#a6cee3", "#cab2d6",
-           "#b2df8a", "#8c6d31")
+COLOURS = (
+    "#1f77b4",
+    "#ff7f0e",
+    "#2ca02c",
+    "#d62728",
+    "#9467bd",
+    "#8c564b",
+    "#e377c2",
+    "#7f7f7f",
+    "#bcbd22",
+    "#17becf",
+    "#000000",
+    "#b15928",
+    "#6a3d9a",
+    "#01665e",
+    "#fb9a99",
+    "#fdbf6f",
+    "#a6cee3",
+    "#cab2d6",
+    "#b2df8a",
+    "#8c6d31",
+)
 """A row's colour, by its place in the report's row order, the same in every figure (also where a row
 has nothing to draw): matplotlib's ten default colours, then ten more, so a Table 1 grid's eleven rows
 (full VAPO, seven drops, vanilla PPO, GRPO, an oracle row) never share one."""
@@ -56,8 +80,10 @@ def _train_series(log, col: str, robust: bool) -> pd.Series:
     ppo = ppo_rows(log.metrics)
     if col not in ppo:
         return pd.Series(dtype=float)
-    s = pd.Series(ppo[col].to_numpy(), index=ppo["train/ppo_update"].to_numpy() if "train/ppo_update" in ppo
-                  else ppo["step"].to_numpy()).dropna()
+    s = pd.Series(
+        ppo[col].to_numpy(),
+        index=ppo["train/ppo_update"].to_numpy() if "train/ppo_update" in ppo else ppo["step"].to_numpy(),
+    ).dropna()
     s = s.groupby(level=0).last()
     return s.rolling(ROLLING, min_periods=1, center=True).median() if robust else s
 
@@ -76,7 +102,9 @@ def _lines(ax, logs, order, get, robust=False, marker=None) -> bool:
         frame = pd.concat(runs, axis=1).sort_index()
         centre = frame.median(axis=1) if robust else frame.mean(axis=1)
         c = colour(order, row)
-        ax.plot(centre.index, centre.values, marker=marker, ms=3, color=c, label=f"{pretty(row)} (n={len(runs)})")
+        ax.plot(
+            centre.index, centre.values, marker=marker, ms=3, color=c, label=f"{pretty(row)} (n={len(runs)})"
+        )
         if len(runs) > 1:
             ax.fill_between(frame.index, frame.min(axis=1), frame.max(axis=1), color=c, alpha=0.2)
         drawn = True
@@ -111,11 +139,14 @@ def _long_share(log) -> pd.Series:
     if not cols or "train/ppo_update" not in ppo:
         return pd.Series(dtype=float)
     share = ppo[cols].fillna(0.0).sum(axis=1).where(ppo[cols].notna().any(axis=1))
-    return pd.Series(share.to_numpy(), index=ppo["train/ppo_update"].to_numpy()).dropna().groupby(level=0).last()
+    return (
+        pd.Series(share.to_numpy(), index=ppo["train/ppo_update"].to_numpy()).dropna().groupby(level=0).last()
+    )
 
 
-def plot_all(logs, order: list, folder: Path, k: int, budgets: dict, calibration: dict,
-             mechanisms: bool = False) -> list[Path]:
+def plot_all(
+    logs, order: list, folder: Path, k: int, budgets: dict, calibration: dict, mechanisms: bool = False
+) -> list[Path]:
     """Write every figure in NAMES (and, with `mechanisms`, MECHANISM_FIGURES) into `folder`.
     `budgets`: {'tokens': float, 'seconds': float}; `calibration`: {row: {(phase, bucket): mean
     bias}}, {row: has value pretraining} under 'vp' and the position buckets under 'buckets'."""
@@ -166,8 +197,10 @@ def _plot_train(logs, order, folder: Path, name: str) -> Path:
     if robust:
         ax.set_yscale("symlog", linthresh=1.0)
         ax.axhline(0.0, color="grey", lw=0.8)
-        ax.set_title(f"centred rolling median over {ROLLING} PPO iterations, median over seeds; symlog axis",
-                     fontsize=8)
+        ax.set_title(
+            f"centred rolling median over {ROLLING} PPO iterations, median over seeds; symlog axis",
+            fontsize=8,
+        )
     return _closed(fig, _finish(fig, ax, drawn, folder / f"{name}.png"))
 
 
@@ -192,13 +225,24 @@ def _calibration_panel(ax, order, calibration: dict, phase: str) -> bool:
         if all(y != y for y in ys):
             continue
         style = "-" if calibration["vp"].get(row) else "--"
-        ax.plot(range(len(buckets)), ys, style, marker="o", ms=3, color=colour(order, row),
-                label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)")
+        ax.plot(
+            range(len(buckets)),
+            ys,
+            style,
+            marker="o",
+            ms=3,
+            color=colour(order, row),
+            label=f"{pretty(row)} ({'with' if calibration['vp'].get(row) else 'without'} value pretraining)",
+        )
         drawn = True
     ax.axhline(0.0, color="grey", lw=0.8)
-    ax.set_xticks(range(len(buckets)), [b.replace("ge", "") + "+" if b.startswith("ge") else b for b in buckets])
+    ax.set_xticks(
+        range(len(buckets)), [b.replace("ge", "") + "+" if b.startswith("ge") else b for b in buckets]
+    )
     ax.set_xlabel("response position (tokens)")
-    ax.set_title(f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9)
+    ax.set_title(
+        f"{'first' if phase == 'early' else 'last'} {CALIBRATION_UPDATES} PPO iterations", fontsize=9
+    )
     ax.grid(alpha=0.3)
     return drawn
 
@@ -225,8 +269,14 @@ def _cost_lines(ax, logs, order, what: str, scale: float) -> bool:
                 continue
             mask = df[log.score_key].notna()
             xs = cost_curves(log)[what][mask] / scale
-            ax.step(xs, 100 * df.loc[mask, log.score_key], where="post", lw=1, color=colour(order, row),
-                    label=pretty(row) if first else None)
+            ax.step(
+                xs,
+                100 * df.loc[mask, log.score_key],
+                where="post",
+                lw=1,
+                color=colour(order, row),
+                label=pretty(row) if first else None,
+            )
             first, drawn = False, True
     return drawn
 
@@ -236,7 +286,9 @@ def _plot_clip_fractions(logs, order, folder: Path) -> Path:
     fig, axes = _pyplot().subplots(1, 2, figsize=(9.6, 4.0), dpi=110)
     drawn = False
     for ax, side in zip(axes, ("low", "high")):
-        drawn |= _lines(ax, logs, order, lambda log, c=f"policy/clipfrac_{side}": _train_series(log, c, False))
+        drawn |= _lines(
+            ax, logs, order, lambda log, c=f"policy/clipfrac_{side}": _train_series(log, c, False)
+        )
         ax.set_xlabel("PPO update")
         ax.set_title(f"{side} side: tokens whose gradient the clip removed", fontsize=9)
         ax.grid(alpha=0.3)

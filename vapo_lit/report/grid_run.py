@@ -17,6 +17,7 @@ The run's id is derived from project and group (`vapo_lit.wandb_runs.stable_id`)
 report updates this one run. Mode (`auto`): offline when the cells were logged offline; when some
 were online, online if logged in, else offline. No grid run when no cell was logged to W&B.
 """
+
 from __future__ import annotations
 
 import csv
@@ -75,8 +76,17 @@ def cell_runs(folder: Path) -> list[dict]:
         card_path = folder / str(rec["run"]) / "run_card.json"
         card = json.loads(card_path.read_text()) if card_path.is_file() else {}
         wb = card.get("wandb") or {}
-        cells.append({"row": rec["row"], "seed": rec["seed"], "run": str(rec["run"]), "id": wb.get("id"),
-                      "project": wb.get("project"), "group": wb.get("group"), "mode": wb.get("mode")})
+        cells.append(
+            {
+                "row": rec["row"],
+                "seed": rec["seed"],
+                "run": str(rec["run"]),
+                "id": wb.get("id"),
+                "project": wb.get("project"),
+                "group": wb.get("group"),
+                "mode": wb.get("mode"),
+            }
+        )
     return cells
 
 
@@ -85,11 +95,11 @@ def _common(values, fallback: str) -> str:
     return Counter(values).most_common(1)[0][0] if values else fallback
 
 
-def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", settings: dict | None = None) -> str | None:
+def log_grid_run(
+    folder, *, grid: str | None = None, mode: str = "auto", settings: dict | None = None
+) -> str | None:
     """Log the report in FOLDER as its grid's run; returns one line saying where it went (None when
     no cell was logged to W&B or the mode is disabled)."""
-    import wandb
-
     from vapo_lit.wandb_runs import offline_folder, summary_run
 
     folder = Path(folder)
@@ -98,47 +108,87 @@ def log_grid_run(folder, *, grid: str | None = None, mode: str = "auto", setting
     if not logged or mode == "disabled":
         return None
     if mode == "auto" and "online" not in {c["mode"] for c in logged}:
-        mode = "offline"  # like the cells: a grid run online that links to runs not uploaded yet would mislead
+        mode = (
+            "offline"  # like the cells: a grid run online that links to runs not uploaded yet would mislead
+        )
     project = _common([c["project"] for c in logged], "vapo-lit")
     group = _common([c["group"] for c in logged], grid or folder.name)
-    config = {"grid": grid or group, "report_folder": folder.name, "rows": list(dict.fromkeys(c["row"] for c in cells)),
-              "cell_run_ids": [c["id"] for c in logged], "report_settings": dict(settings or {})}
-    run = summary_run(folder, kind="report", project=project, group=group, name=f"{group}-report", config=config,
-                      mode=mode)
+    config = {
+        "grid": grid or group,
+        "report_folder": folder.name,
+        "rows": list(dict.fromkeys(c["row"] for c in cells)),
+        "cell_run_ids": [c["id"] for c in logged],
+        "report_settings": dict(settings or {}),
+    }
+    run = summary_run(
+        folder, kind="report", project=project, group=group, name=f"{group}-report", config=config, mode=mode
+    )
     if run is None:
         return None
     try:
-        row = {}
-        for path in sorted(folder.glob("*.csv")):
-            columns, data = read_csv(path)
-            row[PREFIX + path.stem] = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
         where = offline_folder(run)
         base = "" if where else run.url.rsplit("/runs/", 1)[0] + "/runs/"  # (an offline run has no URL)
-        row[PREFIX + "cells"] = wandb.Table(
-            columns=["row", "seed", "run", "wandb_id", "project", "group", "mode", "url"],
-            data=[[c["row"], c["seed"], c["run"], c["id"], c["project"], c["group"], c["mode"],
-                   base + c["id"] if base and c["id"] else None] for c in cells], allow_mixed_types=True)
-        markdown = (folder / "table.md").read_text() if (folder / "table.md").is_file() else ""
-        row[PREFIX + "caveats"] = wandb.Table(columns=["caveat"], data=[[line] for line in caveat_lines(markdown)])
-        row[PREFIX + "report"] = wandb.Html("<pre>" + _escape(markdown) + "</pre>")
-        for png in sorted(folder.glob("*.png")):
-            row[f"figures/{png.stem}"] = wandb.Image(str(png))
-        run.log(row)
+        run.log(report_row(folder, cells, base))
         run.summary.update({"cells": len(cells), "cells_in_wandb": len(logged)})
     finally:
         run.finish()
     if where:
-        return (f"W&B grid run {run.id} (group {group}, offline); upload it with: wandb sync {where} "
-                f"(the cells' command is in {folder / 'table.md'})")
+        return (
+            f"W&B grid run {run.id} (group {group}, offline); upload it with: wandb sync {where} "
+            f"(the cells' command is in {folder / 'table.md'})"
+        )
     return f"W&B grid run {run.id} (group {group}): {run.url}"
+
+
+def report_row(folder: Path, cells: list[dict], base: str) -> dict:
+    """The grid run's one row: the report's CSV files as tables, the cells (each linked under `base`,
+    the project's runs URL; "" offline), the caveats, the report's text and its figures."""
+    import wandb
+
+    row = {}
+    for path in sorted(folder.glob("*.csv")):
+        columns, data = read_csv(path)
+        row[PREFIX + path.stem] = wandb.Table(columns=columns, data=data, allow_mixed_types=True)
+    row[PREFIX + "cells"] = wandb.Table(
+        columns=["row", "seed", "run", "wandb_id", "project", "group", "mode", "url"],
+        data=[
+            [
+                c["row"],
+                c["seed"],
+                c["run"],
+                c["id"],
+                c["project"],
+                c["group"],
+                c["mode"],
+                base + c["id"] if base and c["id"] else None,
+            ]
+            for c in cells
+        ],
+        allow_mixed_types=True,
+    )
+    markdown = (folder / "table.md").read_text() if (folder / "table.md").is_file() else ""
+    row[PREFIX + "caveats"] = wandb.Table(
+        columns=["caveat"], data=[[line] for line in caveat_lines(markdown)]
+    )
+    row[PREFIX + "report"] = wandb.Html("<pre>" + _escape(markdown) + "</pre>")
+    for png in sorted(folder.glob("*.png")):
+        row[f"figures/{png.stem}"] = wandb.Image(str(png))
+    return row
 
 
 def _escape(text: str) -> str:
     return text.replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
 
 
-def log_grid_runs(out, grid_id: str | None = None, *, to=None, since: float = 0.0, mode: str = "auto",
-                  settings: dict | None = None) -> list[str]:
+def log_grid_runs(
+    out,
+    grid_id: str | None = None,
+    *,
+    to=None,
+    since: float = 0.0,
+    mode: str = "auto",
+    settings: dict | None = None,
+) -> list[str]:
     """`log_grid_run` for each report folder that `write_report(out, grid_id, to=to)` wrote at or
     after `since` (a time.time(); grids skipped for want of logs keep no fresh folder)."""
     from vapo_lit.report.write import grids_in

@@ -6,6 +6,7 @@ never a pandas traceback. One exception: a metrics.csv whose last line was cut (
 disk filled while it wrote) is read without that line and the run is marked truncated, so the
 report still shows it, flagged.
 """
+
 from __future__ import annotations
 
 import csv
@@ -39,7 +40,7 @@ class RunLog:
     metrics: pd.DataFrame
     card: dict = field(default_factory=dict)
     cut_last_line: bool = False
-    attempts: dict = field(default_factory=dict)   # outcome -> count (attempts.jsonl "end" events)
+    attempts: dict = field(default_factory=dict)  # outcome -> count (attempts.jsonl "end" events)
     model: str = "builtin"
     """The config's policy: builtin, random (tests) or a model folder."""
     model_seed: int = 0
@@ -88,7 +89,7 @@ def read_metrics(path: Path) -> tuple[pd.DataFrame, bool]:
     try:
         text = raw.decode("utf-8")
     except UnicodeDecodeError as e:
-        line = raw[:e.start].count(b"\n") + 1
+        line = raw[: e.start].count(b"\n") + 1
         raise LogError(f"{path} line {line}: not UTF-8 text") from None
     lines = text.splitlines()
     header = next(csv.reader([lines[0]]))
@@ -119,7 +120,9 @@ def read_yaml(path: Path) -> dict:
     except yaml.YAMLError as e:
         mark = getattr(e, "problem_mark", None)
         line = mark.line + 1 if mark is not None else 1
-        raise LogError(f"{path} line {line}: not valid YAML ({getattr(e, 'problem', None) or 'parse error'})") from None
+        raise LogError(
+            f"{path} line {line}: not valid YAML ({getattr(e, 'problem', None) or 'parse error'})"
+        ) from None
     if not isinstance(data, dict):
         raise LogError(f"{path} line 1: expected a mapping of config fields")
     return data
@@ -160,14 +163,21 @@ def read_attempts(path: Path) -> dict:
 
 def attempt_counts(a: dict) -> dict:
     """attempts.jsonl counts -> attempts, crashes (failed or lost), interrupted (Ctrl-C / SIGTERM)."""
-    return {"attempts": a.get("attempts", 0), "crashes": a.get("failed", 0) + a.get("lost", 0),
-            "interrupted": a.get("interrupted", 0)}
+    return {
+        "attempts": a.get("attempts", 0),
+        "crashes": a.get("failed", 0) + a.get("lost", 0),
+        "interrupted": a.get("interrupted", 0),
+    }
 
 
 def label_of(cfg: dict) -> str:
     """A row label from a run's config when no grid manifest names it: `labels.run_label`."""
-    return run_label(cfg.get("components") or [], cfg.get("advantage_estimator", "gae"), cfg.get("observations", "skip"),
-                     cfg.get("gae_values", "critic"))
+    return run_label(
+        cfg.get("components") or [],
+        cfg.get("advantage_estimator", "gae"),
+        cfg.get("observations", "skip"),
+        cfg.get("gae_values", "critic"),
+    )
 
 
 def load_run(run_dir: Path, row: str | None = None) -> RunLog:
@@ -178,10 +188,22 @@ def load_run(run_dir: Path, row: str | None = None) -> RunLog:
     df, cut = read_metrics(run_dir / "metrics.csv")
     components = list(cfg.get("components") or [])
     estimator = cfg.get("advantage_estimator", "gae")
-    return RunLog(run_dir, row or label_of(cfg), int(cfg.get("seed", 0)), int(cfg.get("eval_k", 8)),
-                  int(cfg.get("steps", 0)), components, estimator, df, card, cut,
-                  read_attempts(run_dir / "attempts.jsonl"), str(cfg.get("model", "builtin")),
-                  int(cfg.get("model_seed", 0)), cfg.get("eval_problems"))
+    return RunLog(
+        run_dir,
+        row or label_of(cfg),
+        int(cfg.get("seed", 0)),
+        int(cfg.get("eval_k", 8)),
+        int(cfg.get("steps", 0)),
+        components,
+        estimator,
+        df,
+        card,
+        cut,
+        read_attempts(run_dir / "attempts.jsonl"),
+        str(cfg.get("model", "builtin")),
+        int(cfg.get("model_seed", 0)),
+        cfg.get("eval_problems"),
+    )
 
 
 @dataclass
@@ -190,9 +212,10 @@ class Found:
     per row the manifest's cells without logs (missing or failed) with their attempt counts, the
     row the grid declares as the deltas' reference (None: not declared) and its further contrasts
     ([row, against] pairs)."""
+
     runs: list
     rows: list | None = None
-    missing: dict = field(default_factory=dict)   # row -> [(seed, attempts dict)]
+    missing: dict = field(default_factory=dict)  # row -> [(seed, attempts dict)]
     reference: str | None = None
     contrasts: list = field(default_factory=list)
     endpoint: str = RECORDED_BEFORE
@@ -216,10 +239,17 @@ def find_runs(out: Path, grid_id: str | None = None) -> Found:
             raise LogError(f"{manifest} line 1: a cell lacks row, seed or run_dir ({e})") from None
         contrasts = data.get("contrasts", [])
         reference = data.get("reference")
-        if not (isinstance(contrasts, list) and all(isinstance(c, list) and len(c) == 2 and all(
-                isinstance(x, str) and x for x in c) for c in contrasts)):
-            raise LogError(f"{manifest} line 1: 'contrasts' must be a list of [row, against] label pairs, "
-                           f"got {contrasts!r}")
+        if not (
+            isinstance(contrasts, list)
+            and all(
+                isinstance(c, list) and len(c) == 2 and all(isinstance(x, str) and x for x in c)
+                for c in contrasts
+            )
+        ):
+            raise LogError(
+                f"{manifest} line 1: 'contrasts' must be a list of [row, against] label pairs, "
+                f"got {contrasts!r}"
+            )
         if reference is not None and not (isinstance(reference, str) and reference):
             raise LogError(f"{manifest} line 1: 'reference' must be a row label, got {reference!r}")
         try:
@@ -227,8 +257,14 @@ def find_runs(out: Path, grid_id: str | None = None) -> Found:
             tuning = parse_seeds(data["tuning_seeds"], "'tuning_seeds'") if "tuning_seeds" in data else None
         except ValueError as e:
             raise LogError(f"{manifest} line 1: {e}") from None
-        found = Found([], rows, reference=reference, contrasts=[tuple(c) for c in contrasts], endpoint=endpoint,
-                      tuning_seeds=tuning)
+        found = Found(
+            [],
+            rows,
+            reference=reference,
+            contrasts=[tuple(c) for c in contrasts],
+            endpoint=endpoint,
+            tuning_seeds=tuning,
+        )
         for row, seed, d in cells:
             if (d / "metrics.csv").is_file():
                 found.runs.append((row, d))
@@ -238,6 +274,10 @@ def find_runs(out: Path, grid_id: str | None = None) -> Found:
     runs = []
     for pattern in ("*/metrics.csv", "*/*/metrics.csv"):
         for m in sorted(out.glob(pattern)):
-            if (m.parent / "config.yaml").is_file() and ".partial" not in m.parts and "reports" not in m.parts:
+            if (
+                (m.parent / "config.yaml").is_file()
+                and ".partial" not in m.parts
+                and "reports" not in m.parts
+            ):
                 runs.append((None, m.parent))
     return Found(runs)

@@ -3,6 +3,7 @@
 Every number is formatted with a fixed number of digits (no locale, no timestamps), so the same
 CSVs always give the same bytes.
 """
+
 from __future__ import annotations
 
 import math
@@ -21,6 +22,7 @@ DASH = "–"
 @dataclass
 class Context:
     """What the formatting needs besides the table."""
+
     k: int
     last_n: int
     threshold: float
@@ -101,8 +103,10 @@ def delta(rec, m: str, ctx: Context, digits: int = 1) -> str:
         return DASH
     if pairs == 1:
         return f"{num(rec[f'delta_{m}'], digits, True)} (1 pair, no CI)"
-    return (f"{num(rec[f'delta_{m}'], digits, True)} [{num(rec[f'delta_{m}_ci_lo'], digits, True)}, "
-            f"{num(rec[f'delta_{m}_ci_hi'], digits, True)}]")
+    return (
+        f"{num(rec[f'delta_{m}'], digits, True)} [{num(rec[f'delta_{m}_ci_lo'], digits, True)}, "
+        f"{num(rec[f'delta_{m}_ci_hi'], digits, True)}]"
+    )
 
 
 def welch(rec, m: str, ctx: Context) -> str:
@@ -110,8 +114,10 @@ def welch(rec, m: str, ctx: Context) -> str:
         return "—" if rec["row"] == ctx.reference else DASH
     if _nan(rec[f"delta_{m}_unpaired_ci_lo"]):
         return f"{num(rec[f'delta_{m}_unpaired'], 1, True)} (no CI)"
-    return (f"{num(rec[f'delta_{m}_unpaired'], 1, True)} [{num(rec[f'delta_{m}_unpaired_ci_lo'], 1, True)}, "
-            f"{num(rec[f'delta_{m}_unpaired_ci_hi'], 1, True)}]")
+    return (
+        f"{num(rec[f'delta_{m}_unpaired'], 1, True)} [{num(rec[f'delta_{m}_unpaired_ci_lo'], 1, True)}, "
+        f"{num(rec[f'delta_{m}_unpaired_ci_hi'], 1, True)}]"
+    )
 
 
 def reach(rec) -> str:
@@ -120,7 +126,11 @@ def reach(rec) -> str:
         return DASH
     if hit == 0:
         return "not reached"
-    body = spread({**rec, "n": hit}, "updates_to_threshold", 1) if hit > 1 else num(rec["updates_to_threshold_mean"], 0)
+    body = (
+        spread({**rec, "n": hit}, "updates_to_threshold", 1)
+        if hit > 1
+        else num(rec["updates_to_threshold_mean"], 0)
+    )
     return body if hit == n else f"{body} ({hit}/{n} reached)"
 
 
@@ -179,7 +189,9 @@ COMPUTE: list[Column] = [
     ("avg@{k} at {time}", lambda r, c: spread(r, "score_at_seconds")),
     ("Δ (paired, 95% CI)", lambda r, c: delta(r, "score_at_seconds", c)),
 ]
-DIAGNOSTICS: list[Column] = [  # a TRACKED metric (report/collect.py) NAME gives NAME_final_mean, NAME_last_mean
+DIAGNOSTICS: list[
+    Column
+] = [  # a TRACKED metric (report/collect.py) NAME gives NAME_final_mean, NAME_last_mean
     ("row", lambda r, c: marked(r)),
     ("entropy (final / last {n})", lambda r, c: pair_of(r, "entropy", 3)),
     ("response length (final / last {n})", lambda r, c: pair_of(r, "response_length", 1)),
@@ -191,21 +203,34 @@ DIAGNOSTICS: list[Column] = [  # a TRACKED metric (report/collect.py) NAME gives
     ("{final} range", final_range),
     ("attempts / crashes", lambda r, c: f"{r['attempts']} / {r['crashes']}"),
 ]
-TABLES: dict[str, list[Column]] = {"main": MAIN, "paired": PAIRED, "compute": COMPUTE, "diagnostics": DIAGNOSTICS}
+TABLES: dict[str, list[Column]] = {
+    "main": MAIN,
+    "paired": PAIRED,
+    "compute": COMPUTE,
+    "diagnostics": DIAGNOSTICS,
+}
 WITHOUT_REFERENCE = ("paired",)
 """Tables of differences to the reference row: the reference itself has no line in them."""
 
 
 def headers(columns: list[Column], ctx: Context) -> list[str]:
-    names = {"k": ctx.k, "n": ctx.last_n, "threshold": threshold(ctx), "tokens": tokens(ctx.token_budget),
-             "time": duration(ctx.time_budget), "final": ctx.endpoint.label}
+    names = {
+        "k": ctx.k,
+        "n": ctx.last_n,
+        "threshold": threshold(ctx),
+        "tokens": tokens(ctx.token_budget),
+        "time": duration(ctx.time_budget),
+        "final": ctx.endpoint.label,
+    }
     return [head.format(**names) for head, _ in columns]
 
 
 def rows(name: str, table: pd.DataFrame, ctx: Context) -> tuple[list[str], list[list[str]]]:
     """(header, body) of the table `name` (in TABLES): one line per table.csv row."""
     columns = TABLES[name]
-    recs = [r for r in table.to_dict("records") if not (name in WITHOUT_REFERENCE and r["row"] == ctx.reference)]
+    recs = [
+        r for r in table.to_dict("records") if not (name in WITHOUT_REFERENCE and r["row"] == ctx.reference)
+    ]
     return headers(columns, ctx), [[cell(r, ctx) for _, cell in columns] for r in recs]
 
 
@@ -216,14 +241,29 @@ def markdown(head, body) -> str:
 
 
 def _esc(s: str) -> str:
-    return (s.replace("\\", "\\textbackslash{}").replace("_", "\\_").replace("%", "\\%").replace("&", "\\&")
-            .replace("#", "\\#").replace("±", "$\\pm$").replace("Δ", "$\\Delta$").replace("—", "---")
-            .replace("–", "--").replace("†", "$^\\dagger$").replace("‡", "$^\\ddagger$").replace("<", "$<$"))
+    return (
+        s.replace("\\", "\\textbackslash{}")
+        .replace("_", "\\_")
+        .replace("%", "\\%")
+        .replace("&", "\\&")
+        .replace("#", "\\#")
+        .replace("±", "$\\pm$")
+        .replace("Δ", "$\\Delta$")
+        .replace("—", "---")
+        .replace("–", "--")
+        .replace("†", "$^\\dagger$")
+        .replace("‡", "$^\\ddagger$")
+        .replace("<", "$<$")
+    )
 
 
 def latex(head, body) -> str:
-    out = ["\\begin{tabular}{l" + "r" * (len(head) - 1) + "}", "\\toprule", " & ".join(map(_esc, head)) + " \\\\",
-           "\\midrule"]
+    out = [
+        "\\begin{tabular}{l" + "r" * (len(head) - 1) + "}",
+        "\\toprule",
+        " & ".join(map(_esc, head)) + " \\\\",
+        "\\midrule",
+    ]
     out += [" & ".join(map(_esc, r)) + " \\\\" for r in body]
     out += ["\\bottomrule", "\\end{tabular}"]
     return "\n".join(out)
@@ -241,15 +281,29 @@ def latex_all(table: pd.DataFrame, ctx: Context) -> str:
 # ----------------------------------------------------------------------------- notes under the tables
 def holm_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str | None = None) -> str:
     what = what or f"Δ {ctx.endpoint.label}"
-    recs = [r for r in table.to_dict("records") if r["row"] != ctx.reference and not _nan(r[f"delta_{m}_p_holm"])]
+    recs = [
+        r for r in table.to_dict("records") if r["row"] != ctx.reference and not _nan(r[f"delta_{m}_p_holm"])
+    ]
     if not recs:
         return f"Multiple comparisons ({what}): no row has two paired seeds with {pretty(ctx.reference)}, so no p-value."
-    yes = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] <= 0.05]
-    no = [f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})" for r in recs if r[f"delta_{m}_p_holm"] > 0.05]
-    flat = [pretty(r["row"]) for r in table.to_dict("records") if r["row"] != ctx.reference and zero_spread(r, m)]
-    return (f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with {pretty(ctx.reference)}, "
-            f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}"
-            + (f"; no p-value (zero spread, ‡): {', '.join(flat)}." if flat else "."))
+    yes = [
+        f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})"
+        for r in recs
+        if r[f"delta_{m}_p_holm"] <= 0.05
+    ]
+    no = [
+        f"{pretty(r['row'])} (p={pval(r[f'delta_{m}_p_holm'])})"
+        for r in recs
+        if r[f"delta_{m}_p_holm"] > 0.05
+    ]
+    flat = [
+        pretty(r["row"]) for r in table.to_dict("records") if r["row"] != ctx.reference and zero_spread(r, m)
+    ]
+    return (
+        f"Multiple comparisons ({what}, Holm over the {len(recs)} rows compared with {pretty(ctx.reference)}, "
+        f"family-wise 5%): survive: {', '.join(yes) or 'none'}; do not: {', '.join(no) or 'none'}"
+        + (f"; no p-value (zero spread, ‡): {', '.join(flat)}." if flat else ".")
+    )
 
 
 def paper_note(table: pd.DataFrame, ctx: Context) -> str:
@@ -258,21 +312,33 @@ def paper_note(table: pd.DataFrame, ctx: Context) -> str:
     the rank correlation of the deltas with the paper's. Empty without such rows."""
     if ctx.reference != "vapo":
         return ""
-    drops = [(r, PAPER_DROPS[r["row"][len("vapo-no-"):]]) for r in table.to_dict("records")
-             if r["row"].startswith("vapo-no-") and r["row"][len("vapo-no-"):] in PAPER_DROPS
-             and not _nan(r["delta_final"])]
+    drops = [
+        (r, PAPER_DROPS[r["row"][len("vapo-no-") :]])
+        for r in table.to_dict("records")
+        if r["row"].startswith("vapo-no-")
+        and r["row"][len("vapo-no-") :] in PAPER_DROPS
+        and not _nan(r["delta_final"])
+    ]
     if not drops:
         return ""
     down = [pretty(r["row"]) for r, _ in drops if r["delta_final"] < 0]
-    held = [f"{pretty(r['row'])} (Δ {num(r['delta_final'], 1, True)}, p={pval(r['delta_final_p_holm'])})"
-            for r, _ in drops if not _nan(r["delta_final_p_holm"]) and r["delta_final_p_holm"] <= 0.05]
+    held = [
+        f"{pretty(r['row'])} (Δ {num(r['delta_final'], 1, True)}, p={pval(r['delta_final_p_holm'])})"
+        for r, _ in drops
+        if not _nan(r["delta_final_p_holm"]) and r["delta_final_p_holm"] <= 0.05
+    ]
     rho = stats.spearman([r["delta_final"] for r, _ in drops], [paper for _, paper in drops])
-    corr = (f"Rank correlation (Spearman) of the {len(drops)} deltas with the paper's: {num(rho, 2, True)}."
-            if not _nan(rho) else "Too few single drops for a rank correlation with the paper's.")
-    return (f"Against the paper's Table 1 (Δ {ctx.endpoint.label}; there every single drop lowers the score): "
-            f"{len(down)} of the "
-            f"{len(drops)} single drops move in the paper's direction (Δ < 0){': ' + ', '.join(down) if down else ''}; "
-            f"surviving Holm: {', '.join(held) or 'none'}. {corr}")
+    corr = (
+        f"Rank correlation (Spearman) of the {len(drops)} deltas with the paper's: {num(rho, 2, True)}."
+        if not _nan(rho)
+        else "Too few single drops for a rank correlation with the paper's."
+    )
+    return (
+        f"Against the paper's Table 1 (Δ {ctx.endpoint.label}; there every single drop lowers the score): "
+        f"{len(down)} of the "
+        f"{len(drops)} single drops move in the paper's direction (Δ < 0){': ' + ', '.join(down) if down else ''}; "
+        f"surviving Holm: {', '.join(held) or 'none'}. {corr}"
+    )
 
 
 def zero_spread_note(table: pd.DataFrame, ctx: Context, metrics: dict) -> str:
@@ -281,16 +347,21 @@ def zero_spread_note(table: pd.DataFrame, ctx: Context, metrics: dict) -> str:
     for r in table.to_dict("records"):
         if r["row"] == ctx.reference:
             continue
-        cells = [f"{what} {num(r[f'delta_{m}'], 1, True)} in all {int(r[f'delta_{m}_pairs'])} pairs"
-                 for m, what in metrics.items() if zero_spread(r, m)]
+        cells = [
+            f"{what} {num(r[f'delta_{m}'], 1, True)} in all {int(r[f'delta_{m}_pairs'])} pairs"
+            for m, what in metrics.items()
+            if zero_spread(r, m)
+        ]
         if cells:
             parts.append(f"{pretty(r['row'])} ({', '.join(cells)})")
     if not parts:
         return ""
-    return ("‡ n/a: zero spread: every seed's difference is the same, so the paired t statistic (the mean over its "
-            "standard error, here 0) is undefined and no p-value is given; the row is left out of that column's Holm "
-            "adjustment. Identical differences are what a quantised score gives (one sample more or fewer in the "
-            "eval), not evidence of an effect: " + "; ".join(parts) + ".")
+    return (
+        "‡ n/a: zero spread: every seed's difference is the same, so the paired t statistic (the mean over its "
+        "standard error, here 0) is undefined and no p-value is given; the row is left out of that column's Holm "
+        "adjustment. Identical differences are what a quantised score gives (one sample more or fewer in the "
+        "eval), not evidence of an effect: " + "; ".join(parts) + "."
+    )
 
 
 def seeds_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str | None = None) -> str:
@@ -311,8 +382,10 @@ def seeds_note(table: pd.DataFrame, ctx: Context, m: str = "final", what: str | 
         parts.append(f"{pretty(r['row'])}: {say}")
     if not parts:
         return ""
-    return (f"Seeds needed ({what}; plug-in: the n at which a paired 95% interval with the observed mean and "
-            f"spread excludes zero, about even odds for a fresh set of n seeds): " + "; ".join(parts) + ".")
+    return (
+        f"Seeds needed ({what}; plug-in: the n at which a paired 95% interval with the observed mean and "
+        f"spread excludes zero, about even odds for a fresh set of n seeds): " + "; ".join(parts) + "."
+    )
 
 
 def pairing_note(table: pd.DataFrame, ctx: Context, missing: dict) -> str:
@@ -321,11 +394,16 @@ def pairing_note(table: pd.DataFrame, ctx: Context, missing: dict) -> str:
         bits = []
         lost = missing.get(r["row"], [])
         if lost:
-            bits.append("no log for seed(s) " + " ".join(str(s) for s, _ in sorted(lost, key=lambda x: x[0]))
-                        + " (missing or failed cells)")
+            bits.append(
+                "no log for seed(s) "
+                + " ".join(str(s) for s, _ in sorted(lost, key=lambda x: x[0]))
+                + " (missing or failed cells)"
+            )
         if r["row"] != ctx.reference and r["unpaired_seeds_final"]:
-            bits.append(f"seed(s) {r['unpaired_seeds_final']} unpaired with {pretty(ctx.reference)}, left out of the "
-                        "paired Δ")
+            bits.append(
+                f"seed(s) {r['unpaired_seeds_final']} unpaired with {pretty(ctx.reference)}, left out of the "
+                "paired Δ"
+            )
         if bits:
             parts.append(f"{pretty(r['row'])}: " + "; ".join(bits))
     return ("Unpaired seeds: " + "; ".join(parts) + ".") if parts else ""
@@ -339,7 +417,9 @@ def no_log_note(rows: list, missing: dict) -> str:
     for row in rows:
         cells = sorted(missing.get(row, []), key=lambda x: x[0])
         crashed = sum(a.get("failed", 0) + a.get("lost", 0) for _, a in cells)
-        parts.append(f"{pretty(row)} (seed(s) {' '.join(str(s) for s, _ in cells)}; {crashed} crashed attempt(s))")
+        parts.append(
+            f"{pretty(row)} (seed(s) {' '.join(str(s) for s, _ in cells)}; {crashed} crashed attempt(s))"
+        )
     return "Rows without any run log, left out of the tables: " + "; ".join(parts) + "."
 
 
@@ -348,5 +428,8 @@ def truncation_note(seeds: pd.DataFrame) -> str:
     if bad.empty:
         return ""
     items = [f"`{r['run']}` ({r['truncated']})" for r in bad.to_dict("records")]
-    return ("† Truncated runs, reported and included in the numbers above, so read their rows with care: "
-            + "; ".join(items) + ".")
+    return (
+        "† Truncated runs, reported and included in the numbers above, so read their rows with care: "
+        + "; ".join(items)
+        + "."
+    )

@@ -6,6 +6,7 @@ that eval has one, with the prompt's tail, the response as the model wrote it (o
 for multi-turn episodes), the reward and the number of tool calls. Rows whose runs kept no samples are
 left out; a grid where none did has no section.
 """
+
 from __future__ import annotations
 
 import json
@@ -18,9 +19,11 @@ PROMPT_TAIL = 320
 """Characters of the prompt shown (its end: the question and the generation prompt)."""
 RESPONSE_CHARS = 1200
 """Characters of a response shown; a longer one is cut and says by how much."""
-TEXT = ("What the model wrote at its first and its last eval, for the lowest seed of each row that kept samples "
-        "(`samples.jsonl` in the run folder holds them all): the first episode the verifier rewarded and the first "
-        "it did not, where the eval has one; each prompt is shown by its last {tail} characters.")
+TEXT = (
+    "What the model wrote at its first and its last eval, for the lowest seed of each row that kept samples "
+    "(`samples.jsonl` in the run folder holds them all): the first episode the verifier rewarded and the first "
+    "it did not, where the eval has one; each prompt is shown by its last {tail} characters."
+)
 
 
 def read_samples(run_dir: Path) -> list[dict]:
@@ -53,9 +56,19 @@ def transcript_frame(logs, order) -> pd.DataFrame | None:
         for log in sorted((lg for lg in logs if lg.row == row), key=lambda lg: lg.seed):
             picked = pick(read_samples(log.run_dir))
             if picked:
-                out += [{"row": row, "seed": log.seed, "run": log.run_dir.name, "ppo_update": int(r["ppo_update"]),
-                         "reward": float(r["reward"]), "tool_calls": len(r.get("tool_calls") or []),
-                         "prompt_tail": r["prompt"][-PROMPT_TAIL:], "response": r["response"]} for r in picked]
+                out += [
+                    {
+                        "row": row,
+                        "seed": log.seed,
+                        "run": log.run_dir.name,
+                        "ppo_update": int(r["ppo_update"]),
+                        "reward": float(r["reward"]),
+                        "tool_calls": len(r.get("tool_calls") or []),
+                        "prompt_tail": r["prompt"][-PROMPT_TAIL:],
+                        "response": r["response"],
+                    }
+                    for r in picked
+                ]
                 break
     return pd.DataFrame(out) if out else None
 
@@ -74,7 +87,9 @@ def markdown(frame: pd.DataFrame, pretty) -> str:
         cut = len(response) - RESPONSE_CHARS
         shown = response[:RESPONSE_CHARS] + (f"\n[... {cut} more characters]" if cut > 0 else "")
         calls = int(r["tool_calls"])
-        parts.append(f"**{pretty(r['row'])}**, seed {int(r['seed'])}, eval at update {int(r['ppo_update'])}: "
-                     f"reward {r['reward']:g}, {calls} tool call{'' if calls == 1 else 's'}\n\n"
-                     f"Prompt (end):\n\n{_block('…' + r['prompt_tail'])}\n\nResponse:\n\n{_block(shown)}")
+        parts.append(
+            f"**{pretty(r['row'])}**, seed {int(r['seed'])}, eval at update {int(r['ppo_update'])}: "
+            f"reward {r['reward']:g}, {calls} tool call{'' if calls == 1 else 's'}\n\n"
+            f"Prompt (end):\n\n{_block('…' + r['prompt_tail'])}\n\nResponse:\n\n{_block(shown)}"
+        )
     return "\n\n".join(parts)

@@ -12,6 +12,7 @@ value bias, clip fractions); a section for value pretraining on its own axis; an
 table, seeds and figures. The specification is built from the report folder (the cells' run
 cards and config.yaml) without a network; only `save()` talks to W&B.
 """
+
 from __future__ import annotations
 
 from pathlib import Path
@@ -28,35 +29,58 @@ PANELS = (
     ("clip fractions", ("policy/clipfrac_low", "policy/clipfrac_high")),
 )
 """(title, metrics) of the diagnostic panels, stepped on `ppo/update`."""
-PRETRAIN_PANELS = (("value pretraining: explained variance", ("value/explained_variance",)),
-                   ("value pretraining: value loss", ("value/loss",)))
+PRETRAIN_PANELS = (
+    ("value pretraining: explained variance", ("value/explained_variance",)),
+    ("value pretraining: value loss", ("value/loss",)),
+)
 
 
-def workspace_spec(entity: str, project: str, group: str, k: int, *, name: str | None = None,
-                   figures: tuple[str, ...] = ()):
+def workspace_spec(
+    entity: str, project: str, group: str, k: int, *, name: str | None = None, figures: tuple[str, ...] = ()
+):
     """The wandb_workspaces.Workspace for `group` (nothing is sent until `.save()`)."""
     import wandb_workspaces.reports.v2 as wr
     import wandb_workspaces.workspaces as ws
 
     def plot(title, metrics, x):
-        return wr.LinePlot(title=title, x=x, y=list(metrics), groupby_aggfunc="mean", groupby_rangefunc="stderr")
+        return wr.LinePlot(
+            title=title, x=x, y=list(metrics), groupby_aggfunc="mean", groupby_rangefunc="stderr"
+        )
 
-    rows = ws.Section(name=f"{group}: rows by PPO update", is_open=True,
-                      panels=[plot(t.format(k=k), [m.format(k=k) for m in ms], PPO_AXIS) for t, ms in PANELS])
-    pretrain = ws.Section(name=f"{group}: value pretraining", is_open=False,
-                          panels=[plot(t, [PRETRAIN_PREFIX + m for m in ms], PRETRAIN_AXIS) for t, ms in PRETRAIN_PANELS])
-    report = ws.Section(name=f"{group}: grid report (job_type report)", is_open=True,
-                        panels=[wr.WeavePanelSummaryTable(table_name="grid/table"),
-                                wr.WeavePanelSummaryTable(table_name="grid/seeds"),
-                                wr.WeavePanelSummaryTable(table_name="grid/caveats"),
-                                wr.WeavePanelSummaryTable(table_name="grid/cells")]
-                        + ([wr.MediaBrowser(title="figures", media_keys=[f"figures/{f}" for f in figures])]
-                           if figures else []))
+    rows = ws.Section(
+        name=f"{group}: rows by PPO update",
+        is_open=True,
+        panels=[plot(t.format(k=k), [m.format(k=k) for m in ms], PPO_AXIS) for t, ms in PANELS],
+    )
+    pretrain = ws.Section(
+        name=f"{group}: value pretraining",
+        is_open=False,
+        panels=[plot(t, [PRETRAIN_PREFIX + m for m in ms], PRETRAIN_AXIS) for t, ms in PRETRAIN_PANELS],
+    )
+    report = ws.Section(
+        name=f"{group}: grid report (job_type report)",
+        is_open=True,
+        panels=[
+            wr.WeavePanelSummaryTable(table_name="grid/table"),
+            wr.WeavePanelSummaryTable(table_name="grid/seeds"),
+            wr.WeavePanelSummaryTable(table_name="grid/caveats"),
+            wr.WeavePanelSummaryTable(table_name="grid/cells"),
+        ]
+        + (
+            [wr.MediaBrowser(title="figures", media_keys=[f"figures/{f}" for f in figures])]
+            if figures
+            else []
+        ),
+    )
     return ws.Workspace(
-        entity=entity, project=project, name=name or f"vapo-lit {group}",
+        entity=entity,
+        project=project,
+        name=name or f"vapo-lit {group}",
         sections=[rows, report, pretrain],
         settings=ws.WorkspaceSettings(x_axis=PPO_AXIS, smoothing_type="none", max_runs=100),
-        runset_settings=ws.RunsetSettings(filters=ws.And(ws.Metric("Group") == group), groupby=[ws.Metric("JobType")]),
+        runset_settings=ws.RunsetSettings(
+            filters=ws.And(ws.Metric("Group") == group), groupby=[ws.Metric("JobType")]
+        ),
     )
 
 
@@ -69,7 +93,9 @@ def spec_of_folder(folder: Path, entity: str):
     folder = Path(folder)
     cells = [c for c in cell_runs(folder) if c["id"]]
     if not cells:
-        raise ValueError(f"{folder}: no cell of this grid was logged to W&B (their run cards have no wandb record)")
+        raise ValueError(
+            f"{folder}: no cell of this grid was logged to W&B (their run cards have no wandb record)"
+        )
     project = _common([c["project"] for c in cells], "vapo-lit")
     group = _common([c["group"] for c in cells], folder.name)
     cfg_path = folder / cells[0]["run"] / "config.yaml"

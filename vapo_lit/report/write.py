@@ -14,6 +14,7 @@ The text files depend only on the logs: no absolute paths (run folders are relat
 report folder), no timestamps, fixed float formats, so regenerating from the same CSVs gives the
 same bytes. Bad logs raise `LogError` naming the file and line.
 """
+
 from __future__ import annotations
 
 import math
@@ -63,28 +64,37 @@ def caveats(table: pd.DataFrame, reference: str | None = "vapo") -> str:
         what = f"each Δ is the paired difference of a row from {pretty(reference)}"
     else:
         what = "each row's scores (there is no reference row, so no Δ)"
-    lines = ["## What these deltas do and do not support", "",
-             f"Supported: {what}, on this task, model, preset and budget, with the stated seeds.", "",
-             "Not supported by this table:",
-             "- that the full recipe's score is due to any single component: components interact, and single-drop "
-             "deltas are not independent effects (they need not add up; test interactions with a joint-drop or the "
-             "`pairwise` grid);",
-             "- that alpha, the value-pretraining steps or other settings used here transfer to other models, "
-             "tasks or response lengths;",
-             "- that critic-based PPO always beats critic-free GRPO (one task, one budget);",
-             "- that longer responses mean more correct ones (length and score are logged side by side, not causally "
-             "linked);",
-             "- that the positive-example NLL is safe with a noisy verifier (this task's verifier is exact).",
-             ]
+    lines = [
+        "## What these deltas do and do not support",
+        "",
+        f"Supported: {what}, on this task, model, preset and budget, with the stated seeds.",
+        "",
+        "Not supported by this table:",
+        "- that the full recipe's score is due to any single component: components interact, and single-drop "
+        "deltas are not independent effects (they need not add up; test interactions with a joint-drop or the "
+        "`pairwise` grid);",
+        "- that alpha, the value-pretraining steps or other settings used here transfer to other models, "
+        "tasks or response lengths;",
+        "- that critic-based PPO always beats critic-free GRPO (one task, one budget);",
+        "- that longer responses mean more correct ones (length and score are logged side by side, not causally "
+        "linked);",
+        "- that the positive-example NLL is safe with a noisy verifier (this task's verifier is exact).",
+    ]
     if n_min < 2:
-        lines.append(f"- any difference at all for rows with n={n_min}: no estimate of seed variance, no confidence "
-                     "interval; rerun with `--seeds 3` or more (or `vapo-ablate --seeds auto`).")
+        lines.append(
+            f"- any difference at all for rows with n={n_min}: no estimate of seed variance, no confidence "
+            "interval; rerun with `--seeds 3` or more (or `vapo-ablate --seeds auto`)."
+        )
     else:
-        lines.append("- differences whose paired 95% interval contains zero, or that do not survive the Holm "
-                     "adjustment when several rows are read together.")
+        lines.append(
+            "- differences whose paired 95% interval contains zero, or that do not survive the Holm "
+            "adjustment when several rows are read together."
+        )
     if single:
-        lines.append(f"- a ranking of components: the single drops here ({', '.join(single)}) are each one "
-                     "counterfactual around one recipe.")
+        lines.append(
+            f"- a ranking of components: the single drops here ({', '.join(single)}) are each one "
+            "counterfactual around one recipe."
+        )
     return "\n".join(lines)
 
 
@@ -97,22 +107,32 @@ def seed_scope_note(logs) -> str:
     rl = "the RL run (prompt stream, sampling, mini-batch order)"
     follows = len({log.seed for log in logs}) > 1 and all(log.model_seed == log.seed for log in logs)
     if follows and built:
-        return ("Seeds: each seed builds its own base policy and reward model (model_seed = seed, `--model_seed "
-                f"follow`), so the intervals include the variance of the whole pipeline: the built models and {rl}.")
+        return (
+            "Seeds: each seed builds its own base policy and reward model (model_seed = seed, `--model_seed "
+            f"follow`), so the intervals include the variance of the whole pipeline: the built models and {rl}."
+        )
     if follows:
-        return ("Seeds: the policy is the same model folder in every run; a critic's fresh value head follows the seed "
-                f"(model_seed = seed), so the intervals include the variance of {rl} and of that initialisation, not "
-                "that of the base policy.")
+        return (
+            "Seeds: the policy is the same model folder in every run; a critic's fresh value head follows the seed "
+            f"(model_seed = seed), so the intervals include the variance of {rl} and of that initialisation, not "
+            "that of the base policy."
+        )
     if len(model_seeds) == 1 and built:
-        return (f"Seeds: every run starts from the same base policy and reward model (model_seed {model_seeds[0]}); "
-                f"a seed varies {rl} only, so the intervals include the seed variance of RL, not that of building the "
-                "models (`vapo-ablate --model_seed follow` varies both).")
+        return (
+            f"Seeds: every run starts from the same base policy and reward model (model_seed {model_seeds[0]}); "
+            f"a seed varies {rl} only, so the intervals include the seed variance of RL, not that of building the "
+            "models (`vapo-ablate --model_seed follow` varies both)."
+        )
     if len(model_seeds) == 1:
-        return (f"Seeds: every run starts from the same policy (a model folder) and critic initialisation (model_seed "
-                f"{model_seeds[0]}); a seed varies {rl} only, so the intervals include the seed variance of RL, not "
-                "that of the base model.")
-    return (f"Seeds: model_seed differs between runs ({', '.join(map(str, model_seeds))}) without following the seed: "
-            "runs of one seed may start from different models, so a paired Δ mixes both sources of variance.")
+        return (
+            f"Seeds: every run starts from the same policy (a model folder) and critic initialisation (model_seed "
+            f"{model_seeds[0]}); a seed varies {rl} only, so the intervals include the seed variance of RL, not "
+            "that of the base model."
+        )
+    return (
+        f"Seeds: model_seed differs between runs ({', '.join(map(str, model_seeds))}) without following the seed: "
+        "runs of one seed may start from different models, so a paired Δ mixes both sources of variance."
+    )
 
 
 def wandb_section(logs, grid_id: str, folder: Path) -> str:
@@ -126,12 +146,18 @@ def wandb_section(logs, grid_id: str, folder: Path) -> str:
                 offline.append(log)
     if not groups:
         return f"W&B: not logged (runs were made with wandb disabled); group would be `{grid_id}`."
-    text = [f"W&B group: `{', '.join(sorted(groups))}` (filter the project's runs by this group; job_type = table row)."]
+    text = [
+        f"W&B group: `{', '.join(sorted(groups))}` (filter the project's runs by this group; job_type = table row)."
+    ]
     if offline:
-        globs = sorted(os.path.relpath(log.run_dir / "wandb", folder).replace(os.sep, "/") + "/offline-run-*"
-                       for log in offline)
-        text.append(f"{len(offline)} offline run(s); upload them from this folder with:\n\n    wandb sync "
-                    + " ".join(globs))
+        globs = sorted(
+            os.path.relpath(log.run_dir / "wandb", folder).replace(os.sep, "/") + "/offline-run-*"
+            for log in offline
+        )
+        text.append(
+            f"{len(offline)} offline run(s); upload them from this folder with:\n\n    wandb sync "
+            + " ".join(globs)
+        )
     return "\n".join(text)
 
 
@@ -173,10 +199,19 @@ def _calibration_frame(logs, order) -> tuple[pd.DataFrame, dict]:
                 vals = [c[(phase, b)] for c in cals if c[(phase, b)] == c[(phase, b)]]
                 mean = sum(vals) / len(vals) if vals else float("nan")
                 per_row[row][(phase, b)] = mean
-                records.append({"row": row, "value_pretraining": int(vp[row]), "phase": phase, "bucket": b,
-                                "bias_mean": mean, "runs": len(vals)})
-    return pd.DataFrame(records, columns=["row", "value_pretraining", "phase", "bucket", "bias_mean", "runs"]), \
-        {"bias": per_row, "vp": vp, "buckets": buckets}
+                records.append(
+                    {
+                        "row": row,
+                        "value_pretraining": int(vp[row]),
+                        "phase": phase,
+                        "bucket": b,
+                        "bias_mean": mean,
+                        "runs": len(vals),
+                    }
+                )
+    return pd.DataFrame(
+        records, columns=["row", "value_pretraining", "phase", "bucket", "bias_mean", "runs"]
+    ), {"bias": per_row, "vp": vp, "buckets": buckets}
 
 
 def _write(path: Path, text: str) -> None:
@@ -226,15 +261,32 @@ class GridReport:
     """Episodes shown from the runs' samples (report/transcripts.py); None when no run kept any."""
 
 
-def report_grid(out: Path, grid_id: str | None, last_n: int = 10, *, to: Path | None = None,
-                reference: str | None = None, threshold="auto", max_seeds: int = 20, figures: bool = True,
-                contrasts=()) -> str:
+def report_grid(
+    out: Path,
+    grid_id: str | None,
+    last_n: int = 10,
+    *,
+    to: Path | None = None,
+    reference: str | None = None,
+    threshold="auto",
+    max_seeds: int = 20,
+    figures: bool = True,
+    contrasts=(),
+) -> str:
     """Build one grid's report from its runs' logs; returns the Markdown text. `contrasts`: (row,
     against) pairs compared besides the grid's own.
     Raises LogError for a malformed log or when there is no run log at all."""
     out = Path(out)
-    rep = compute(out, grid_id, _folder(out, grid_id, to), last_n, reference=reference, threshold=threshold,
-                  max_seeds=max_seeds, contrasts=contrasts)
+    rep = compute(
+        out,
+        grid_id,
+        _folder(out, grid_id, to),
+        last_n,
+        reference=reference,
+        threshold=threshold,
+        max_seeds=max_seeds,
+        contrasts=contrasts,
+    )
     return _write_grid(rep, figures)
 
 
@@ -250,19 +302,72 @@ def _write_grid(rep: GridReport, figures: bool) -> str:
     return text
 
 
-def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, reference: str | None, threshold,
-            max_seeds: int, contrasts=()) -> GridReport:
+def compute(
+    out: Path,
+    grid_id: str | None,
+    folder: Path,
+    last_n: int,
+    *,
+    reference: str | None,
+    threshold,
+    max_seeds: int,
+    contrasts=(),
+) -> GridReport:
     """Every number of the report: per-run (seeds), per-row (table) and the calibration frame."""
     found = find_runs(out, grid_id)
     if not found.runs:
         cells = sum(len(v) for v in found.missing.values())
-        where = (f"grid {grid_id!r} ({cells} cells in {out / 'grids' / f'{grid_id}.json'}, none with a metrics.csv)"
-                 if grid_id else "no folder with metrics.csv and config.yaml")
+        where = (
+            f"grid {grid_id!r} ({cells} cells in {out / 'grids' / f'{grid_id}.json'}, none with a metrics.csv)"
+            if grid_id
+            else "no folder with metrics.csv and config.yaml"
+        )
         raise LogError(f"{out}: no run logs to report: {where}")
     logs = [load_run(d, row) for row, d in found.runs]
+    order, no_log_rows, reference, pairs = _rows(found, logs, reference, contrasts)
+    endpoint = parse_endpoint(found.endpoint)
+    seeds, thr, budgets = _seed_frame(logs, order, last_n, folder, endpoint, reference, threshold)
+    ks = sorted({log.k for log in logs})
+    ctx = render.Context(
+        ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds, endpoint
+    )
+    manifest = out / "grids" / f"{grid_id}.json"
+    recorded = read_json(manifest) if grid_id and manifest.is_file() else {}
+    desc = recorded.get("description", "")
+    return GridReport(
+        grid_id or "runs",
+        folder,
+        desc,
+        logs,
+        order,
+        no_log_rows,
+        found.missing,
+        seeds,
+        build_table(seeds, order, reference, found.missing, max_seeds),
+        *_calibration_frame(logs, order),
+        ks,
+        budgets,
+        ctx,
+        threshold not in (None, "auto"),
+        credit_frame(logs, order, last_n),
+        mechanism_frames(logs, order, last_n),
+        critic_quality.critic_frame(logs, order, last_n),
+        contrast.contrast_frame(seeds, pairs),
+        contrast.left_out_note(found.contrasts, pairs),
+        "endpoint" in recorded,
+        found.tuning_seeds,
+        transcript_frame(logs, order),
+    )
+
+
+def _rows(found, logs: list, reference: str | None, contrasts) -> tuple[list, list, str | None, list]:
+    """(the rows with logs in order, the rows without, the deltas' reference row or None, the
+    contrasts checked: the grid's declared ones whose rows have logs, and the command's)."""
     order = _order(found, logs)
     with_logs = {log.row for log in logs}
-    no_log_rows = [r for r in order if r not in with_logs]  # every cell failed or not run yet: named, not tabled
+    no_log_rows = [
+        r for r in order if r not in with_logs
+    ]  # every cell failed or not run yet: named, not tabled
     order = [r for r in order if r in with_logs]
     given, reference = reference, reference or found.reference or REFERENCE
     if reference not in order:
@@ -271,9 +376,16 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
         reference = None  # the grid's declared row or the full recipe has no logs (yet): no deltas
     declared = [c for c in found.contrasts if all(x in order for x in c)]  # rows without logs yet: left out
     # one check of both: a --contrast repeating a declared pair merges, a reversed one is the same test (an error)
-    pairs = check_contrasts(declared + [tuple(c) for c in contrasts if tuple(c) not in declared], order, "--contrast")
+    pairs = check_contrasts(
+        declared + [tuple(c) for c in contrasts if tuple(c) not in declared], order, "--contrast"
+    )
+    return order, no_log_rows, reference, pairs
+
+
+def _seed_frame(logs: list, order: list, last_n: int, folder: Path, endpoint, reference, threshold):
+    """(one line per run with its scores and compute-matched efficiency, in row order; the threshold;
+    the token and time budgets)."""
     position = {r: i for i, r in enumerate(order)}
-    endpoint = parse_endpoint(found.endpoint)
     seeds = pd.DataFrame([per_run(log, last_n, folder, endpoint) for log in logs])
     thr = _threshold(seeds, reference, threshold)
     budgets = {"tokens": _budget(seeds, "cumulative_tokens"), "seconds": _budget(seeds, "cumulative_seconds")}
@@ -281,17 +393,7 @@ def compute(out: Path, grid_id: str | None, folder: Path, last_n: int, *, refere
     seeds = pd.concat([seeds, eff], axis=1)
     seeds["_o"] = seeds["row"].map(position)
     seeds = seeds.sort_values(["_o", "seed", "run"], kind="stable").drop(columns="_o").reset_index(drop=True)
-    ks = sorted({log.k for log in logs})
-    ctx = render.Context(ks[0], last_n, thr, reference, budgets["tokens"], budgets["seconds"], max_seeds, endpoint)
-    manifest = out / "grids" / f"{grid_id}.json"
-    recorded = read_json(manifest) if grid_id and manifest.is_file() else {}
-    desc = recorded.get("description", "")
-    return GridReport(grid_id or "runs", folder, desc, logs, order, no_log_rows, found.missing, seeds,
-                      build_table(seeds, order, reference, found.missing, max_seeds), *_calibration_frame(logs, order),
-                      ks, budgets, ctx, threshold not in (None, "auto"), credit_frame(logs, order, last_n),
-                      mechanism_frames(logs, order, last_n), critic_quality.critic_frame(logs, order, last_n),
-                      contrast.contrast_frame(seeds, pairs), contrast.left_out_note(found.contrasts, pairs),
-                      "endpoint" in recorded, found.tuning_seeds, transcript_frame(logs, order))
+    return seeds, thr, budgets
 
 
 def write_files(rep: GridReport, figures: bool = True) -> None:
@@ -309,69 +411,136 @@ def write_files(rep: GridReport, figures: bool = True) -> None:
         frame.to_csv(rep.folder / f"{name}.csv", index=False, float_format=FLOAT, lineterminator="\n")
     _write(rep.folder / "table.tex", render.latex_all(rep.table, rep.ctx) + "\n")
     if figures:
-        plot_all(rep.logs, rep.order, rep.folder, rep.ctx.k, rep.budgets, rep.cal_plot,
-                 mechanisms=rep.mechanisms is not None)
+        plot_all(
+            rep.logs,
+            rep.order,
+            rep.folder,
+            rep.ctx.k,
+            rep.budgets,
+            rep.cal_plot,
+            mechanisms=rep.mechanisms is not None,
+        )
         if rep.critic is not None:
             critic_quality.plot(rep.logs, rep.order, rep.folder / "critic_quality.png")
 
 
 def render_markdown(rep: GridReport) -> str:
     """table.md: the four tables, the notes under them, the W&B section and the caveats."""
-    table, ctx, seeds = rep.table, rep.ctx, rep.seeds
-    reference = ctx.reference
+    reference = rep.ctx.reference
     ref_name = pretty(reference) if reference else "(none: no full-recipe row; no deltas)"
-    sections = [f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""), _intro(rep, ref_name),
-                protocol_note(rep), render.markdown(*render.rows("main", table, ctx))]
-    final = f"Δ {ctx.endpoint.label}"
-    notes = [render.zero_spread_note(table, ctx, {"final": final}) if reference else "",
-             render.holm_note(table, ctx) if reference else "", render.paper_note(table, ctx),
-             render.seeds_note(table, ctx) if reference else "",
-             render.pairing_note(table, ctx, rep.missing), render.no_log_note(rep.no_log_rows, rep.missing),
-             render.truncation_note(seeds), seed_scope_note(rep.logs)]
-    sections += [n for n in notes if n]
-    if reference and len(rep.order) > 1:
-        flat = render.zero_spread_note(table, ctx, {"final": final, "peak": "Δ peak", "auc": "Δ AUC"})
-        sections += [f"## Paired deltas against {ref_name}", PAIRED_TEXT.format(ref=ref_name),
-                     render.markdown(*render.rows("paired", table, ctx)), *([flat] if flat else []),
-                     render.holm_note(table, ctx, "auc", "Δ AUC") + " " + render.seeds_note(table, ctx, "auc", "Δ AUC")]
-    if rep.contrasts is not None:
-        sections += ["## Further contrasts", contrast.TEXT, contrast.markdown_table(rep.contrasts, ctx.endpoint.label)]
-    sections += [rep.contrasts_left_out] if rep.contrasts_left_out else []
-    sources = sorted(set(seeds["cost_source"]))
-    cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
-    sections += ["## Compute-matched comparison",
-                 COMPUTE_TEXT.format(tokens=render.tokens(rep.budgets["tokens"]),
-                                     time=render.duration(rep.budgets["seconds"]), cost=cost),
-                 render.markdown(*render.rows("compute", table, ctx)),
-                 "## Diagnostics", DIAGNOSTICS_TEXT.format(n=ctx.last_n),
-                 render.markdown(*render.rows("diagnostics", table, ctx))]
-    if rep.critic is not None:
-        sections += ["## Critic quality", critic_quality.CRITIC_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
-                     critic_quality.markdown_table(rep.critic)]
-    if rep.credit is not None:
-        sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=ctx.last_n), _credit_markdown(rep.credit)]
-    if rep.transcripts is not None:
-        sections += ["## What the model wrote", TRANSCRIPTS_TEXT.format(tail=PROMPT_TAIL),
-                     transcripts_markdown(rep.transcripts, pretty)]
-    figures = FIGURES
-    if rep.mechanisms is not None:
-        mech, by_length = rep.mechanisms
-        tables = markdown_tables(mech, by_length)
-        sections += ["## Long and short responses", MECHANISMS_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n),
-                     tables[0], BY_LENGTH_TEXT.format(early=CALIBRATION_UPDATES, n=ctx.last_n), *tables[1:]]
-        figures = FIGURES + MECHANISM_FIGURES
-    figures += ("critic_quality",) if rep.critic is not None else ()
+    sections = _main_sections(rep, ref_name) + _compute_sections(rep)
+    extra, figures = _study_sections(rep)
+    sections += extra
     files = ["value bias by position in `calibration.csv`"]
     files += ["the critic's quality in `critic.csv`"] if rep.critic is not None else []
     files += ["further contrasts in `contrasts.csv`"] if rep.contrasts is not None else []
     files += ["multi-turn credit in `credit.csv`"] if rep.credit is not None else []
-    files += ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
+    files += (
+        ["length mechanisms in `mechanisms.csv` and `by_length.csv`"] if rep.mechanisms is not None else []
+    )
     files += ["the episodes shown in `transcripts.csv`"] if rep.transcripts is not None else []
-    sections += [wandb_section(rep.logs, rep.name, rep.folder), caveats(table, reference),
-                 "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
-                 f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
-                 f"folder)."]
+    sections += [
+        wandb_section(rep.logs, rep.name, rep.folder),
+        caveats(rep.table, reference),
+        "Figures: " + ", ".join(f"[{p}]({p}.png)" for p in figures) + "; " + "; ".join(files) + ".",
+        f"Source: {len(rep.logs)} run folder(s); per-run numbers in `seeds.csv` (run folders relative to this "
+        f"folder).",
+    ]
     return "\n\n".join(sections)
+
+
+def _main_sections(rep: GridReport, ref_name: str) -> list[str]:
+    """The title, the main table and its notes, the paired deltas and the further contrasts."""
+    table, ctx, seeds = rep.table, rep.ctx, rep.seeds
+    reference = ctx.reference
+    sections = [
+        f"# Ablation `{rep.name}`" + (f": {rep.description}" if rep.description else ""),
+        _intro(rep, ref_name),
+        protocol_note(rep),
+        render.markdown(*render.rows("main", table, ctx)),
+    ]
+    final = f"Δ {ctx.endpoint.label}"
+    notes = [
+        render.zero_spread_note(table, ctx, {"final": final}) if reference else "",
+        render.holm_note(table, ctx) if reference else "",
+        render.paper_note(table, ctx),
+        render.seeds_note(table, ctx) if reference else "",
+        render.pairing_note(table, ctx, rep.missing),
+        render.no_log_note(rep.no_log_rows, rep.missing),
+        render.truncation_note(seeds),
+        seed_scope_note(rep.logs),
+    ]
+    sections += [n for n in notes if n]
+    if reference and len(rep.order) > 1:
+        flat = render.zero_spread_note(table, ctx, {"final": final, "peak": "Δ peak", "auc": "Δ AUC"})
+        sections += [
+            f"## Paired deltas against {ref_name}",
+            PAIRED_TEXT.format(ref=ref_name),
+            render.markdown(*render.rows("paired", table, ctx)),
+            *([flat] if flat else []),
+            render.holm_note(table, ctx, "auc", "Δ AUC")
+            + " "
+            + render.seeds_note(table, ctx, "auc", "Δ AUC"),
+        ]
+    if rep.contrasts is not None:
+        sections += [
+            "## Further contrasts",
+            contrast.TEXT,
+            contrast.markdown_table(rep.contrasts, ctx.endpoint.label),
+        ]
+    return sections + ([rep.contrasts_left_out] if rep.contrasts_left_out else [])
+
+
+def _compute_sections(rep: GridReport) -> list[str]:
+    """The compute-matched comparison and the diagnostics."""
+    table, ctx, seeds = rep.table, rep.ctx, rep.seeds
+    sources = sorted(set(seeds["cost_source"]))
+    cost = "; ".join(_source_text(s, int((seeds["cost_source"] == s).sum())) for s in sources)
+    return [
+        "## Compute-matched comparison",
+        COMPUTE_TEXT.format(
+            tokens=render.tokens(rep.budgets["tokens"]),
+            time=render.duration(rep.budgets["seconds"]),
+            cost=cost,
+        ),
+        render.markdown(*render.rows("compute", table, ctx)),
+        "## Diagnostics",
+        DIAGNOSTICS_TEXT.format(n=ctx.last_n),
+        render.markdown(*render.rows("diagnostics", table, ctx)),
+    ]
+
+
+def _study_sections(rep: GridReport) -> tuple[list[str], tuple]:
+    """The sections a grid has only when its runs logged what they need (critic quality, multi-turn
+    credit, what the model wrote, long and short responses), and the figures the report lists."""
+    n, sections, figures = rep.ctx.last_n, [], FIGURES
+    if rep.critic is not None:
+        sections += [
+            "## Critic quality",
+            critic_quality.CRITIC_TEXT.format(early=CALIBRATION_UPDATES, n=n),
+            critic_quality.markdown_table(rep.critic),
+        ]
+    if rep.credit is not None:
+        sections += ["## Multi-turn credit", CREDIT_TEXT.format(n=n), _credit_markdown(rep.credit)]
+    if rep.transcripts is not None:
+        sections += [
+            "## What the model wrote",
+            TRANSCRIPTS_TEXT.format(tail=PROMPT_TAIL),
+            transcripts_markdown(rep.transcripts, pretty),
+        ]
+    if rep.mechanisms is not None:
+        mech, by_length = rep.mechanisms
+        tables = markdown_tables(mech, by_length)
+        sections += [
+            "## Long and short responses",
+            MECHANISMS_TEXT.format(early=CALIBRATION_UPDATES, n=n),
+            tables[0],
+            BY_LENGTH_TEXT.format(early=CALIBRATION_UPDATES, n=n),
+            *tables[1:],
+        ]
+        figures = FIGURES + MECHANISM_FIGURES
+    figures += ("critic_quality",) if rep.critic is not None else ()
+    return sections, figures
 
 
 def protocol_note(rep: GridReport) -> str:
@@ -379,91 +548,159 @@ def protocol_note(rep: GridReport) -> str:
     and which rows rest on tuning seeds (vapo_lit/protocol.py)."""
     ctx, seeds, table = rep.ctx, rep.seeds, rep.table
     end = ctx.endpoint
-    fixed = ("fixed in the grid's manifest before it ran" if rep.recorded else
-             "the manifest records no endpoint chosen before the grid ran")
-    parts = [f"Endpoint: **{end.description}** after training started (`{end.name}`; {fixed}); the columns "
-             f"'{end.label}' and every Δ {end.label} hold it."]
+    fixed = (
+        "fixed in the grid's manifest before it ran"
+        if rep.recorded
+        else "the manifest records no endpoint chosen before the grid ran"
+    )
+    parts = [
+        f"Endpoint: **{end.description}** after training started (`{end.name}`; {fixed}); the columns "
+        f"'{end.label}' and every Δ {end.label} hold it."
+    ]
     sizes = sorted({log.eval_problems * log.k for log in rep.logs if log.eval_problems})
     ref = seeds[seeds["row"] == ctx.reference]["final"].dropna() if ctx.reference else seeds["final"].dropna()
     if len(sizes) == 1 and all(log.eval_problems for log in rep.logs) and len(ref):
         n, p = sizes[0], float(ref.mean()) / 100.0
         se = 100.0 * math.sqrt(max(p * (1.0 - p), 0.0) / (n * end.last))
-        text = (f"One eval scores {n} responses; at the {'reference' if ctx.reference else 'mean'} score "
-                f"({render.num(100.0 * p)}) the binomial standard error of one run's endpoint is "
-                f"±{render.num(se)} points")
+        text = (
+            f"One eval scores {n} responses; at the {'reference' if ctx.reference else 'mean'} score "
+            f"({render.num(100.0 * p)}) the binomial standard error of one run's endpoint is "
+            f"±{render.num(se)} points"
+        )
         deltas = table[table["row"] != ctx.reference]["delta_final"].dropna().abs() if ctx.reference else []
         if len(deltas) and se > 0:
             median = float(deltas.median())
             text += f", against a median |Δ {end.label}| of {render.num(median)} points ({median / se:.1f} x)"
         parts.append(text + ".")
     else:
-        parts.append("The eval's size is not in every run's config (eval_problems unset), so no standard error is "
-                     "given.")
+        parts.append(
+            "The eval's size is not in every run's config (eval_problems unset), so no standard error is "
+            "given."
+        )
     tuning = rep.tuning_seeds
     if tuning is None:
-        parts.append("Tuning seeds: not recorded, so whether a row's settings were chosen on its own seeds is unknown.")
+        parts.append(
+            "Tuning seeds: not recorded, so whether a row's settings were chosen on its own seeds is unknown."
+        )
     elif not tuning:
         parts.append("Tuning seeds: none declared; every cell is a confirmation cell.")
     else:
-        on = {row: sorted(int(s) for s in g["seed"] if int(s) in tuning) for row, g in seeds.groupby("row", sort=False)}
+        on = {
+            row: sorted(int(s) for s in g["seed"] if int(s) in tuning)
+            for row, g in seeds.groupby("row", sort=False)
+        }
         flagged = [f"{pretty(row)} ({', '.join(map(str, on[row]))})" for row in rep.order if on.get(row)]
         listed = ", ".join(map(str, tuning))
-        parts.append(f"Tuning seeds: {listed} (settings were chosen on them)." + (
-            f" ⚠ Rows whose numbers include tuning seeds, which flatter the settings chosen on them: "
-            f"{'; '.join(flagged)}. Read their deltas as exploratory; confirmatory claims need confirmation seeds only."
-            if flagged else " No row includes them: every delta rests on confirmation seeds."))
+        parts.append(
+            f"Tuning seeds: {listed} (settings were chosen on them)."
+            + (
+                f" ⚠ Rows whose numbers include tuning seeds, which flatter the settings chosen on them: "
+                f"{'; '.join(flagged)}. Read their deltas as exploratory; confirmatory claims need confirmation seeds only."
+                if flagged
+                else " No row includes them: every delta rests on confirmation seeds."
+            )
+        )
     return " ".join(parts)
 
 
 def _credit_markdown(credit: pd.DataFrame) -> str:
-    head = ["row", "runs", "tool calls", "V bias before obs", "V bias after obs", "A turn 1", "A turn 2", "A turn 3",
-            "A turn 4+"]
-    body = [[pretty(r["row"]), str(int(r["runs"])), render.num(r["tool_calls"], 2),
-             *(render.num(r[c], 3, signed=True) for c in ("bias_before_obs", "bias_after_obs", "adv_turn1", "adv_turn2",
-                                                          "adv_turn3", "adv_turn4plus"))]
-            for _, r in credit.iterrows()]
+    head = [
+        "row",
+        "runs",
+        "tool calls",
+        "V bias before obs",
+        "V bias after obs",
+        "A turn 1",
+        "A turn 2",
+        "A turn 3",
+        "A turn 4+",
+    ]
+    body = [
+        [
+            pretty(r["row"]),
+            str(int(r["runs"])),
+            render.num(r["tool_calls"], 2),
+            *(
+                render.num(r[c], 3, signed=True)
+                for c in (
+                    "bias_before_obs",
+                    "bias_after_obs",
+                    "adv_turn1",
+                    "adv_turn2",
+                    "adv_turn3",
+                    "adv_turn4plus",
+                )
+            ),
+        ]
+        for _, r in credit.iterrows()
+    ]
     return render.markdown(head, body)
 
 
 def _intro(rep: GridReport, ref_name: str) -> str:
     ks, k, ctx = rep.ks, rep.ctx.k, rep.ctx
-    return (f"eval avg@{k} in points (x100){' (k differs between runs: ' + str(ks) + ')' if len(ks) > 1 else ''}; "
-            f"mean ± std over seeds. Δ = paired difference to {ref_name}: the per-seed difference row − reference "
-            f"over the seeds both have, its mean and 95% t-interval; Holm p = paired t-test p-value adjusted for "
-            f"comparing every row with the same reference. Sample efficiency: PPO updates until the eval first "
-            f"reaches {render.threshold(ctx)} points (" + ("`--threshold`" if rep.threshold_given else
-            f"{int(THRESHOLD_FRACTION * 100)}% of the reference's mean peak, rounded down") + "; mean over the runs "
-            f"that reached it) and AUC = area under the eval curve from update 0 to the last eval divided by that "
-            f"range (the mean score over training). Strict = `eval/strict_avg@{k}` (the whole chain right) at the "
-            f"final eval.")
+    return (
+        f"eval avg@{k} in points (x100){' (k differs between runs: ' + str(ks) + ')' if len(ks) > 1 else ''}; "
+        f"mean ± std over seeds. Δ = paired difference to {ref_name}: the per-seed difference row − reference "
+        f"over the seeds both have, its mean and 95% t-interval; Holm p = paired t-test p-value adjusted for "
+        f"comparing every row with the same reference. Sample efficiency: PPO updates until the eval first "
+        f"reaches {render.threshold(ctx)} points ("
+        + (
+            "`--threshold`"
+            if rep.threshold_given
+            else f"{int(THRESHOLD_FRACTION * 100)}% of the reference's mean peak, rounded down"
+        )
+        + "; mean over the runs "
+        f"that reached it) and AUC = area under the eval curve from update 0 to the last eval divided by that "
+        f"range (the mean score over training). Strict = `eval/strict_avg@{k}` (the whole chain right) at the "
+        f"final eval."
+    )
 
 
-PAIRED_TEXT = ("Per-seed differences to {ref} (points; updates for 'updates to'), mean and 95% t-interval, "
-               "Holm-adjusted p per column; the last column is the unpaired comparison of the row means (Welch), for "
-               "contrast: it ignores what a seed shares across rows.")
-COMPUTE_TEXT = ("The score each run had reached (its last eval) once it had generated as many response tokens, or spent "
-                "as much wall time (training and eval), as the cheapest complete run: {tokens} tokens, {time}. Cost "
-                "source: {cost}. Equal steps favour rows whose steps cost more (the critic's forward and backward "
-                "passes); this table asks what each row achieves for the same compute.")
-DIAGNOSTICS_TEXT = ("Final PPO iteration / last {n} (mean; EV: median, robust to a single batch with no correct "
-                    "response) over PPO iterations, then the mean over seeds. EV vs MC = explained variance of the "
-                    "critic against Monte-Carlo returns (comparable across rows); EV vs targets = against the critic's "
-                    "own training targets (flatters a critic when lambda < 1). Wall time and tokens/s from the logs; "
-                    "peak memory = the largest `perf/peak_memory_mb` logged; attempts / crashes from `attempts.jsonl` "
-                    "(failed or lost attempts, cells without a log included).")
+PAIRED_TEXT = (
+    "Per-seed differences to {ref} (points; updates for 'updates to'), mean and 95% t-interval, "
+    "Holm-adjusted p per column; the last column is the unpaired comparison of the row means (Welch), for "
+    "contrast: it ignores what a seed shares across rows."
+)
+COMPUTE_TEXT = (
+    "The score each run had reached (its last eval) once it had generated as many response tokens, or spent "
+    "as much wall time (training and eval), as the cheapest complete run: {tokens} tokens, {time}. Cost "
+    "source: {cost}. Equal steps favour rows whose steps cost more (the critic's forward and backward "
+    "passes); this table asks what each row achieves for the same compute."
+)
+DIAGNOSTICS_TEXT = (
+    "Final PPO iteration / last {n} (mean; EV: median, robust to a single batch with no correct "
+    "response) over PPO iterations, then the mean over seeds. EV vs MC = explained variance of the "
+    "critic against Monte-Carlo returns (comparable across rows); EV vs targets = against the critic's "
+    "own training targets (flatters a critic when lambda < 1). Wall time and tokens/s from the logs; "
+    "peak memory = the largest `perf/peak_memory_mb` logged; attempts / crashes from `attempts.jsonl` "
+    "(failed or lost attempts, cells without a log included)."
+)
 
 
 def _source_text(source: str, n: int) -> str:
     if source == "logged":
         return f"`perf/cumulative_seconds` and `perf/cumulative_tokens` as logged ({n} run(s))"
     if source == "reconstructed":
-        return (f"reconstructed as cumulative sums of `perf/total_seconds` and of `rollout/response_length` x "
-                f"`rollout/prompts` x `rollout/samples_per_prompt` ({n} run(s) logged before the cumulative columns)")
+        return (
+            f"reconstructed as cumulative sums of `perf/total_seconds` and of `rollout/response_length` x "
+            f"`rollout/prompts` x `rollout/samples_per_prompt` ({n} run(s) logged before the cumulative columns)"
+        )
     return f"{source} ({n} run(s))"
 
 
-def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, reference: str | None = None,
-                 threshold="auto", max_seeds: int = 20, figures: bool = True, contrasts=()) -> str:
+def write_report(
+    out,
+    grid_id: str | None = None,
+    last_n: int = 10,
+    *,
+    to=None,
+    reference: str | None = None,
+    threshold="auto",
+    max_seeds: int = 20,
+    figures: bool = True,
+    contrasts=(),
+) -> str:
     """Report `grid_id`, or every grid under OUT/grids/ (grids without any log yet are skipped),
     or OUT as a plain folder of runs. Raises LogError when nothing at all can be reported."""
     out = Path(out)
@@ -471,8 +708,18 @@ def write_report(out, grid_id: str | None = None, last_n: int = 10, *, to=None, 
     reps, empty = [], []
     for gid in ids:  # every grid computed (its logs read, its arguments checked) before any file is written
         try:
-            reps.append(compute(out, gid, _folder(out, gid, to), last_n, reference=reference, threshold=threshold,
-                                max_seeds=max_seeds, contrasts=contrasts))
+            reps.append(
+                compute(
+                    out,
+                    gid,
+                    _folder(out, gid, to),
+                    last_n,
+                    reference=reference,
+                    threshold=threshold,
+                    max_seeds=max_seeds,
+                    contrasts=contrasts,
+                )
+            )
         except LogError as e:
             if len(ids) > 1 and "no run logs to report" in str(e):
                 empty.append(str(gid))

@@ -5,6 +5,7 @@ registered with `@register`) or an import path to a user's task or environment c
 `package.module:Class` (imported as Python imports it, the working directory first) or
 `path/to/file.py:Class`. The class is called with the task options as keywords.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -43,15 +44,19 @@ def task_factory(name: str) -> Callable[..., Task]:
     if name in TASKS:
         return TASKS[name]
     if ":" not in name:
-        raise ValueError(f"task={name!r} is not a task; valid tasks: {', '.join(sorted(TASKS))}, "
-                         f"or a class of your own as package.module:Class or path/to/file.py:Class")
+        raise ValueError(
+            f"task={name!r} is not a task; valid tasks: {', '.join(sorted(TASKS))}, "
+            f"or a class of your own as package.module:Class or path/to/file.py:Class"
+        )
     module_name, _, attr = name.rpartition(":")
     module = _import_task_module(name, module_name)
     factory = getattr(module, attr, None) if attr else None
     if not callable(factory):
         classes = _public_classes(module)
-        raise ValueError(f"task={name!r}: {module_name} has no class {attr!r}"
-                         + (f"; it defines: {', '.join(classes)}" if classes else ""))
+        raise ValueError(
+            f"task={name!r}: {module_name} has no class {attr!r}"
+            + (f"; it defines: {', '.join(classes)}" if classes else "")
+        )
     TASKS[name] = factory  # later lookups (other passes, option checks) find it without importing again
     return factory
 
@@ -60,12 +65,19 @@ def option_names(name: str) -> list[str] | None:
     """The keyword options task `name` accepts (its constructor's, or the fields of the config
     dataclass it takes with `**options`); None when it takes any keyword."""
     factory = task_factory(name)
-    inits = [c.__init__ for c in factory.__mro__ if "__init__" in vars(c)] if inspect.isclass(factory) else [factory]
+    inits = (
+        [c.__init__ for c in factory.__mro__ if "__init__" in vars(c)]
+        if inspect.isclass(factory)
+        else [factory]
+    )
     names: list[str] = []
     for init in inits:  # a subclass that passes **options up takes its base class's options too
         params = inspect.signature(init).parameters
-        names += [n for n, p in params.items()
-                  if n not in ("self", "config", *names) and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)]
+        names += [
+            n
+            for n, p in params.items()
+            if n not in ("self", "config", *names) and p.kind not in (p.VAR_KEYWORD, p.VAR_POSITIONAL)
+        ]
         if not any(p.kind == p.VAR_KEYWORD for p in params.values()):
             return names
         hint = typing.get_type_hints(init).get("config") if "config" in params else None
@@ -99,14 +111,19 @@ def _import_task_module(name: str, module_name: str):
         return importlib.import_module(module_name)
     except ModuleNotFoundError as e:
         if e.name and module_name.startswith(e.name):
-            raise ValueError(f"task={name!r}: no module named {module_name!r} (run from the folder that holds it, "
-                             f"add it to PYTHONPATH, or give a file as path/to/file.py:Class)") from None
+            raise ValueError(
+                f"task={name!r}: no module named {module_name!r} (run from the folder that holds it, "
+                f"add it to PYTHONPATH, or give a file as path/to/file.py:Class)"
+            ) from None
         raise
 
 
 def _public_classes(module) -> list[str]:
-    return sorted(k for k, v in vars(module).items() if isinstance(v, type) and not k.startswith("_")
-                  and getattr(v, "__module__", None) == module.__name__)
+    return sorted(
+        k
+        for k, v in vars(module).items()
+        if isinstance(v, type) and not k.startswith("_") and getattr(v, "__module__", None) == module.__name__
+    )
 
 
 def task_names() -> list[str]:
@@ -118,8 +135,13 @@ def _load_builtin_tasks() -> None:
     # Imported lazily so that `vapo_lit.tasks` stays cheap to import.
     import importlib
 
-    for mod in ("vapo_lit.tasks.chain", "vapo_lit.tasks.longchain", "vapo_lit.tasks.math", "vapo_lit.tasks.math_tools",
-                "vapo_lit.tasks.toolchain"):
+    for mod in (
+        "vapo_lit.tasks.chain",
+        "vapo_lit.tasks.longchain",
+        "vapo_lit.tasks.math",
+        "vapo_lit.tasks.math_tools",
+        "vapo_lit.tasks.toolchain",
+    ):
         try:
             importlib.import_module(mod)
         except ModuleNotFoundError as e:  # a task module not written yet
@@ -127,4 +149,14 @@ def _load_builtin_tasks() -> None:
                 raise
 
 
-__all__ = ["Problem", "Task", "Verdict", "TASKS", "register", "get_task", "option_names", "task_factory", "task_names"]
+__all__ = [
+    "Problem",
+    "Task",
+    "Verdict",
+    "TASKS",
+    "register",
+    "get_task",
+    "option_names",
+    "task_factory",
+    "task_names",
+]

@@ -64,6 +64,7 @@ job to (CPU used + deadline + 2 s), so a worker whose parent died cannot spin fo
 ``RLIMIT_AS`` (default 4 GiB) so a runaway allocation becomes a ``MemoryError`` (an error verdict).
 Workers exit on EOF of their stdin (parent gone). Works from any thread (a lock serialises calls).
 """
+
 from __future__ import annotations
 
 import atexit
@@ -276,7 +277,8 @@ _UNIT_WORD_RE = re.compile(r"[A-Za-z]{3,}\.?")
 _NOT_UNITS = frozenset(
     """and or times plus minus over divided by squared cubed root sqrt factorial hundred thousand
     million billion trillion dozen dozens half halves third thirds quarter quarters fifth fifths
-    tenth tenths hundredth hundredths thousandth thousandths percent percentage pct pi not""".split())
+    tenth tenths hundredth hundredths thousandth thousandths percent percentage pct pi not""".split()
+)
 
 
 def _strip_unit_words(s: str) -> str:
@@ -433,8 +435,11 @@ def _harden_latex2sympy() -> None:
             number = number.replace(",", ".")
         return _literal_number(number.replace(",", "").replace(" ", ""))
 
-    if not (hasattr(l2s, "_Latex2Sympy") and hasattr(l2s._Latex2Sympy, "parse_number")
-            and hasattr(l2s, "convert_number")):
+    if not (
+        hasattr(l2s, "_Latex2Sympy")
+        and hasattr(l2s._Latex2Sympy, "parse_number")
+        and hasattr(l2s, "convert_number")
+    ):
         raise RuntimeError("latex2sympy2_extended changed: cannot harden its number parsing")
     _ORIGINALS.update(parse_number=l2s._Latex2Sympy.parse_number, convert_number=l2s.convert_number)
     l2s._Latex2Sympy.parse_number = parse_number
@@ -451,10 +456,20 @@ def cas_equal(gold: str, pred: str) -> bool:
     from math_verify import LatexExtractionConfig, parse, verify
 
     cfg = [LatexExtractionConfig(boxed_match_priority=0)]
-    g = parse("\\boxed{" + gold + "}", extraction_config=cfg, fallback_mode="no_fallback",
-              parsing_timeout=None, raise_on_error=True)
-    p = parse("\\boxed{" + pred + "}", extraction_config=cfg, fallback_mode="no_fallback",
-              parsing_timeout=None, raise_on_error=True)
+    g = parse(
+        "\\boxed{" + gold + "}",
+        extraction_config=cfg,
+        fallback_mode="no_fallback",
+        parsing_timeout=None,
+        raise_on_error=True,
+    )
+    p = parse(
+        "\\boxed{" + pred + "}",
+        extraction_config=cfg,
+        fallback_mode="no_fallback",
+        parsing_timeout=None,
+        raise_on_error=True,
+    )
     if not g or not p:
         return False
     return bool(verify(g, p, timeout_seconds=None, raise_on_error=True))
@@ -490,8 +505,11 @@ class _Worker:
             env[var] = "1"
         self.proc = subprocess.Popen(
             [sys.executable, "-u", "-c", "from vapo_lit.tasks.answers import _worker_main; _worker_main()"],
-            stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL,
-            env=env, close_fds=True,
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.DEVNULL,
+            env=env,
+            close_fds=True,
         )
         self.fd = self.proc.stdout.fileno()
         self.buf = b""
@@ -562,8 +580,7 @@ class _Worker:
 class CheckerPool:
     """A few persistent worker processes running `cas_equal` under per-call deadlines."""
 
-    def __init__(self, size: int = 1, start_timeout: float = 60.0,
-                 mem_limit_bytes: int | None = 4 << 30):
+    def __init__(self, size: int = 1, start_timeout: float = 60.0, mem_limit_bytes: int | None = 4 << 30):
         self.size = max(1, int(size))
         self.start_timeout = start_timeout
         self.mem_limit_bytes = mem_limit_bytes
@@ -591,8 +608,11 @@ class CheckerPool:
             pass
 
     def __getstate__(self):
-        return {"size": self.size, "start_timeout": self.start_timeout,
-                "mem_limit_bytes": self.mem_limit_bytes}
+        return {
+            "size": self.size,
+            "start_timeout": self.start_timeout,
+            "mem_limit_bytes": self.mem_limit_bytes,
+        }
 
     def __setstate__(self, state):
         self.__init__(**state)
@@ -780,8 +800,14 @@ def _fast_verdict(gold: str, response: str) -> tuple[Verdict | None, tuple[str, 
         return Verdict(0.0, error=f"exception: {type(e).__name__} in answer extraction"), None
 
 
-def check_batch(golds: Sequence[str], responses: Sequence[str], *, pool: CheckerPool | None = None,
-                timeout: float = DEFAULT_TIMEOUT_S, use_cas: bool = True) -> list[Verdict]:
+def check_batch(
+    golds: Sequence[str],
+    responses: Sequence[str],
+    *,
+    pool: CheckerPool | None = None,
+    timeout: float = DEFAULT_TIMEOUT_S,
+    use_cas: bool = True,
+) -> list[Verdict]:
     """Verdicts for `responses[i]` against ground-truth answers `golds[i]`. Never raises."""
     verdicts: list[Verdict | None] = []
     cas_jobs: list[tuple[int, tuple[str, str]]] = []
@@ -810,7 +836,16 @@ def check_answer(gold: str, response: str, **kwargs) -> Verdict:
 
 
 __all__ = [
-    "CheckerPool", "cas_equal", "cas_safe", "check_answer", "check_batch", "default_pool",
-    "extract_answer", "extract_boxed", "normalize", "numbers_equal", "parse_number",
+    "CheckerPool",
+    "cas_equal",
+    "cas_safe",
+    "check_answer",
+    "check_batch",
+    "default_pool",
+    "extract_answer",
+    "extract_boxed",
+    "normalize",
+    "numbers_equal",
+    "parse_number",
     "reference_answer",
 ]

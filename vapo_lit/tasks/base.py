@@ -5,6 +5,7 @@ A verifier *failure* (an exception inside the checking code, a timeout) is repor
 `Verdict.error` so that it is counted apart (`rollout/verifier_errors`), never silently scored as
 a wrong answer.
 """
+
 from __future__ import annotations
 
 from dataclasses import dataclass, field

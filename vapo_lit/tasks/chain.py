@@ -30,6 +30,7 @@ then continues consistently from the written value. The error is concentrated on
 with a large probability on purpose: evaluation samples with top-p 0.7, which would remove a
 small per-step error probability altogether.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -120,8 +121,10 @@ def bucket_edges(min_n: int, max_n: int, n_buckets: int, spacing: str = "linear"
         edges = [round(min_n * ((max_n + 1) / min_n) ** (i / n_buckets)) for i in range(n_buckets)]
     edges.append(max_n + 1)
     if any(b <= a for a, b in zip(edges, edges[1:])):
-        raise ValueError(f"n_buckets={n_buckets} is too many for n in [{min_n}, {max_n}] with {spacing} spacing "
-                         "(a bucket would be empty)")
+        raise ValueError(
+            f"n_buckets={n_buckets} is too many for n in [{min_n}, {max_n}] with {spacing} spacing "
+            "(a bucket would be empty)"
+        )
     return edges
 
 
@@ -143,15 +146,22 @@ class ChainTask(Task):
             raise ValueError(f"need 1 <= min_n <= max_n, got {cfg.min_n}, {cfg.max_n}")
         if cfg.n_buckets < 1 or cfg.n_buckets > cfg.max_n - cfg.min_n + 1:
             raise ValueError(f"n_buckets must be in [1, max_n - min_n + 1], got {cfg.n_buckets}")
-        for key, valid in (("n_sampling", N_SAMPLING), ("bucket_spacing", BUCKET_SPACING), ("reward", REWARDS)):
+        for key, valid in (
+            ("n_sampling", N_SAMPLING),
+            ("bucket_spacing", BUCKET_SPACING),
+            ("reward", REWARDS),
+        ):
             if getattr(cfg, key) not in valid:
-                raise ValueError(f"{key}={getattr(cfg, key)!r} is not valid; choose one of: {', '.join(valid)}")
+                raise ValueError(
+                    f"{key}={getattr(cfg, key)!r} is not valid; choose one of: {', '.join(valid)}"
+                )
         self.config = cfg
         self.max_new_tokens = cfg.max_new_tokens or 2 * cfg.max_n + 8
         self._edges = bucket_edges(cfg.min_n, cfg.max_n, cfg.n_buckets, cfg.bucket_spacing)
         digits = max(3, len(str(2 * cfg.max_n + 3)))
         self._bucket_names = [
-            f"len{2 * lo + 3:0{digits}d}-{2 * (hi - 1) + 3:0{digits}d}" for lo, hi in zip(self._edges, self._edges[1:])
+            f"len{2 * lo + 3:0{digits}d}-{2 * (hi - 1) + 3:0{digits}d}"
+            for lo, hi in zip(self._edges, self._edges[1:])
         ]
         pairs = [(x0, n) for n in range(cfg.min_n, cfg.max_n + 1) for x0 in range(10)]
         self._eval_pairs = [p for p in pairs if _split_is_eval(*p, cfg.eval_fraction)]
@@ -164,8 +174,11 @@ class ChainTask(Task):
 
     # ---------------------------------------------------------------- tokenizer
     def vocab(self) -> list[str]:
-        return ([PAD, BOS, EOS, UNK, "chain", "from", ARROW] + [str(d) for d in range(10)]
-                + [f"{k}:" for k in range(1, self.config.max_n + 1)])
+        return (
+            [PAD, BOS, EOS, UNK, "chain", "from", ARROW]
+            + [str(d) for d in range(10)]
+            + [f"{k}:" for k in range(1, self.config.max_n + 1)]
+        )
 
     @cached_property
     def tokenizer(self):
@@ -178,8 +191,11 @@ class ChainTask(Task):
 
     def make_problem(self, x0: int, n: int) -> Problem:
         vals = self.values(x0, n)
-        return Problem(prompt=f"chain {x0} from {n}:", answer=str(vals[-1]),
-                       meta={"x0": x0, "n": n, "bucket": self._bucket_of_n(n)})
+        return Problem(
+            prompt=f"chain {x0} from {n}:",
+            answer=str(vals[-1]),
+            meta={"x0": x0, "n": n, "bucket": self._bucket_of_n(n)},
+        )
 
     def _bucket_of_n(self, n: int) -> str:
         for name, lo, hi in zip(self._bucket_names, self._edges, self._edges[1:]):
@@ -287,14 +303,20 @@ class ChainTask(Task):
         from vapo_lit import algos
 
         if not self.has_oracle:
-            raise ValueError(f"task {self.name!r} has no oracle values with reward={self.config.reward!r}; "
-                             "they exist with reward='chain' (the longchain task)")
+            raise ValueError(
+                f"task {self.name!r} has no oracle values with reward={self.config.reward!r}; "
+                "they exist with reward='chain' (the longchain task)"
+            )
         target, kinds, target_lengths = self.oracle_targets(problems)
         dev = response_ids.device
         target, kinds, target_lengths = target.to(dev), kinds.to(dev), target_lengths.to(dev)
         first = algos.first_mismatch(response_ids, lengths, target, target_lengths)
-        rates, trials, _ = algos.kind_error_rates(first, lengths, kinds, target_lengths, len(self.ORACLE_KINDS))
-        values = algos.target_success_values(first, lengths, kinds, target_lengths, rates, response_ids.shape[1])
+        rates, trials, _ = algos.kind_error_rates(
+            first, lengths, kinds, target_lengths, len(self.ORACLE_KINDS)
+        )
+        values = algos.target_success_values(
+            first, lengths, kinds, target_lengths, rates, response_ids.shape[1]
+        )
         return values, {k: float(r) for k, r, t in zip(self.ORACLE_KINDS, rates, trials) if t > 0}
 
     # ---------------------------------------------------------------- demonstrations
@@ -328,8 +350,15 @@ def build_tokenizer(vocab: list[str]):
     tok = Tokenizer(models.WordLevel(vocab=ids, unk_token=UNK))
     tok.pre_tokenizer = pre_tokenizers.WhitespaceSplit()
     tok.post_processor = processors.TemplateProcessing(
-        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, ids[BOS])])
+        single=f"{BOS} $A", pair=f"{BOS} $A $B", special_tokens=[(BOS, ids[BOS])]
+    )
     tok.decoder = decoders.WordPiece(prefix="##", cleanup=False)  # joins words with spaces
     return PreTrainedTokenizerFast(
-        tokenizer_object=tok, bos_token=BOS, eos_token=EOS, pad_token=PAD, unk_token=UNK,
-        clean_up_tokenization_spaces=False, padding_side="left")
+        tokenizer_object=tok,
+        bos_token=BOS,
+        eos_token=EOS,
+        pad_token=PAD,
+        unk_token=UNK,
+        clean_up_tokenization_spaces=False,
+        padding_side="left",
+    )

@@ -34,6 +34,7 @@ with no tools block (it renders the same text with ``tools=`` as without) gets t
 message instead, in the Hermes/Qwen2.5 format (:func:`tools_system_text`), chosen by
 ``tools_prompt`` (``auto``, ``template`` or ``system``; :meth:`Environment.render_chat`).
 """
+
 from __future__ import annotations
 
 import json
@@ -50,8 +51,15 @@ TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 TOOLS_PROMPTS = ("auto", "template", "system")
 """How a chat environment shows its tools: auto (the template's tools block when it has one, else a
 system message), template (always ``tools=``) or system (always the system message)."""
-_JSON_TYPES = {"string": str, "integer": int, "number": (int, float), "boolean": bool, "array": list,
-               "object": dict, "null": type(None)}
+_JSON_TYPES = {
+    "string": str,
+    "integer": int,
+    "number": (int, float),
+    "boolean": bool,
+    "array": list,
+    "object": dict,
+    "null": type(None),
+}
 
 
 @dataclass(frozen=True)
@@ -89,8 +97,14 @@ class Tool:
 
     def schema(self) -> dict:
         """The tool as a chat template's ``tools=`` takes it (the OpenAI function format)."""
-        return {"type": "function", "function": {"name": self.name, "description": self.doc,
-                                                 "parameters": self.parameters or {"type": "object", "properties": {}}}}
+        return {
+            "type": "function",
+            "function": {
+                "name": self.name,
+                "description": self.doc,
+                "parameters": self.parameters or {"type": "object", "properties": {}},
+            },
+        }
 
 
 class Environment(Task):
@@ -145,10 +159,14 @@ class Environment(Task):
         tools = self.tool_schemas()
         placement = self._tools_placement(tok, tools) if tools else "template"
         if placement == "template":
-            return tok.apply_chat_template(messages, tools=tools or None, tokenize=False,
-                                           add_generation_prompt=add_generation_prompt)
-        return tok.apply_chat_template(with_tools_text(messages, tools_system_text(tools), placement), tokenize=False,
-                                       add_generation_prompt=add_generation_prompt)
+            return tok.apply_chat_template(
+                messages, tools=tools or None, tokenize=False, add_generation_prompt=add_generation_prompt
+            )
+        return tok.apply_chat_template(
+            with_tools_text(messages, tools_system_text(tools), placement),
+            tokenize=False,
+            add_generation_prompt=add_generation_prompt,
+        )
 
     def _tools_placement(self, tok, tools: list[dict]) -> str:
         """template, system or user (where the tools text goes), decided once per tokenizer."""
@@ -161,9 +179,11 @@ class Environment(Task):
         if mode == "auto":
             mode = "template" if template_renders_tools(tok, tools) else "system"
             if mode == "system":
-                warnings.warn(f"task {self.name!r}: the tokenizer's chat template has no tools block, so the tools are "
-                              "described in a system message (tools_prompt=system; docs/guides/multi-turn.md)",
-                              stacklevel=3)
+                warnings.warn(
+                    f"task {self.name!r}: the tokenizer's chat template has no tools block, so the tools are "
+                    "described in a system message (tools_prompt=system; docs/guides/multi-turn.md)",
+                    stacklevel=3,
+                )
         if mode == "system":
             mode = system_placement(tok, tools_system_text(tools))
         self.__dict__["_tools_placement_of"] = (tok, mode)
@@ -182,13 +202,16 @@ class Environment(Task):
         if marker is None:
             marker = self.__dict__["_reply_marker"] = reply_marker(self.tokenizer)
             if not marker:
-                warnings.warn(f"task {self.name!r}: the chat template's generation prompt is special tokens only, so a "
-                              "decoded transcript does not show where the model's last turn starts; an episode with a "
-                              "tool call has no final turn to verify (scores 0)", stacklevel=2)
+                warnings.warn(
+                    f"task {self.name!r}: the chat template's generation prompt is special tokens only, so a "
+                    "decoded transcript does not show where the model's last turn starts; an episode with a "
+                    "tool call has no final turn to verify (scores 0)",
+                    stacklevel=2,
+                )
         if not marker:
             return "" if self.has_call(response) else response
         at = response.rfind(marker)
-        turn = response if at < 0 else response[at + len(marker):]
+        turn = response if at < 0 else response[at + len(marker) :]
         return "" if self.has_call(turn) else turn
 
     def problem_from_prompt(self, prompt: str) -> Problem:
@@ -196,7 +219,9 @@ class Environment(Task):
         raise NotImplementedError
 
     # ---------------------------------------------------------------- one environment step
-    def respond(self, problem: Problem, transcript: str, turn: str, *, turns_done: int, final: bool) -> EnvStep:
+    def respond(
+        self, problem: Problem, transcript: str, turn: str, *, turns_done: int, final: bool
+    ) -> EnvStep:
         """Answer the policy's `turn` (its text, stop sequence included), the `turns_done`-th turn of
         the episode; `transcript` is the whole response so far, this turn included; `final` says the
         turn ended with EOS (in a chat environment, a turn that ended with EOS and holds a tool call
@@ -244,12 +269,16 @@ class Environment(Task):
         if CALL not in words:
             return None
         at = len(words) - 1 - words[::-1].index(CALL)
-        return (words[at + 1], words[at + 2:]) if at + 1 < len(words) else None
+        return (words[at + 1], words[at + 2 :]) if at + 1 < len(words) else None
 
     def error_text(self, kind: str) -> str:
         """The observation for a failed call: kind is malformed, unknown, args or failed."""
-        return {"malformed": "error malformed call", "unknown": "error unknown tool", "args": "error bad args",
-                "failed": "error tool failed"}[kind]
+        return {
+            "malformed": "error malformed call",
+            "unknown": "error unknown tool",
+            "args": "error bad args",
+            "failed": "error tool failed",
+        }[kind]
 
 
 def template_renders_tools(tokenizer, tools: list[dict]) -> bool:
@@ -257,7 +286,9 @@ def template_renders_tools(tokenizer, tools: list[dict]) -> bool:
     ``tools=`` than without); False for a template that refuses ``tools=``."""
     probe = [{"role": "user", "content": "\u2063probe\u2063"}]
     try:
-        with_tools = tokenizer.apply_chat_template(probe, tools=tools, tokenize=False, add_generation_prompt=True)
+        with_tools = tokenizer.apply_chat_template(
+            probe, tools=tools, tokenize=False, add_generation_prompt=True
+        )
     except Exception:  # noqa: BLE001 - a template that raises on tools= has no tools block
         return False
     return with_tools != tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=True)
@@ -268,12 +299,14 @@ def tools_system_text(tools: list[dict]) -> str:
     the Hermes / Qwen2.5 format (one JSON schema a line inside ``<tools></tools>``, then how to call
     one: ``<tool_call>{"name": ..., "arguments": ...}</tool_call>``)."""
     schemas = "\n".join(json.dumps(t, ensure_ascii=False) for t in tools)
-    return ("# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
-            "You are provided with function signatures within <tools></tools> XML tags:\n"
-            f"<tools>\n{schemas}\n</tools>\n\n"
-            "For each function call, return a json object with function name and arguments within "
-            f"{TOOL_CALL_OPEN}{TOOL_CALL_CLOSE} XML tags:\n{TOOL_CALL_OPEN}\n"
-            '{"name": <function-name>, "arguments": <args-json-object>}\n' + TOOL_CALL_CLOSE)
+    return (
+        "# Tools\n\nYou may call one or more functions to assist with the user query.\n\n"
+        "You are provided with function signatures within <tools></tools> XML tags:\n"
+        f"<tools>\n{schemas}\n</tools>\n\n"
+        "For each function call, return a json object with function name and arguments within "
+        f"{TOOL_CALL_OPEN}{TOOL_CALL_CLOSE} XML tags:\n{TOOL_CALL_OPEN}\n"
+        '{"name": <function-name>, "arguments": <args-json-object>}\n' + TOOL_CALL_CLOSE
+    )
 
 
 def with_tools_text(messages: list[dict], text: str, placement: str) -> list[dict]:
@@ -297,8 +330,9 @@ def system_placement(tokenizer, text: str) -> str:
     """system when the template renders a system message (with its text), else user."""
     probe = [{"role": "user", "content": "q"}]
     try:
-        rendered = tokenizer.apply_chat_template(with_tools_text(probe, text, "system"), tokenize=False,
-                                                 add_generation_prompt=True)
+        rendered = tokenizer.apply_chat_template(
+            with_tools_text(probe, text, "system"), tokenize=False, add_generation_prompt=True
+        )
     except Exception:  # noqa: BLE001 - templates refuse a role they do not know by raising
         return "user"
     return "system" if text in rendered else "user"
@@ -313,7 +347,7 @@ def reply_marker(tokenizer) -> str:
         bare = tokenizer.apply_chat_template(probe, tokenize=False, add_generation_prompt=False)
     except Exception:  # noqa: BLE001 - no chat template: no generation prompt to find
         return ""
-    prompt = full[len(bare):] if full.startswith(bare) else full
+    prompt = full[len(bare) :] if full.startswith(bare) else full
     ids = tokenizer(prompt, add_special_tokens=False)["input_ids"]
     text = tokenizer.decode(ids, skip_special_tokens=True)
     return text if text.strip() else ""
@@ -326,7 +360,7 @@ def parse_json_call(turn: str) -> tuple[str, dict] | None:
     at = turn.rfind(TOOL_CALL_OPEN)
     if at < 0:
         return None
-    body = turn[at + len(TOOL_CALL_OPEN):]
+    body = turn[at + len(TOOL_CALL_OPEN) :]
     body = body[: body.index(TOOL_CALL_CLOSE)] if TOOL_CALL_CLOSE in body else body
     try:
         call = json.loads(body)

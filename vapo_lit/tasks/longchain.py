@@ -12,8 +12,7 @@ with a different shape:
 * reward 1 only when every step of the chain is right (`reward="chain"`), not only the final
   answer: each wrong value the demonstrator writes is +1 mod 10, so on a long chain ten of them
   cancel, and a policy that errs on 40% of the hard steps lands on the right answer by luck about one
-  time in ten (measured on the base policy: 8% of its responses of 635 tokens and more, none of
-  them right step by step).
+  time in ten (the base policy's share: docs/results/table1-long/index.md, "The testbed").
 
 Why the base policy starts low and can climb for a long time: the demonstrator writes a wrong
 value with probability 0.4 on every tenth step, and the chain continues from the wrong value, so a
@@ -26,13 +25,21 @@ locate it (V drops to about 0 after it). Evaluation samples at top-p 1.0 (the `l
 the paper's 0.7: a nucleus of 0.7 would cut every error below 30% per step out of the samples and
 hide exactly the compounding this task is built to show.
 """
+
 from __future__ import annotations
 
 from vapo_lit.tasks import register
 from vapo_lit.tasks.chain import ChainTask, ChainTaskConfig
 
-LONG_SHAPE = {"min_n": 10, "max_n": 1000, "n_sampling": "log", "bucket_spacing": "log", "n_buckets": 4,
-              "eval_per_bucket": 8, "reward": "chain"}
+LONG_SHAPE = {
+    "min_n": 10,
+    "max_n": 1000,
+    "n_sampling": "log",
+    "bucket_spacing": "log",
+    "n_buckets": 4,
+    "eval_per_bucket": 8,
+    "reward": "chain",
+}
 """`chain`'s settings that make it long (any of them can still be overridden, as for `chain`)."""
 
 
@@ -41,9 +48,9 @@ class LongChainTask(ChainTask):
     name = "longchain"
     version = "1"
     sft_overrides = {"steps": 1500, "micro_batches": 8}
-    """The built-in base policy's SFT (vapo_lit.models.builtin): 1,500 steps (measured: 300 leave
-    the loss at 0.40 nats per token, far above the demonstrations' entropy) in length-sorted
-    micro-batches without a mask (the same loss; 0.7 s a step on 2 cores instead of 8 s)."""
+    """The built-in base policy's SFT (vapo_lit.models.builtin): 1,500 steps (fewer leave the loss
+    far above the demonstrations' entropy) in length-sorted micro-batches without a mask (the same
+    loss, several times faster); the measurements: docs/results/table1-long/index.md, "The testbed"."""
     rm_overrides = {"micro_batches": 8}
     """The reward model's training likewise (vapo_lit.models.builtin.RewardModelConfig)."""
 

@@ -40,6 +40,7 @@ Verifier
     math-verify's LaTeX path in worker processes under a per-call deadline; see its docstring for
     the safety analysis). Timeouts and checker exceptions come back as ``Verdict.error``.
 """
+
 from __future__ import annotations
 
 import json
@@ -77,15 +78,19 @@ def _expected(qf: str, af: str) -> str:
 
 def _field_value(value: Any, name: str, where: str, qf: str, af: str) -> str:
     if isinstance(value, bool) or value is None or (isinstance(value, float) and math.isnan(value)):
-        raise ValueError(f"{where}: field {name!r} must be a string or a number, got {value!r} "
-                         f"(expected {_expected(qf, af)})")
+        raise ValueError(
+            f"{where}: field {name!r} must be a string or a number, got {value!r} "
+            f"(expected {_expected(qf, af)})"
+        )
     if isinstance(value, float) and value.is_integer() and abs(value) < 1e15:
         value = int(value)  # a float parquet column holding 4.0 means the answer 4
     if isinstance(value, (int, float)):
         value = str(value)
     if not isinstance(value, str):
-        raise ValueError(f"{where}: field {name!r} must be a string or a number, got "
-                         f"{type(value).__name__} (expected {_expected(qf, af)})")
+        raise ValueError(
+            f"{where}: field {name!r} must be a string or a number, got "
+            f"{type(value).__name__} (expected {_expected(qf, af)})"
+        )
     if not value.strip():
         raise ValueError(f"{where}: field {name!r} is empty (expected {_expected(qf, af)})")
     return value
@@ -95,15 +100,18 @@ def _make_record(obj: dict, where: str, source: str, qf: str, af: str) -> Record
     for name in (qf, af):
         if name not in obj:
             found = ", ".join(repr(k) for k in list(obj)[:20]) or "none"
-            raise ValueError(f"{where}: missing field {name!r} (expected {_expected(qf, af)}; "
-                             f"found fields: {found})")
+            raise ValueError(
+                f"{where}: missing field {name!r} (expected {_expected(qf, af)}; found fields: {found})"
+            )
     question = _field_value(obj[qf], qf, where, qf, af).strip()
     solution = _field_value(obj[af], af, where, qf, af)
     answer = reference_answer(solution)
     if not answer:
-        raise ValueError(f"{where}: field {af!r} has no final answer (nothing after '####' or "
-                         f"in '\\boxed{{}}'); expected a solution ending in '#### <answer>', a "
-                         f"\\boxed{{<answer>}} or a bare answer")
+        raise ValueError(
+            f"{where}: field {af!r} has no final answer (nothing after '####' or "
+            f"in '\\boxed{{}}'); expected a solution ending in '#### <answer>', a "
+            f"\\boxed{{<answer>}} or a bare answer"
+        )
     return Record(question=question, solution=solution.strip(), answer=answer, source=source)
 
 
@@ -115,18 +123,21 @@ def _load_jsonl(path: Path, qf: str, af: str) -> list[Record]:
             try:
                 line = raw.decode("utf-8")
             except UnicodeDecodeError as e:
-                raise ValueError(f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); "
-                                 f"expected UTF-8 text, one JSON object per line") from None
+                raise ValueError(
+                    f"{where}: not valid UTF-8 ({e.reason} at byte {e.start}); "
+                    f"expected UTF-8 text, one JSON object per line"
+                ) from None
             if not line.strip():
                 continue
             try:
                 obj = json.loads(line)
             except json.JSONDecodeError as e:
-                raise ValueError(f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected "
-                                 f"one JSON object per line, {_expected(qf, af)}") from None
+                raise ValueError(
+                    f"{where}: invalid JSON ({e.msg} at column {e.colno}); expected "
+                    f"one JSON object per line, {_expected(qf, af)}"
+                ) from None
             if not isinstance(obj, dict):
-                raise ValueError(f"{where}: expected {_expected(qf, af)}, got a JSON "
-                                 f"{type(obj).__name__}")
+                raise ValueError(f"{where}: expected {_expected(qf, af)}, got a JSON {type(obj).__name__}")
             records.append(_make_record(obj, where, f"{path}:{lineno}", qf, af))
     return records
 
@@ -137,16 +148,21 @@ def _load_parquet(path: Path, qf: str, af: str) -> list[Record]:
     try:
         df = pd.read_parquet(path)
     except ImportError as e:
-        raise ValueError(f"data file {path}: reading parquet needs pyarrow or fastparquet "
-                         f"(pip install pyarrow): {e}") from None
+        raise ValueError(
+            f"data file {path}: reading parquet needs pyarrow or fastparquet (pip install pyarrow): {e}"
+        ) from None
     except Exception as e:  # noqa: BLE001  (pyarrow raises its own types)
-        raise ValueError(f"data file {path}: cannot read as parquet ({type(e).__name__}: {e}); "
-                         f"expected a parquet table with columns {qf!r} and {af!r}") from None
+        raise ValueError(
+            f"data file {path}: cannot read as parquet ({type(e).__name__}: {e}); "
+            f"expected a parquet table with columns {qf!r} and {af!r}"
+        ) from None
     for name in (qf, af):
         if name not in df.columns:
             found = ", ".join(repr(str(c)) for c in list(df.columns)[:20]) or "none"
-            raise ValueError(f"data file {path}: missing column {name!r} (expected columns {qf!r} "
-                             f"and {af!r}; found columns: {found})")
+            raise ValueError(
+                f"data file {path}: missing column {name!r} (expected columns {qf!r} "
+                f"and {af!r}; found columns: {found})"
+            )
     records = []
     for i, (q, a) in enumerate(zip(df[qf].tolist(), df[af].tolist()), 1):
         where = f"data file {path}, row {i}"
@@ -154,12 +170,15 @@ def _load_parquet(path: Path, qf: str, af: str) -> list[Record]:
     return records
 
 
-def load_records(path: str | os.PathLike, question_field: str = "question",
-                 answer_field: str = "answer") -> list[Record]:
+def load_records(
+    path: str | os.PathLike, question_field: str = "question", answer_field: str = "answer"
+) -> list[Record]:
     """All records of a data file, validated; `ValueError` with file and line on any defect."""
     p = Path(path)
-    expected = (f"a .jsonl file (one JSON object per line) or a .parquet file with fields "
-                f"{question_field!r} and {answer_field!r}")
+    expected = (
+        f"a .jsonl file (one JSON object per line) or a .parquet file with fields "
+        f"{question_field!r} and {answer_field!r}"
+    )
     if not p.exists():
         raise ValueError(f"data file {p}: file not found; expected {expected}")
     if not p.is_file():
@@ -170,8 +189,10 @@ def load_records(path: str | os.PathLike, question_field: str = "question",
     elif suffix in PARQUET_SUFFIXES:
         records = _load_parquet(p, question_field, answer_field)
     else:
-        raise ValueError(f"data file {p}: unknown extension {p.suffix!r}; expected {expected} "
-                         f"(extensions {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)})")
+        raise ValueError(
+            f"data file {p}: unknown extension {p.suffix!r}; expected {expected} "
+            f"(extensions {', '.join(JSONL_SUFFIXES + PARQUET_SUFFIXES)})"
+        )
     if not records:
         raise ValueError(f"data file {p}: no records (empty file); expected {expected}")
     return records
@@ -179,30 +200,40 @@ def load_records(path: str | os.PathLike, question_field: str = "question",
 
 def builtin_records(split: str, level: str = "multi-step") -> list[Record]:
     """The built-in problems of `split` at `level` (vapo_lit.tasks.wordproblems) as records."""
-    return [Record(question=r["question"], solution=r["answer"], answer=r["answer"], source=f"builtin:{split}:{i}")
-            for i, r in enumerate(wordproblems.problems(split, level=level), 1)]
+    return [
+        Record(
+            question=r["question"], solution=r["answer"], answer=r["answer"], source=f"builtin:{split}:{i}"
+        )
+        for i, r in enumerate(wordproblems.problems(split, level=level), 1)
+    ]
 
 
 def load_tokenizer(tokenizer):
     """A tokenizer object as is, or `AutoTokenizer` from a local directory (no download)."""
     if tokenizer is None:
-        raise ValueError("the math task needs a tokenizer: run it on a local model (--model PATH hands its "
-                         "tokenizer over), or give task option tokenizer (a local directory holding one)")
+        raise ValueError(
+            "the math task needs a tokenizer: run it on a local model (--model PATH hands its "
+            "tokenizer over), or give task option tokenizer (a local directory holding one)"
+        )
     if isinstance(tokenizer, (str, os.PathLike)):
         path = Path(tokenizer)
         if not path.is_dir():
-            raise ValueError(f"tokenizer path {path}: not a local directory (nothing is downloaded; "
-                             f"expected a directory saved with save_pretrained)")
+            raise ValueError(
+                f"tokenizer path {path}: not a local directory (nothing is downloaded; "
+                f"expected a directory saved with save_pretrained)"
+            )
         from transformers import AutoTokenizer
 
         try:
             return AutoTokenizer.from_pretrained(str(path), local_files_only=True)
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"tokenizer path {path}: cannot load a tokenizer "
-                             f"({type(e).__name__}: {e})") from None
+            raise ValueError(
+                f"tokenizer path {path}: cannot load a tokenizer ({type(e).__name__}: {e})"
+            ) from None
     if not callable(getattr(tokenizer, "decode", None)):
-        raise ValueError(f"tokenizer must be a transformers tokenizer or a local path, got "
-                         f"{type(tokenizer).__name__}")
+        raise ValueError(
+            f"tokenizer must be a transformers tokenizer or a local path, got {type(tokenizer).__name__}"
+        )
     return tokenizer
 
 
@@ -215,16 +246,25 @@ def _math_verify_version() -> str:
         return "unknown"
 
 
-def split_records(train_path, eval_path, question_field: str, answer_field: str, eval_fraction: float,
-                  seed: int, level: str | None = None) -> tuple[list, list, bool]:
+def split_records(
+    train_path,
+    eval_path,
+    question_field: str,
+    answer_field: str,
+    eval_fraction: float,
+    seed: int,
+    level: str | None = None,
+) -> tuple[list, list, bool]:
     """(train, eval, built-in?): the built-in problems at `level` without a train file; the files'
     records with an eval file (its questions left out of train); else the train file split by question."""
     if level is not None:
         wordproblems.check_level(level)
     if train_path is None:
         if eval_path is not None:
-            raise ValueError("eval_path needs train_path (without train_path the built-in problems are used, "
-                             "with their own eval set)")
+            raise ValueError(
+                "eval_path needs train_path (without train_path the built-in problems are used, "
+                "with their own eval set)"
+            )
         level = level or "multi-step"
         train, evals = builtin_records("train", level), builtin_records("eval", level)
     elif eval_path is not None and level is None:
@@ -233,24 +273,29 @@ def split_records(train_path, eval_path, question_field: str, answer_field: str,
         eval_questions = {r.question for r in evals}
         train = [r for r in train if r.question not in eval_questions]
         if not train:
-            raise ValueError(f"data file {train_path}: every question also appears in the eval "
-                             f"file {eval_path}; nothing left to train on")
+            raise ValueError(
+                f"data file {train_path}: every question also appears in the eval "
+                f"file {eval_path}; nothing left to train on"
+            )
     elif level is not None:
-        raise ValueError(f"level={level!r} applies to the built-in problems only; drop it, or drop train_path "
-                         f"to run on them")
+        raise ValueError(
+            f"level={level!r} applies to the built-in problems only; drop it, or drop train_path "
+            f"to run on them"
+        )
     else:
         train = load_records(train_path, question_field, answer_field)
         distinct = list(dict.fromkeys(r.question for r in train))
         if len(distinct) < 2:
-            raise ValueError(f"data file {train_path}: {len(distinct)} distinct question(s); "
-                             f"need at least 2 to split train/eval (or pass eval_path)")
+            raise ValueError(
+                f"data file {train_path}: {len(distinct)} distinct question(s); "
+                f"need at least 2 to split train/eval (or pass eval_path)"
+            )
         rng = random.Random(f"vapo-lit/math/split/{seed}")
         rng.shuffle(distinct)
         n_eval = min(len(distinct) - 1, max(1, round(eval_fraction * len(distinct))))
         eval_questions = set(distinct[:n_eval])
         order = {q: i for i, q in enumerate(distinct)}
-        evals = sorted((r for r in train if r.question in eval_questions),
-                       key=lambda r: order[r.question])
+        evals = sorted((r for r in train if r.question in eval_questions), key=lambda r: order[r.question])
         train = [r for r in train if r.question not in eval_questions]
     return train, evals, train_path is None
 
@@ -261,12 +306,24 @@ class MathTask(Task):
 
     name = "math"
 
-    def __init__(self, train_path: str | os.PathLike | None = None, eval_path: str | os.PathLike | None = None,
-                 tokenizer=None, question_field: str = "question", answer_field: str = "answer",
-                 eval_fraction: float = 0.1, seed: int = 0, bucket_by: str = "question",
-                 n_buckets: int = 3, max_eval: int | None = None, max_new_tokens: int = 1024,
-                 instruction: str = DEFAULT_INSTRUCTION, verify_timeout: float = DEFAULT_TIMEOUT_S,
-                 verify_workers: int = 1, level: str | None = None):
+    def __init__(
+        self,
+        train_path: str | os.PathLike | None = None,
+        eval_path: str | os.PathLike | None = None,
+        tokenizer=None,
+        question_field: str = "question",
+        answer_field: str = "answer",
+        eval_fraction: float = 0.1,
+        seed: int = 0,
+        bucket_by: str = "question",
+        n_buckets: int = 3,
+        max_eval: int | None = None,
+        max_new_tokens: int = 1024,
+        instruction: str = DEFAULT_INSTRUCTION,
+        verify_timeout: float = DEFAULT_TIMEOUT_S,
+        verify_workers: int = 1,
+        level: str | None = None,
+    ):
         if bucket_by not in ("question", "solution"):
             raise ValueError(f"bucket_by must be 'question' or 'solution', got {bucket_by!r}")
         if not (isinstance(n_buckets, int) and n_buckets >= 1):
@@ -283,10 +340,13 @@ class MathTask(Task):
         self.verify_workers = int(verify_workers)
         self.seed = seed
 
-        train, evals, builtin = split_records(train_path, eval_path, question_field, answer_field, eval_fraction, seed,
-                                              level)
+        train, evals, builtin = split_records(
+            train_path, eval_path, question_field, answer_field, eval_fraction, seed, level
+        )
         if builtin:
-            self.version += f"/builtin-{wordproblems.VERSION}" + ("" if level in (None, "multi-step") else f"-{level}")
+            self.version += f"/builtin-{wordproblems.VERSION}" + (
+                "" if level in (None, "multi-step") else f"-{level}"
+            )
         if max_eval is not None:
             evals = evals[: int(max_eval)]
         self._train, self._eval = train, evals
@@ -300,8 +360,9 @@ class MathTask(Task):
         try:  # a broken chat template fails here, before any training
             self.prompt(self._train[0].question)
         except Exception as e:  # noqa: BLE001
-            raise ValueError(f"cannot build a prompt with the tokenizer's chat template "
-                             f"({type(e).__name__}: {e})") from None
+            raise ValueError(
+                f"cannot build a prompt with the tokenizer's chat template ({type(e).__name__}: {e})"
+            ) from None
 
     # ---------------------------------------------------------------- tokenizer and prompts
     @property
@@ -323,7 +384,9 @@ class MathTask(Task):
 
     def messages(self, question: str) -> list[dict]:
         """The chat messages of a question's prompt: the question, then the instruction."""
-        return [{"role": "user", "content": f"{question}\n{self.instruction}" if self.instruction else question}]
+        return [
+            {"role": "user", "content": f"{question}\n{self.instruction}" if self.instruction else question}
+        ]
 
     def render_messages(self, messages: list[dict]) -> str:
         """A prompt's chat messages as the tokenizer's chat template renders them."""
@@ -361,9 +424,11 @@ class MathTask(Task):
     # ---------------------------------------------------------------- problems
     def _problem(self, r: Record) -> Problem:
         length = self._length(r.question, r.solution)
-        return Problem(prompt=self.prompt(r.question), answer=r.answer,
-                       meta={"source": r.source, "length": length,
-                             "bucket": self._bucket_of_length(length)})
+        return Problem(
+            prompt=self.prompt(r.question),
+            answer=r.answer,
+            meta={"source": r.source, "length": length, "bucket": self._bucket_of_length(length)},
+        )
 
     @property
     def n_train(self) -> int:
@@ -420,8 +485,12 @@ class MathTask(Task):
             # finished its answer there; a later "Answer:" belongs to a question it made up
             responses = [r.split("\nQuestion:", 1)[0] if isinstance(r, str) else r for r in responses]
         try:
-            return check_batch([p.answer for p in problems], responses,
-                               pool=self._checker_pool(), timeout=self.verify_timeout)
+            return check_batch(
+                [p.answer for p in problems],
+                responses,
+                pool=self._checker_pool(),
+                timeout=self.verify_timeout,
+            )
         except Exception as e:  # noqa: BLE001  (check_batch does not raise; belt and braces)
             return [Verdict(0.0, error=f"exception: {type(e).__name__}: {e}")] * len(problems)
 

@@ -16,6 +16,7 @@ The calculator never executes what the model writes: the expression is parsed wi
 and only numbers, parentheses and ``+ - * / // % **`` are evaluated, with bounds on the exponent,
 the size of the numbers and the expression's length; anything else is ``error bad args``.
 """
+
 from __future__ import annotations
 
 import ast
@@ -28,13 +29,25 @@ from vapo_lit.tasks.math import MathTask
 
 MAX_EXPRESSION = 200
 MAX_EXPONENT = 64
-MAX_MAGNITUDE = 10 ** 30
-_BINARY = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-           ast.FloorDiv: operator.floordiv, ast.Mod: operator.mod, ast.Pow: operator.pow}
+MAX_MAGNITUDE = 10**30
+_BINARY = {
+    ast.Add: operator.add,
+    ast.Sub: operator.sub,
+    ast.Mult: operator.mul,
+    ast.Div: operator.truediv,
+    ast.FloorDiv: operator.floordiv,
+    ast.Mod: operator.mod,
+    ast.Pow: operator.pow,
+}
 _UNARY = {ast.UAdd: operator.pos, ast.USub: operator.neg}
-CALCULATOR = {"type": "object", "properties": {"expression": {
-    "type": "string", "description": "an arithmetic expression, e.g. (12 + 7) * 3 / 4"}},
-    "required": ["expression"], "additionalProperties": False}
+CALCULATOR = {
+    "type": "object",
+    "properties": {
+        "expression": {"type": "string", "description": "an arithmetic expression, e.g. (12 + 7) * 3 / 4"}
+    },
+    "required": ["expression"],
+    "additionalProperties": False,
+}
 
 
 def calculate(expression: str) -> int | float:
@@ -90,17 +103,24 @@ class MathToolsTask(MathTask, Environment):
         if not (isinstance(max_turns, int) and max_turns >= 1):
             raise ValueError(f"max_turns must be a positive integer, got {max_turns!r}")
         if tools_prompt not in TOOLS_PROMPTS:
-            raise ValueError(f"tools_prompt={tools_prompt!r} is not valid; choose one of: {', '.join(TOOLS_PROMPTS)}")
+            raise ValueError(
+                f"tools_prompt={tools_prompt!r} is not valid; choose one of: {', '.join(TOOLS_PROMPTS)}"
+            )
         self.max_turns, self.tools_prompt = max_turns, tools_prompt
-        self.tools = {"calculator": Tool("calculator", _calculator, "Evaluate an arithmetic expression.",
-                                         CALCULATOR)}
-        super().__init__(train_path, **options)  # builds the first prompt: a tokenizer without a template fails there
+        self.tools = {
+            "calculator": Tool("calculator", _calculator, "Evaluate an arithmetic expression.", CALCULATOR)
+        }
+        super().__init__(
+            train_path, **options
+        )  # builds the first prompt: a tokenizer without a template fails there
         self.version = f"{self.version}/tools-2"
         self._by_prompt: dict[str, Problem] | None = None
 
     def prompt(self, question: str) -> str:
         if not self._use_chat:
-            raise ValueError("math_tools needs a tokenizer with a chat template (a chat model's: --model PATH)")
+            raise ValueError(
+                "math_tools needs a tokenizer with a chat template (a chat model's: --model PATH)"
+            )
         return super().prompt(question)
 
     def render_messages(self, messages: list[dict]) -> str:
@@ -108,7 +128,9 @@ class MathToolsTask(MathTask, Environment):
 
     def verify_batch(self, problems, responses):
         """`math`'s verdicts on the model's own final turns (never a tool's answer)."""
-        return super().verify_batch(problems, [self.final_turn(r) if isinstance(r, str) else r for r in responses])
+        return super().verify_batch(
+            problems, [self.final_turn(r) if isinstance(r, str) else r for r in responses]
+        )
 
     def _problem(self, r) -> Problem:
         p = super()._problem(r)

@@ -20,6 +20,7 @@ skips the tool with probability ``demo_skip_prob`` and writes a guessed digit in
 then continues from the guess). Skipping is the one mistake RL has to remove; it is drawn with a
 large probability (> 0.3) so that evaluation's top-p 0.7 keeps it.
 """
+
 from __future__ import annotations
 
 import hashlib
@@ -70,8 +71,8 @@ class ToolChainTask(ChainTask, Environment):
     stop_sequences = (STOP,)
     sft_overrides = {"steps": 1500}
     """The built-in base policy's SFT (vapo_lit.models.builtin): the addition mod 10 of two context
-    digits is learnt only after ~900 steps (measured: 300 steps leave it at chance, 1500 reach
-    93% per step, about 75 s on 2 cores)."""
+    digits is learnt only after several hundred steps (the measurements: docs/results/agentic/index.md,
+    "How it was made")."""
 
     def __init__(self, config: ToolChainConfig | None = None, **overrides):
         cfg = config or ToolChainConfig()
@@ -91,8 +92,12 @@ class ToolChainTask(ChainTask, Environment):
 
     # ---------------------------------------------------------------- tokenizer
     def vocab(self) -> list[str]:
-        return ([PAD, BOS, EOS, UNK, "chain", "from", ARROW, "key", "look", STOP] + OBS_WORDS
-                + [str(d) for d in range(10)] + [f"{k}:" for k in range(1, self.config.max_n + 1)])
+        return (
+            [PAD, BOS, EOS, UNK, "chain", "from", ARROW, "key", "look", STOP]
+            + OBS_WORDS
+            + [str(d) for d in range(10)]
+            + [f"{k}:" for k in range(1, self.config.max_n + 1)]
+        )
 
     @cached_property
     def tokenizer(self):
@@ -108,14 +113,25 @@ class ToolChainTask(ChainTask, Environment):
 
     def make_problem(self, x0: int, n: int, key: str) -> Problem:  # type: ignore[override]
         vals = self.values_of(x0, n, key)
-        return Problem(prompt=f"chain {x0} from {n}: key {' '.join(key)}", answer=str(vals[-1]),
-                       meta={"x0": x0, "n": n, "key": key, "bucket": f"n{n}"})
+        return Problem(
+            prompt=f"chain {x0} from {n}: key {' '.join(key)}",
+            answer=str(vals[-1]),
+            meta={"x0": x0, "n": n, "key": key, "bucket": f"n{n}"},
+        )
 
     def problem_from_prompt(self, prompt: str) -> Problem:
         w = prompt.split()
-        ok = (len(w) == 5 + self.config.key_digits and w[0] == "chain" and w[2] == "from" and w[4] == "key"
-              and w[1].isdigit() and len(w[1]) == 1 and w[3].endswith(":") and w[3][:-1].isdigit()
-              and all(len(d) == 1 and d.isdigit() for d in w[5:]))
+        ok = (
+            len(w) == 5 + self.config.key_digits
+            and w[0] == "chain"
+            and w[2] == "from"
+            and w[4] == "key"
+            and w[1].isdigit()
+            and len(w[1]) == 1
+            and w[3].endswith(":")
+            and w[3][:-1].isdigit()
+            and all(len(d) == 1 and d.isdigit() for d in w[5:])
+        )
         n = int(w[3][:-1]) if ok else -1
         if not ok or not self.config.min_n <= n <= self.config.max_n:
             raise ValueError(f"not a toolchain prompt: {prompt[:80]!r}")
@@ -132,7 +148,11 @@ class ToolChainTask(ChainTask, Environment):
         rng = random.Random(f"vapo-lit/toolchain/train/{seed}")
         out = []
         while len(out) < n:
-            x0, steps, key = rng.randrange(10), rng.randint(self.config.min_n, self.config.max_n), self._random_key(rng)
+            x0, steps, key = (
+                rng.randrange(10),
+                rng.randint(self.config.min_n, self.config.max_n),
+                self._random_key(rng),
+            )
             if not self._is_eval(x0, steps, key):
                 out.append(self.make_problem(x0, steps, key))
         return out
@@ -168,7 +188,9 @@ class ToolChainTask(ChainTask, Environment):
         if not isinstance(response, str) or len(response) > 100_000:
             return Verdict(0.0, strict=False)
         words = response.split()
-        ok = len(words) >= 2 and words[-2] == ARROW and words[-1] == problem.answer and words.count(ARROW) == 1
+        ok = (
+            len(words) >= 2 and words[-2] == ARROW and words[-1] == problem.answer and words.count(ARROW) == 1
+        )
         return Verdict(1.0 if ok else 0.0, strict=ok and words == self.solution(problem).split())
 
     # ---------------------------------------------------------------- demonstrations
@@ -191,7 +213,10 @@ class ToolChainTask(ChainTask, Environment):
             if skip(k):
                 v = rng.randrange(10)
             else:
-                spans += [(" ".join(pending + [CALL, "look", f"{k}:", STOP]), True), (f"= {addend(key, k)}", False)]
+                spans += [
+                    (" ".join(pending + [CALL, "look", f"{k}:", STOP]), True),
+                    (f"= {addend(key, k)}", False),
+                ]
                 pending = []
                 v = (v + addend(key, k)) % 10
             pending += [f"{k}:", str(v)]

@@ -15,6 +15,7 @@ same on every machine and needs no download and no licence:
 `problems("train", level=...)` gives `TRAIN_SIZE` problems and `problems("eval", level=...)`
 `EVAL_SIZE`; no eval question is a train question.
 """
+
 from __future__ import annotations
 
 import random
@@ -26,15 +27,38 @@ EVAL_SIZE = 64
 SPLITS = ("train", "eval")
 LEVELS = ("multi-step", "one-step")
 
-_NAMES = ("Ana", "Ben", "Chen", "Dara", "Eli", "Fatima", "Gus", "Hana", "Ivan", "Jia", "Kofi", "Lena", "Mateo",
-          "Nia", "Omar", "Priya", "Ravi", "Sofia", "Tomas", "Yuki")
+_NAMES = (
+    "Ana",
+    "Ben",
+    "Chen",
+    "Dara",
+    "Eli",
+    "Fatima",
+    "Gus",
+    "Hana",
+    "Ivan",
+    "Jia",
+    "Kofi",
+    "Lena",
+    "Mateo",
+    "Nia",
+    "Omar",
+    "Priya",
+    "Ravi",
+    "Sofia",
+    "Tomas",
+    "Yuki",
+)
 
 
 def _stock(r: random.Random) -> tuple[str, int]:
     boxes, per, out, come = r.randint(12, 60), r.randint(12, 48), r.randint(20, 300), r.randint(20, 300)
     out = min(out, boxes * per - 1)
-    return (f"A warehouse holds {boxes} boxes with {per} bottles in each. Then {out} bottles are shipped out and "
-            f"{come} new bottles arrive. How many bottles are in the warehouse now?", boxes * per - out + come)
+    return (
+        f"A warehouse holds {boxes} boxes with {per} bottles in each. Then {out} bottles are shipped out and "
+        f"{come} new bottles arrive. How many bottles are in the warehouse now?",
+        boxes * per - out + come,
+    )
 
 
 def _change(r: random.Random) -> tuple[str, int]:
@@ -42,27 +66,49 @@ def _change(r: random.Random) -> tuple[str, int]:
     a, p, b, q = r.randint(3, 15), r.randint(4, 29), r.randint(2, 12), r.randint(2, 19)
     total = a * p + b * q
     bill = (total // 100 + 1) * 100
-    return (f"{name} buys {a} notebooks at {p} dollars each and {b} pens at {q} dollars each, and pays with "
-            f"{bill} dollars. How many dollars of change does {name} get?", bill - total)
+    return (
+        f"{name} buys {a} notebooks at {p} dollars each and {b} pens at {q} dollars each, and pays with "
+        f"{bill} dollars. How many dollars of change does {name} get?",
+        bill - total,
+    )
 
 
 def _journey(r: random.Random) -> tuple[str, int]:
     v, t, w, u = r.randint(40, 120), r.randint(2, 9), r.randint(30, 110), r.randint(2, 9)
-    return (f"A train travels at {v} kilometres per hour for {t} hours, then at {w} kilometres per hour for {u} "
-            f"hours. How many kilometres does it travel in total?", v * t + w * u)
+    return (
+        f"A train travels at {v} kilometres per hour for {t} hours, then at {w} kilometres per hour for {u} "
+        f"hours. How many kilometres does it travel in total?",
+        v * t + w * u,
+    )
 
 
 def _packs(r: random.Random) -> tuple[str, int]:
-    classes, size, each, pack = r.randint(4, 24), r.randint(18, 35), r.randint(2, 6), r.choice((8, 10, 12, 16, 24))
+    classes, size, each, pack = (
+        r.randint(4, 24),
+        r.randint(18, 35),
+        r.randint(2, 6),
+        r.choice((8, 10, 12, 16, 24)),
+    )
     need = classes * size * each
-    return (f"A school has {classes} classes of {size} students, and each student needs {each} pencils. Pencils come "
-            f"in packs of {pack}. What is the smallest number of packs the school must buy?", -(-need // pack))
+    return (
+        f"A school has {classes} classes of {size} students, and each student needs {each} pencils. Pencils come "
+        f"in packs of {pack}. What is the smallest number of packs the school must buy?",
+        -(-need // pack),
+    )
 
 
 def _orchard(r: random.Random) -> tuple[str, int]:
-    rows, trees, apples, bag = r.randint(6, 30), r.randint(8, 25), r.randint(20, 90), r.choice((6, 8, 12, 15, 20))
-    return (f"A farmer has {rows} rows of {trees} apple trees, and each tree gives {apples} apples. The apples are "
-            f"sold in bags of {bag}. How many full bags can the farmer fill?", rows * trees * apples // bag)
+    rows, trees, apples, bag = (
+        r.randint(6, 30),
+        r.randint(8, 25),
+        r.randint(20, 90),
+        r.choice((6, 8, 12, 15, 20)),
+    )
+    return (
+        f"A farmer has {rows} rows of {trees} apple trees, and each tree gives {apples} apples. The apples are "
+        f"sold in bags of {bag}. How many full bags can the farmer fill?",
+        rows * trees * apples // bag,
+    )
 
 
 def _savings(r: random.Random) -> tuple[str, int]:
@@ -71,45 +117,64 @@ def _savings(r: random.Random) -> tuple[str, int]:
     saved = a * weeks
     bike = r.randint(saved // 4, saved // 2)
     helmet = r.randint(10, max(11, saved // 6))
-    return (f"{name} saves {a} dollars every week for {weeks} weeks, then spends {bike} dollars on a bike and "
-            f"{helmet} dollars on a helmet. How many dollars does {name} have left?", saved - bike - helmet)
+    return (
+        f"{name} saves {a} dollars every week for {weeks} weeks, then spends {bike} dollars on a bike and "
+        f"{helmet} dollars on a helmet. How many dollars does {name} have left?",
+        saved - bike - helmet,
+    )
 
 
 def _printer(r: random.Random) -> tuple[str, int]:
     rate, hours, minutes = r.randint(12, 75), r.randint(1, 6), r.randint(5, 55)
-    return (f"A printer prints {rate} pages per minute. How many pages does it print in {hours} hours and "
-            f"{minutes} minutes?", rate * (60 * hours + minutes))
+    return (
+        f"A printer prints {rate} pages per minute. How many pages does it print in {hours} hours and "
+        f"{minutes} minutes?",
+        rate * (60 * hours + minutes),
+    )
 
 
 def _theatre(r: random.Random) -> tuple[str, int]:
     rows, seats = r.randint(12, 40), r.randint(15, 36)
     sold = r.randint(rows * seats // 4, rows * seats * 3 // 4)
     p, q = r.randint(20, 80), r.randint(8, 19)
-    return (f"A theatre has {rows} rows of {seats} seats and every seat is sold for a show: {sold} tickets at {p} "
-            f"dollars and the rest at {q} dollars. How many dollars does the theatre take?",
-            sold * p + (rows * seats - sold) * q)
+    return (
+        f"A theatre has {rows} rows of {seats} seats and every seat is sold for a show: {sold} tickets at {p} "
+        f"dollars and the rest at {q} dollars. How many dollars does the theatre take?",
+        sold * p + (rows * seats - sold) * q,
+    )
 
 
 def _garden(r: random.Random) -> tuple[str, int]:
     length, width, path = r.randint(12, 95), r.randint(8, 60), r.randint(2, 4)
-    return (f"A rectangular garden is {length} metres long and {width} metres wide. A path {path} metres wide runs "
-            f"all around the outside of it. What is the area of the path in square metres?",
-            (length + 2 * path) * (width + 2 * path) - length * width)
+    return (
+        f"A rectangular garden is {length} metres long and {width} metres wide. A path {path} metres wide runs "
+        f"all around the outside of it. What is the area of the path in square metres?",
+        (length + 2 * path) * (width + 2 * path) - length * width,
+    )
 
 
 def _factory(r: random.Random) -> tuple[str, int]:
-    machines, per_hour, hours, broken = r.randint(4, 18), r.randint(35, 140), 2 * r.randint(3, 8), r.randint(1, 3)
-    return (f"A factory runs {machines} machines for {hours} hours, and each machine makes {per_hour} parts an hour. "
-            f"{broken} of the machines stop after half of the hours. How many parts are made?",
-            machines * per_hour * hours - broken * per_hour * hours // 2)
+    machines, per_hour, hours, broken = (
+        r.randint(4, 18),
+        r.randint(35, 140),
+        2 * r.randint(3, 8),
+        r.randint(1, 3),
+    )
+    return (
+        f"A factory runs {machines} machines for {hours} hours, and each machine makes {per_hour} parts an hour. "
+        f"{broken} of the machines stop after half of the hours. How many parts are made?",
+        machines * per_hour * hours - broken * per_hour * hours // 2,
+    )
 
 
 def _recipe(r: random.Random) -> tuple[str, int]:
     serves, flour, guests = r.choice((4, 6, 8)), r.randint(120, 480), r.randint(10, 60)
     batches = -(-guests // serves)
-    return (f"A recipe for {serves} people uses {flour} grams of flour. A cook makes whole batches of the recipe "
-            f"for {guests} guests, just enough for everyone. How many grams of flour does the cook use?",
-            batches * flour)
+    return (
+        f"A recipe for {serves} people uses {flour} grams of flour. A cook makes whole batches of the recipe "
+        f"for {guests} guests, just enough for everyone. How many grams of flour does the cook use?",
+        batches * flour,
+    )
 
 
 def _bus(r: random.Random) -> tuple[str, int]:
@@ -119,14 +184,40 @@ def _bus(r: random.Random) -> tuple[str, int]:
         off, on = r.randint(0, min(people, 12)), r.randint(3, 25)
         people += on - off
         text.append(f"{off} get off and {on} get on")
-    return (f"A bus leaves with {start} passengers. At its {stops} stops, in order: {'; '.join(text)}. How many "
-            f"passengers are on the bus after the last stop?", people)
+    return (
+        f"A bus leaves with {start} passengers. At its {stops} stops, in order: {'; '.join(text)}. How many "
+        f"passengers are on the bus after the last stop?",
+        people,
+    )
 
 
-TEMPLATES = (_stock, _change, _journey, _packs, _orchard, _savings, _printer, _theatre, _garden, _factory, _recipe,
-             _bus)
+TEMPLATES = (
+    _stock,
+    _change,
+    _journey,
+    _packs,
+    _orchard,
+    _savings,
+    _printer,
+    _theatre,
+    _garden,
+    _factory,
+    _recipe,
+    _bus,
+)
 
-_ITEMS = ("apples", "stickers", "marbles", "books", "coins", "stamps", "shells", "cards", "pencils", "buttons")
+_ITEMS = (
+    "apples",
+    "stickers",
+    "marbles",
+    "books",
+    "coins",
+    "stamps",
+    "shells",
+    "cards",
+    "pencils",
+    "buttons",
+)
 _DIGITS = ((1, 1), (1, 2), (2, 2), (2, 3), (3, 3))
 """Digit counts of a one-step problem's two numbers, one pair drawn per problem."""
 
@@ -161,8 +252,11 @@ def _product(r: random.Random) -> tuple[str, int]:
 def _share(r: random.Random) -> tuple[str, int]:
     item = r.choice(_ITEMS)
     each, friends = _operands(r)
-    return (f"{each * friends} {item} are shared equally among {friends} friends. How many {item} does each friend "
-            f"get?", each)
+    return (
+        f"{each * friends} {item} are shared equally among {friends} friends. How many {item} does each friend "
+        f"get?",
+        each,
+    )
 
 
 ONE_STEP_TEMPLATES = (_sum, _difference, _product, _share)

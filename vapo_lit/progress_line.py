@@ -9,6 +9,7 @@ run) and at each evaluation and at the end. Off unless the `vapo-train` command 
 `enabled()` turns on the status lines of `vapo_lit.status` as well: before the first iteration
 ends, `StartLines` says that the initial policy is being evaluated and the first iteration sampled.
 """
+
 from __future__ import annotations
 
 import math
@@ -123,10 +124,12 @@ class ProgressLine(Callback):
         left = cfg.steps - pl_module.ppo_updates + pre_left
         shown = "-" if self.last_eval is None else f"{_num(self.last_eval[0])} @{self.last_eval[1]}"
         name = os.path.basename(str(getattr(pl_module.trainer, "default_root_dir", "")) or "run")
-        return (f"{name}  it {pl_module.iteration}/{self._total(pl_module)}  ppo {pl_module.ppo_updates}/{cfg.steps}  "
-                f"phase {'value-pretrain' if pretraining else 'ppo'}  score {_num(m.get('objective/score'))}  "
-                f"eval avg@{cfg.eval_k} {shown}  EV {_num(m.get('value/explained_variance'))}  "
-                f"{_num(per_it, '.1f')} s/it  ETA {fmt_eta(per_it * left)}")
+        return (
+            f"{name}  it {pl_module.iteration}/{self._total(pl_module)}  ppo {pl_module.ppo_updates}/{cfg.steps}  "
+            f"phase {'value-pretrain' if pretraining else 'ppo'}  score {_num(m.get('objective/score'))}  "
+            f"eval avg@{cfg.eval_k} {shown}  EV {_num(m.get('value/explained_variance'))}  "
+            f"{_num(per_it, '.1f')} s/it  ETA {fmt_eta(per_it * left)}"
+        )
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         if not self.on:
@@ -163,14 +166,20 @@ class StartLines(Callback):
         self.first = True
 
     def on_train_start(self, trainer, pl_module) -> None:
-        if trainer.ckpt_path is None:  # the module evaluates the initial policy next (a resumed run did before)
+        if (
+            trainer.ckpt_path is None
+        ):  # the module evaluates the initial policy next (a resumed run did before)
             k = pl_module.cfg.eval_k
-            status.say(f"evaluating the initial policy: {len(pl_module.eval_set)} problems x {k} "
-                       f"sample{'s' if k != 1 else ''}, up to {pl_module.max_new_tokens} new tokens each")
+            status.say(
+                f"evaluating the initial policy: {len(pl_module.eval_set)} problems x {k} "
+                f"sample{'s' if k != 1 else ''}, up to {pl_module.max_new_tokens} new tokens each"
+            )
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self.first:
             self.first = False
             update = "the critic update (value pretraining)" if _pretraining(pl_module) else "the PPO update"
-            status.say(f"iteration {pl_module.iteration + 1}/{total_iterations(pl_module.cfg)}: sampling "
-                       f"{pl_module.cfg.ppo.responses_per_step} responses, then {update}")
+            status.say(
+                f"iteration {pl_module.iteration + 1}/{total_iterations(pl_module.cfg)}: sampling "
+                f"{pl_module.cfg.ppo.responses_per_step} responses, then {update}"
+            )

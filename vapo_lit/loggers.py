@@ -1,5 +1,6 @@
 """Loggers of a run: a CSV log that survives kills, full disks and resumes, and W&B (offline unless
 logged in, quiet, with no secret in what it records)."""
+
 from __future__ import annotations
 
 import csv
@@ -15,8 +16,15 @@ from vapo_lit import faults
 from vapo_lit.config import COMPONENTS, RunConfig
 from vapo_lit.labels import label_of
 from vapo_lit.masking import scrub_argv
-from vapo_lit.wandb_runs import (PPO_AXIS, SAMPLES_KEY, SUMMARY_ENV, AxisDefiner, no_network_offline,  # noqa: F401
-                                 wandb_mode, wandb_row, wandb_settings)
+from vapo_lit.wandb_runs import (
+    PPO_AXIS,
+    SAMPLES_KEY,
+    AxisDefiner,
+    no_network_offline,
+    wandb_mode,
+    wandb_row,
+    wandb_settings,
+)
 
 
 # ----------------------------------------------------------------------------- metrics.csv
@@ -42,8 +50,10 @@ def read_rows(path: Path) -> tuple[list[str], list[dict], str | None]:
             if last:
                 dropped = f"a partial last row (line {i}, {len(line)} bytes)"
                 break
-            raise ValueError(f"{path}, line {i}: {len(fields)} fields where the header has {len(header)}; "
-                             "the file was changed by hand or damaged (move it aside to start the log over)")
+            raise ValueError(
+                f"{path}, line {i}: {len(fields)} fields where the header has {len(header)}; "
+                "the file was changed by hand or damaged (move it aside to start the log over)"
+            )
         rows.append(dict(zip(header, fields)))
     return header, rows, dropped
 
@@ -79,9 +89,15 @@ class CrashSafeWriter(ExperimentWriter):
             return
         header, rows, dropped = read_rows(path)
         if dropped:
-            warnings.warn(f"{path}: dropped {dropped}, cut by a crash or a full disk; the run resumes from its "
-                          "last checkpoint and logs that iteration again", RuntimeWarning, stacklevel=2)
-        kept = [r for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) <= self._keep_until]
+            warnings.warn(
+                f"{path}: dropped {dropped}, cut by a crash or a full disk; the run resumes from its "
+                "last checkpoint and logs that iteration again",
+                RuntimeWarning,
+                stacklevel=2,
+            )
+        kept = [
+            r for r in rows if r.get("step") not in (None, "") and int(float(r["step"])) <= self._keep_until
+        ]
         if header:
             write_atomic(path, header, kept)
             self.metrics_keys = list(header)
@@ -189,11 +205,21 @@ def make_wandb_logger(cfg: RunConfig, run_dir: Path, card: dict, run_id: str | N
     no_network_offline(mode)
     dropped = [c for c in COMPONENTS if c not in cfg.components]
     logger = AxesWandbLogger(
-        name=run_dir.name, project=cfg.wandb_project, group=cfg.wandb_group or run_dir.name,
+        name=run_dir.name,
+        project=cfg.wandb_project,
+        group=cfg.wandb_group or run_dir.name,
         job_type=cfg.wandb_job_type or label_of(cfg),
-        tags=[f"no-{c}" for c in dropped] + [f"seed-{cfg.seed}"], save_dir=str(run_dir), mode=mode,
-        id=run_id, resume="allow" if run_id else None, config=card, log_model=False, settings=wandb_settings(),
+        tags=[f"no-{c}" for c in dropped] + [f"seed-{cfg.seed}"],
+        save_dir=str(run_dir),
+        mode=mode,
+        id=run_id,
+        resume="allow" if run_id else None,
+        config=card,
+        log_model=False,
+        settings=wandb_settings(),
     )
     if getattr(logger, "_wandb_init", {}).get("anonymous", 0) is None:
-        del logger._wandb_init["anonymous"]  # Lightning passes anonymous=None; W&B warns that it has no effect
+        del logger._wandb_init[
+            "anonymous"
+        ]  # Lightning passes anonymous=None; W&B warns that it has no effect
     return logger

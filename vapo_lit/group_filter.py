@@ -15,6 +15,7 @@ the batch is filled with the earliest groups that scored the same, and the count
 (`rollout/dynamic_filled_groups`): the batch always holds `target` groups, so every step costs the
 same optimizer work and the mini-batch arithmetic is unchanged.
 """
+
 from __future__ import annotations
 
 import dataclasses
@@ -26,8 +27,10 @@ import torch
 def group_is_mixed(scores: torch.Tensor, group_size: int) -> list[bool]:
     """(N,) scores of N / group_size adjacent groups -> per group, whether its scores differ."""
     if group_size < 2:
-        raise ValueError(f"group_size={group_size}: dynamic sampling needs groups of at least 2 responses "
-                         "(a group of one always scores the same)")
+        raise ValueError(
+            f"group_size={group_size}: dynamic sampling needs groups of at least 2 responses "
+            "(a group of one always scores the same)"
+        )
     if scores.numel() % group_size:
         raise ValueError(f"{scores.numel()} scores do not split into groups of {group_size}")
     g = scores.detach().reshape(-1, group_size)
@@ -58,7 +61,7 @@ def select_groups(mixed: list[bool], target: int) -> Selection:
     mixed_idx = [i for i, m in enumerate(mixed) if m]
     if len(mixed_idx) >= target:
         return Selection(mixed_idx[:target], len(mixed_idx), 0)
-    fill = [i for i, m in enumerate(mixed) if not m][:target - len(mixed_idx)]
+    fill = [i for i, m in enumerate(mixed) if not m][: target - len(mixed_idx)]
     return Selection(sorted(mixed_idx + fill), len(mixed_idx), len(fill))
 
 
@@ -80,7 +83,9 @@ def run_rounds(sample_round, group_size: int, target: int, max_rounds: int) -> t
 
 def group_rows(groups: list[int], group_size: int, part: slice = slice(None)) -> torch.Tensor:
     """The response rows of groups[part] (whole groups: a rank takes a contiguous share of groups)."""
-    return torch.tensor([g * group_size + j for g in groups[part] for j in range(group_size)], dtype=torch.long)
+    return torch.tensor(
+        [g * group_size + j for g in groups[part] for j in range(group_size)], dtype=torch.long
+    )
 
 
 PROMPT_SIDE = {"prompt_ids": "pad", "prompt_mask": 0}
@@ -102,7 +107,9 @@ def concat_experiences(parts: list, pad_id: int):
         v = values[0]
         if f.name == "extras":
             if any(values):
-                raise ValueError("concat_experiences: parts with extras (per-iteration component tensors) cannot be pooled")
+                raise ValueError(
+                    "concat_experiences: parts with extras (per-iteration component tensors) cannot be pooled"
+                )
             out[f.name] = {}
         elif f.name == "group_size":
             if any(x != v for x in values):
@@ -116,10 +123,14 @@ def concat_experiences(parts: list, pad_id: int):
             out[f.name] = [x for part in values for x in part]
         elif f.name in PROMPT_SIDE:
             pad = pad_id if PROMPT_SIDE[f.name] == "pad" else PROMPT_SIDE[f.name]
-            out[f.name] = torch.cat([torch.nn.functional.pad(t, (P - t.shape[1], 0), value=pad) for t in values])
+            out[f.name] = torch.cat(
+                [torch.nn.functional.pad(t, (P - t.shape[1], 0), value=pad) for t in values]
+            )
         elif v.dim() == 2:
             pad = pad_id if f.name == "response_ids" else 0
-            out[f.name] = torch.cat([torch.nn.functional.pad(t, (0, R - t.shape[1]), value=pad) for t in values])
+            out[f.name] = torch.cat(
+                [torch.nn.functional.pad(t, (0, R - t.shape[1]), value=pad) for t in values]
+            )
         else:
             out[f.name] = torch.cat(values)
     return type(first)(**out)
@@ -140,10 +151,12 @@ class DynamicStats:
     """Response tokens sampled but not kept (all ranks): added to perf/cumulative_tokens."""
 
     def log(self) -> dict[str, float]:
-        return {"rollout/dynamic_rounds": float(self.rounds),
-                "rollout/dynamic_groups_sampled": float(self.groups_sampled),
-                "rollout/dynamic_mixed_frac": self.mixed_groups / max(self.groups_sampled, 1),
-                "rollout/kept_groups_frac": self.kept_groups / max(self.groups_sampled, 1),
-                "rollout/dynamic_filled_groups": float(self.filled_groups),
-                "rollout/dynamic_cap_hit": float(self.filled_groups > 0),
-                "rollout/dynamic_discarded_tokens": self.extra_tokens}
+        return {
+            "rollout/dynamic_rounds": float(self.rounds),
+            "rollout/dynamic_groups_sampled": float(self.groups_sampled),
+            "rollout/dynamic_mixed_frac": self.mixed_groups / max(self.groups_sampled, 1),
+            "rollout/kept_groups_frac": self.kept_groups / max(self.groups_sampled, 1),
+            "rollout/dynamic_filled_groups": float(self.filled_groups),
+            "rollout/dynamic_cap_hit": float(self.filled_groups > 0),
+            "rollout/dynamic_discarded_tokens": self.extra_tokens,
+        }
