@@ -49,7 +49,7 @@ def test_the_cli_prints_constraints_and_refuses_an_unknown_extra():
     )
     assert (
         bad.returncode != 0
-        and "unknown extra(s) ['gpu']; valid: ['bench', 'dev', 'docs', 'postgres', 'vllm', 'vllm-cpu', 'workspace']"
+        and "unknown extra(s) ['gpu']; valid: ['bench', 'dev', 'docs', 'gguf', 'postgres', 'vllm', 'vllm-cpu', 'workspace']"
         in bad.stderr
     )
 
