@@ -86,3 +86,19 @@ def test_the_report_shows_the_lowest_seed_with_samples_and_leaves_the_rest_alone
     assert "reward 0, 1 tool call\n" in section and "eval at update 4: reward 1, 2 tool calls" in section
     assert "[... 14 more characters]" in section and "~~~~text" not in section  # cut before the fence
     assert section.count("~~~text") == 4  # prompt and response of each of the two episodes
+
+
+def test_a_crash_cut_last_line_is_left_out_and_a_damaged_line_named(tmp_path):
+    """A run still writing (or killed mid-write) leaves a partial last line: the report reads the
+    complete rows, as the run itself does on resume; a damaged line elsewhere is refused by name."""
+    import pytest
+
+    rows = [sample(0, 0, 1.0), sample(0, 1, 0.0)]
+    (tmp_path / "samples.jsonl").write_text(
+        "".join(json.dumps(r) + "\n" for r in rows) + '{"iteration": 1, "ph'
+    )
+    assert transcripts.read_samples(tmp_path) == rows
+    (tmp_path / "samples.jsonl").write_text("not json\n" + json.dumps(rows[0]) + "\n")
+    with pytest.raises(ValueError, match="samples.jsonl, line 1: not a sample"):
+        transcripts.read_samples(tmp_path)
+    assert transcripts.read_samples(tmp_path / "none") == []

@@ -34,6 +34,7 @@ from pathlib import Path
 from lightning.pytorch.callbacks import Callback
 
 from vapo_lit.rollout import response_segments
+from vapo_lit.sample_lines import read_lines
 from vapo_lit.masking import mask_secrets
 
 FILE = "samples.jsonl"
@@ -217,27 +218,6 @@ def format_row(row: dict, prompt_chars: int = 400) -> str:
 
 
 # ----------------------------------------------------------------------------- the file
-def read_lines(path: Path) -> tuple[list[str], str | None]:
-    """(the complete lines of a samples.jsonl, what was dropped): only the last line can be cut by a
-    crash (lines are appended whole and in order); any other line that is not a JSON object with an
-    iteration is a ValueError naming the file and line."""
-    text = Path(path).read_bytes().decode("utf-8", errors="replace")
-    lines = text.split("\n")
-    tail = lines.pop()  # "" when the file ends with a newline
-    dropped = f"a partial last line ({len(tail.encode())} bytes)" if tail else None
-    for i, line in enumerate(lines, 1):
-        try:
-            ok = isinstance(json.loads(line).get("iteration"), int)
-        except (ValueError, AttributeError):
-            ok = False
-        if not ok:
-            raise ValueError(
-                f"{path}, line {i}: not a sample (a JSON object with an integer iteration); the file was "
-                "changed by hand or damaged (move it aside to start it over)"
-            )
-    return lines, dropped
-
-
 class SamplesFile:
     """samples.jsonl, appended crash-consistently: each batch of lines is one write, fsynced."""
 

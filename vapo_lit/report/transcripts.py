@@ -9,10 +9,11 @@ left out; a grid where none did has no section.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 import pandas as pd
+
+from vapo_lit.sample_lines import read_rows
 
 FILE = "samples.jsonl"
 PROMPT_TAIL = 320
@@ -27,11 +28,9 @@ TEXT = (
 
 
 def read_samples(run_dir: Path) -> list[dict]:
-    """The run's sample rows ([] when it kept none)."""
+    """The run's complete sample rows ([] when it kept none)."""
     path = Path(run_dir) / FILE
-    if not path.is_file():
-        return []
-    return [json.loads(line) for line in path.read_text(encoding="utf-8").splitlines() if line.strip()]
+    return read_rows(path) if path.is_file() else []
 
 
 def pick(rows: list[dict]) -> list[dict]:
