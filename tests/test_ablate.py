@@ -578,6 +578,10 @@ def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
     assert "| w/o clip_higher + positive_lm_loss | 1 |" in text
     runs = starts(out)
     assert len(runs) == 3 and all(len(v) == 1 for v in runs.values()), runs  # the full recipe ran once
+    import torch
+
+    cpu = torch.backends.cpu.get_cpu_capability()  # each attempt names the CPU it computed on
+    assert all(a["cpu_capability"] == cpu for v in runs.values() for a in v if a["mode"] != "reused")
     # rerunning the same command redoes nothing
     assert main(flags(tmp_path, "out", "--drop=value_pretraining")) == 0
     assert "0 queued, 2 already finished (reused)" in capsys.readouterr().out
@@ -864,6 +868,28 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
     b = store.claim(ids)
     assert store.complete(b, 0.25, mode="fresh")
     assert store.enqueue(cells, "g") == {"new": 1, "reused": 1, "pending": 0}  # failed cell: fresh retries
+
+
+def test_cells_are_queued_and_taken_seed_by_seed(tmp_path, monkeypatch):
+    """A grid stopped part-way holds whole seeds (every row, so they pair), not whole rows: the
+    runner queues seed by seed and workers take the lowest waiting trial."""
+    from vapo_lit.ablate import runner
+
+    base = merge(merge(RunConfig(), PRESETS["smoke"]), {"model": "random"})
+    grid = grid_from_drop(["clip_higher", "positive_lm_loss"])
+    p = runner.plan(grid, base, [4, 2, 3], tmp_path / "out")
+    assert [(c.row, c.seed) for c in p.cells][:3] == [(p.cells[0].row, s) for s in (4, 2, 3)]  # row-major
+    monkeypatch.setattr(runner, "work", lambda spec, log: None)  # queue only: no cell runs
+    monkeypatch.setattr(runner, "prepare_models", lambda cells, log: None)
+    runner._work(p, 1, runner.progress.LiveView(grid.grid_id, p.cells), log=lambda *_: None)
+    store = CellStore(p.url)
+    queued = [
+        (t.user_attrs["seed"], t.user_attrs["row"]) for t in sorted(store.trials(), key=lambda t: t.number)
+    ]
+    rows = list(dict.fromkeys(c.row for c in p.cells))
+    assert queued == [(s, r) for s in (4, 2, 3) for r in rows]
+    first = store.claim([c.cell_id for c in p.cells])
+    assert (first.user_attrs["seed"], first.user_attrs["row"]) == (4, rows[0])
 
 
 def test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folder(tmp_path, monkeypatch):

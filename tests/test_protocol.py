@@ -178,3 +178,47 @@ def test_a_manifest_without_an_endpoint_is_reported_on_the_last_eval(tmp_path):
 def test_no_warning_when_every_seed_is_a_confirmation_seed(tmp_path):
     md = (_synthetic(tmp_path, "mean-last-3", [5, 6]) / "table.md").read_text()
     assert "Tuning seeds: 5, 6 (settings were chosen on them). No row includes them" in md and "⚠" not in md
+
+
+def _edit_card(run_dir, **entries):
+    path = run_dir / "run_card.json"
+    path.write_text(json.dumps({**json.loads(path.read_text()), **entries}))
+
+
+def test_a_grid_run_on_two_kinds_of_cpu_or_from_two_base_policies_is_named(tmp_path):
+    """Float32 results differ between CPU instruction sets (the built-in models' builds among them),
+    so a grid whose runs computed on several, or whose runs of one model_seed started from different
+    policy weights, says so under its protocol; one that did not says nothing more."""
+    folder = _synthetic(tmp_path, "mean-last-3", [5, 6])
+    runs = sorted((tmp_path / "syn" / "runs").iterdir())
+    cpu = {"accelerator": "cpu"}
+    for d in runs:
+        _edit_card(
+            d,
+            software={"torch_cpu_capability": "AVX512"},
+            hardware=cpu,
+            base_models={"policy": {"cache": "policy-x", "weights_sha256": "a" * 64}},
+        )
+
+    def report() -> str:
+        write_report(tmp_path / "syn", grid_id="syn", figures=False)
+        return (folder / "table.md").read_text()
+
+    assert "⚠" not in report()
+    # a GPU run's card names the host's CPU too: it is not a CPU run, so it is not counted
+    _edit_card(runs[0], software={"torch_cpu_capability": "AVX2"}, hardware={"accelerator": "cuda"})
+    assert "⚠" not in report()
+    # one run resumed on another kind of CPU: its attempts name both
+    _edit_card(runs[0], hardware=cpu)
+    with open(runs[1] / "attempts.jsonl", "a") as f:
+        f.write(json.dumps({"trial": 9, "event": "start", "mode": "resume", "cpu_capability": "AVX2"}) + "\n")
+    md = report()
+    assert (
+        "⚠ The runs computed on CPUs whose torch kernels differ (runs per instruction set: AVX2 2, AVX512 5;"
+        in md
+    )
+    assert "different built-in policy weights" not in md
+    # one run of model_seed 0 started from other weights
+    _edit_card(runs[2], base_models={"policy": {"cache": "policy-x", "weights_sha256": "b" * 64}})
+    md = report()
+    assert "⚠ Runs of the same model_seed started from different built-in policy weights (model_seed 0)" in md

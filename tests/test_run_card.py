@@ -191,3 +191,31 @@ def test_the_card_records_the_cpu_instruction_set_torch_dispatches_to(module):
     card = card_for(module, ALL)
     assert card["software"]["torch_cpu_capability"] == torch.backends.cpu.get_cpu_capability()
     assert card["software"]["torch_cpu_capability"]  # e.g. AVX2, AVX512, DEFAULT
+
+
+def test_the_card_names_the_built_in_weights_the_run_started_from(module, tmp_path, monkeypatch):
+    """Runs paired by seed must start from the same built-in models: the card records each cache
+    entry and the SHA-256 of its weights as the cache's manifest lists them. Models built by the
+    caller and handed to the module (a benchmark's, a task without built-in models) are named as
+    such, with no cache looked up."""
+    from vapo_lit.build import builtin_cache_dirs
+    from vapo_lit.run_card import _base_models
+
+    assert card_for(module, ALL)["base_models"] == {"policy": {"model": "random"}}
+    cfg = merge(module.base_cfg, {"model": "builtin", "cache_dir": str(tmp_path), "components": ALL})
+    handed_in = _base_models(cfg, module)
+    assert handed_in["policy"]["model"] == "builtin" and set(handed_in) == {"policy"}
+    dirs = builtin_cache_dirs(cfg, module.task)
+    monkeypatch.setattr(
+        module.actor.config, "name_or_path", str(dirs["policy"])
+    )  # as from_pretrained sets it
+    assert set(dirs) == {"policy", "critic's base policy", "reward model"}
+    digests = {d: f"{i:064x}" for i, d in enumerate(dict.fromkeys(dirs.values()))}  # the critic's base
+    for d, digest in digests.items():  # policy is the policy's entry unless critic_model reshapes it
+        d.mkdir(parents=True, exist_ok=True)
+        (d / "manifest.json").write_text(json.dumps({"config": {}, "files": {"model.safetensors": digest}}))
+    assert _base_models(cfg, module) == {
+        what: {"cache": d.name, "weights_sha256": digests[d]} for what, d in dirs.items()
+    }
+    (dirs["reward model"] / "manifest.json").unlink()  # not built (yet): recorded as unknown
+    assert _base_models(cfg, module)["reward model"]["weights_sha256"] is None

@@ -47,6 +47,7 @@ DEFINITIONS = {
     "eps": f"{_ALGORITHM}#formulas",
     "advantage_normalisation": "docs/reference/configuration.md#ppo-ppo-settings",
     "hardware": "docs/guides/scaling-out.md#one-gpu",
+    "base_models": "docs/guides/ablation-grids.md#storage-workers-resume",
     "multi_turn": f"{_ALGORITHM}#multi-turn-trajectories-beyond-the-paper",
     "multi_turn.max_turns": "docs/guides/multi-turn.md#multi-turn-environments-tools-and-observations",
     "multi_turn.tools": "docs/guides/multi-turn.md#multi-turn-environments-tools-and-observations",
@@ -74,6 +75,7 @@ def run_card(cfg: RunConfig, module, hardware: dict | None = None) -> dict:
         "eps": {"eps_low": loss.eps_low, "eps_high": loss.eps_high},
         "advantage_normalisation": "whitened" if gae.whiten else "none",
         "software": _software(),
+        "base_models": _base_models(cfg, module),
         "hardware": _hardware(cfg, module, hardware or {}),
     }
     if is_environment(module.task):
@@ -177,6 +179,28 @@ def _software() -> dict:
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
         **({"vllm": getattr(vllm, "__version__", "?")} if vllm is not None else {}),
     }
+
+
+def _base_models(cfg: RunConfig, module) -> dict:
+    """What the run started from: for the built-in models, each cache entry and the SHA-256 of its
+    weights (its manifest's, checked when loaded). Runs paired by seed must start from the same
+    weights, and float32 builds on CPUs of different instruction sets differ."""
+    from vapo_lit.build import builtin_cache_dirs
+    from vapo_lit.cache import MANIFEST, cache_root
+
+    loaded = str(getattr(getattr(module.actor, "config", None), "name_or_path", "") or "")
+    if cfg.model != "builtin" or Path(loaded).resolve().parent != cache_root(cfg.cache_dir).resolve():
+        # a named model, or models built by the caller and handed to the module
+        return {"policy": {"model": str(cfg.model), **({"loaded_from": loaded} if loaded else {})}}
+
+    out = {}
+    for what, directory in builtin_cache_dirs(cfg, module.task).items():
+        try:
+            files = json.loads((directory / MANIFEST).read_text())["files"]
+        except (OSError, ValueError, KeyError, TypeError):
+            files = {}
+        out[what] = {"cache": directory.name, "weights_sha256": files.get("model.safetensors")}
+    return out
 
 
 def _hardware(cfg: RunConfig, module, devices: dict) -> dict:

@@ -230,6 +230,14 @@ def prepare_models(cells, log=print) -> None:
         )
 
 
+def seed_major(cells) -> list:
+    """The cells seed by seed (rows in grid order within a seed): workers take waiting cells in the
+    order they were queued, so a grid stopped part-way holds every row of its first seeds, which pair,
+    rather than every seed of its first rows, which do not."""
+    seeds = list(dict.fromkeys(c.seed for c in cells))
+    return sorted(cells, key=lambda c: seeds.index(c.seed))
+
+
 def run(p: Plan, *, workers: int = 1, report=None, log=progress.say) -> int:
     """Enqueue the grid, work on it with `workers` local processes, then `report(plan)` (a callable
     returning the report's text, given by the CLI: the runner does not import the report).
@@ -251,7 +259,7 @@ def _work(p: Plan, workers: int, view: progress.LiveView, log):
     """Enqueue, build the models, run the local workers; (exit code, the grid's status)."""
     store = open_store(p)
     write_manifest(p)
-    counts = store.enqueue(p.cells, p.grid.grid_id)
+    counts = store.enqueue(seed_major(p.cells), p.grid.grid_id)
     log(
         f"[{p.grid.grid_id}] {len(p.cells)} cells ({len({c.row for c in p.cells})} rows x "
         f"{len({c.seed for c in p.cells})} seeds): {counts['new']} queued, {counts['reused']} already finished "

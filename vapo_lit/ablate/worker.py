@@ -3,9 +3,10 @@ a previous attempt died), record the outcome, print progress; until the grid has
 running cell left. Any number of these, on any machine, can share one storage URL.
 
 Each run folder gets `attempts.jsonl`, one line per attempt: trial number, worker (host:pid),
-mode (fresh / resume / reused), start and end time and outcome; nothing else is written into it
-except by `train()` and, for a cell on several devices (`--devices-per-cell K`, run as a process
-of its own by `vapo_lit.ablate.cell`), its resolved config `cell.json` and output `cell.log`.
+mode (fresh / resume / reused), start and end time, the CPU's torch capability and outcome;
+nothing else is written into it except by `train()` and, for a cell on several devices
+(`--devices-per-cell K`, run as a process of its own by `vapo_lit.ablate.cell`), its resolved
+config `cell.json` and output `cell.log`.
 """
 
 from __future__ import annotations
@@ -112,6 +113,14 @@ def _run_or_reuse(store: CellStore, trial, cell, mode: str) -> dict:
         return train(cell.cfg, resume=mode == "resume", extra_callbacks=[_lease_guard(hb)])
 
 
+def _cpu_capability() -> str:
+    """The instruction set torch's CPU kernels dispatch to here (AVX2, AVX512, ...): float32 results
+    differ in their last bits from one to another, so the report names a grid run on several."""
+    import torch
+
+    return torch.backends.cpu.get_cpu_capability()
+
+
 def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
     """Run one claimed cell; returns 'done', 'failed', 'lost'. KeyboardInterrupt releases the cell."""
     run_dir = cell.run_dir
@@ -123,7 +132,7 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         "mode": mode,
         "start": time.time(),
     }
-    _ledger(run_dir, {**record, "event": "start"})
+    _ledger(run_dir, {**record, "event": "start", "cpu_capability": _cpu_capability()})
     try:
         summary = _run_or_reuse(store, trial, cell, mode)
     except (KeyboardInterrupt, SystemExit) as e:  # Lightning turns Ctrl-C inside fit() into SystemExit(1)

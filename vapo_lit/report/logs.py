@@ -41,12 +41,29 @@ class RunLog:
     card: dict = field(default_factory=dict)
     cut_last_line: bool = False
     attempts: dict = field(default_factory=dict)  # outcome -> count (attempts.jsonl "end" events)
+    """read_attempts(): outcome -> count, 'attempts', and 'cpu_capabilities' where recorded."""
     model: str = "builtin"
     """The config's policy: builtin, random (tests) or a model folder."""
     model_seed: int = 0
     """The config's seed of the built base policy and reward model (or of the critic's fresh value head)."""
     eval_problems: int | None = None
     """The config's eval_problems (None: every eval problem of the task)."""
+
+    @property
+    def cpu_capabilities(self) -> set:
+        """The torch CPU capabilities (AVX2, AVX512, ...) this run computed on, as far as its attempts
+        and its run card record them (empty: not recorded, or not a CPU run)."""
+        hardware = self.card.get("hardware") or {}
+        if hardware.get("accelerator") not in (None, "cpu"):
+            return set()
+        found = set(self.attempts.get("cpu_capabilities") or ())
+        card = (self.card.get("software") or {}).get("torch_cpu_capability")
+        return found | ({card} if card else set())
+
+    @property
+    def policy_sha256(self) -> str | None:
+        """The SHA-256 of the built-in policy weights the run started from (run card), if recorded."""
+        return ((self.card.get("base_models") or {}).get("policy") or {}).get("weights_sha256")
 
     @property
     def score_key(self) -> str:
@@ -139,7 +156,8 @@ def read_json(path: Path) -> dict:
 
 
 def read_attempts(path: Path) -> dict:
-    """attempts.jsonl -> {outcome: count} over its 'end' events (and 'attempts': start events).
+    """attempts.jsonl -> {outcome: count} over its 'end' events (and 'attempts': start events; and
+    'cpu_capabilities': the set of torch CPU capabilities its start events name, where they do).
     A cut last line is ignored (the worker may have died writing it); any other bad line is refused."""
     counts = {"attempts": 0, **{o: 0 for o in ATTEMPT_OUTCOMES}}
     if not Path(path).is_file():
@@ -156,6 +174,8 @@ def read_attempts(path: Path) -> dict:
             raise LogError(f"{path} line {i}: not valid JSON ({e.msg})") from None
         if rec.get("event") == "start":
             counts["attempts"] += 1
+            if rec.get("cpu_capability"):
+                counts.setdefault("cpu_capabilities", set()).add(rec["cpu_capability"])
         elif rec.get("event") == "end" and rec.get("outcome") in ATTEMPT_OUTCOMES:
             counts[rec["outcome"]] += 1
     return counts

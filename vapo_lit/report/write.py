@@ -600,7 +600,40 @@ def protocol_note(rep: GridReport) -> str:
                 else " No row includes them: every delta rests on confirmation seeds."
             )
         )
+    parts += same_start_warnings(rep.logs)
     return " ".join(parts)
+
+
+def same_start_warnings(logs) -> list[str]:
+    """⚠ lines when a grid's runs did not compute alike: runs on CPUs of different instruction sets
+    (float32 results, the built-in models' builds among them, differ in their last bits), or runs of
+    one model_seed started from different built-in policy weights (their rows do not pair on one base
+    policy). Nothing when the logs show neither, or do not record it."""
+    out = []
+    runs_on: dict = {}
+    for log in logs:
+        for cap in log.cpu_capabilities:
+            runs_on.setdefault(cap, set()).add(log.run_dir.name)
+    if len(runs_on) > 1:
+        listed = ", ".join(f"{cap} {len(runs)}" for cap, runs in sorted(runs_on.items()))
+        out.append(
+            f"⚠ The runs computed on CPUs whose torch kernels differ (runs per instruction set: {listed}; a "
+            "resumed run counts under each it ran on): their float32 results differ in the last bits, so "
+            "part of each Δ is the machine's; pin `ATEN_CPU_CAPABILITY` on every worker, or rerun on one "
+            "kind of CPU."
+        )
+    starts: dict = {}
+    for log in logs:
+        if log.policy_sha256:
+            starts.setdefault(log.model_seed, set()).add(log.policy_sha256)
+    split = sorted(seed for seed, digests in starts.items() if len(digests) > 1)
+    if split:
+        out.append(
+            f"⚠ Runs of the same model_seed started from different built-in policy weights (model_seed "
+            f"{', '.join(map(str, split))}): they were built apart (another cache or machine), so their "
+            "rows do not pair on one base policy; give every worker one `--cache_dir` on shared storage."
+        )
+    return out
 
 
 def _credit_markdown(credit: pd.DataFrame) -> str:
