@@ -1,6 +1,6 @@
 """tools/keep_report.py (keeping a grid's study under reports/): it copies the manifest and each
 cell's logs, never checkpoints; the kept folder gives back the committed report byte for byte; a
-cell without a log is left out and named; bad input writes nothing."""
+cell that has not finished is left out and named; bad input writes nothing."""
 
 from __future__ import annotations
 
@@ -36,14 +36,20 @@ def test_the_kept_study_gives_back_the_committed_report(tmp_path, capsys):
     assert kept == want and all(Path(k).name in LOGS for k in kept)
 
 
-def test_a_cell_without_a_log_is_left_out_and_named(tmp_path, capsys):
+def test_a_cell_that_has_not_finished_is_left_out_and_named(tmp_path, capsys):
+    """A cell still running has a metrics.csv but no summary.json yet: a grid's finished cells are
+    kept as they complete, never a run cut part-way."""
     out, to = output_folder(tmp_path), tmp_path / "kept"
-    lost = sorted((out / "runs").iterdir())[0]
+    lost, running = sorted((out / "runs").iterdir())[:2]
     (lost / "metrics.csv").unlink()
+    (lost / "summary.json").unlink()
+    (running / "summary.json").unlink()
     assert main([str(out), "--grid", GRID, "--to", str(to), "--no-figures"]) == 0
-    assert f"no log in {lost}; left out" in capsys.readouterr().out
-    assert not (to / "runs" / lost.name).exists() and (to / "table.md").is_file()
-    assert "no log for seed(s)" in (to / "table.md").read_text()
+    text = capsys.readouterr().out
+    for run in (lost, running):
+        assert f"{run} has not finished (no summary.json); left out" in text
+        assert not (to / "runs" / run.name).exists()
+    assert (to / "table.md").is_file() and "no log for seed(s)" in (to / "table.md").read_text()
 
 
 def test_bad_input_writes_nothing(tmp_path, capsys):

@@ -1,8 +1,10 @@
 """Keep a grid's study in reports/: copy its manifest (`grids/<grid>.json`) and, for every cell the
 manifest names, the logs a report is computed from (metrics.csv, config.yaml, run_card.json,
 attempts.jsonl, summary.json, and samples.jsonl where the run kept samples; no checkpoints, exported models or W&B files) into TO, in the same
-`runs/<run>/` layout, then write the report there. A cell without a log yet (still running, or
-failed) is left out and named; the report says which seeds are missing.
+`runs/<run>/` layout, then write the report there. Only finished cells are kept (those with a
+`summary.json`, which a run writes at its end): a cell still running, failed or not started is left out
+and named, and the report says which seeds are missing, so a grid's finished cells can be kept as
+they complete.
 
     python tools/keep_report.py runs/table1-long --grid table1_long --to reports/table1-long [--replace]
 
@@ -29,7 +31,7 @@ def keep(out: Path, grid: str, to: Path, replace: bool = False) -> list[str]:
     if to.exists() and not replace:
         raise ValueError(f"{to} exists; add --replace to replace its runs/ and grids/")
     cells = json.loads(manifest.read_text())["cells"]
-    missing = [c["run_dir"] for c in cells if not (out / c["run_dir"] / "metrics.csv").is_file()]
+    missing = [c["run_dir"] for c in cells if not (out / c["run_dir"] / "summary.json").is_file()]
     for sub in ("runs", "grids"):
         shutil.rmtree(to / sub, ignore_errors=True)
     (to / "grids").mkdir(parents=True)
@@ -59,7 +61,7 @@ def main(argv=None) -> int:
         print(f"keep_report: error: {e}", file=sys.stderr)
         return 2
     for run in missing:
-        print(f"keep_report: no log in {args.out / run}; left out")
+        print(f"keep_report: {args.out / run} has not finished (no summary.json); left out")
     from vapo_lit.cli.report import main as report
 
     return report(
