@@ -4,6 +4,7 @@ local chat-template tokenizer; the calculator evaluates arithmetic and nothing e
 from __future__ import annotations
 
 import json
+import warnings
 
 import pytest
 from test_chat_episodes import IdScripted, chat_tokenizer
@@ -188,6 +189,22 @@ def test_math_tools_with_a_template_without_tools_block_shows_the_calculator(tmp
         ValueError, match="tools_prompt='xml' is not valid; choose one of: auto, template, system"
     ):
         get_task("math_tools", tokenizer=tok, tools_prompt="xml")
+
+
+def test_the_tools_warning_is_given_once_per_task_and_tokenizer(tmp_path):
+    """Prompts, episodes and a warm-up's own copy of the tokenizer all render the chat: one warning."""
+    chat_tokenizer("plain").save_pretrained(tmp_path / "tok")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        tasks = [get_task("math_tools", tokenizer=str(tmp_path / "tok")) for _ in range(2)]
+        for task in tasks:
+            task.train_problems(2, 0)
+        in_memory = chat_tokenizer("plain")
+        tasks += [get_task("math_tools", tokenizer=in_memory) for _ in range(2)]
+    said = [w for w in caught if "has no tools block" in str(w.message)]
+    assert len(said) == 2, [str(w.message) for w in said]  # the saved folder's, the in-memory one's
+    for task in tasks:
+        task.close()
 
 
 def test_a_boxed_answer_outside_the_final_turn_does_not_score(task):

@@ -136,6 +136,7 @@ COMMANDS = (
     ("vapo-ablate", "vapo_lit.cli.ablate"),
     ("vapo-sweep", "vapo_lit.cli.sweep"),
     ("vapo-report", "vapo_lit.cli.report"),
+    ("vapo-warmup", "vapo_lit.cli.warmup"),
 )
 
 
@@ -155,8 +156,8 @@ def cli_page() -> str:
     out = [
         HEADER,
         "# Command-line reference\n\n",
-        "The four commands installed with the package. Each prints this with `--help`. Besides their own flags, "
-        "`vapo-train`, `vapo-ablate` and `vapo-sweep` take every setting of the "
+        "The five commands installed with the package. Each prints this with `--help`. Besides their own flags, "
+        "`vapo-train`, `vapo-ablate`, `vapo-sweep` and `vapo-warmup` take every setting of the "
         "[configuration reference](configuration.md) as a flag (`--steps 30`, `--ppo.actor_lr 1e-5`). Exit codes: "
         "0 done, 1 runtime failure, 2 bad input (nothing was started), 130 interrupted.\n",
     ]

@@ -132,13 +132,18 @@ def eos_ids_of(model, tokenizer) -> list[int]:
     return sorted(ids)
 
 
+def prompt_ids(tokenizer, prompt: str) -> list[int]:
+    """A prompt's tokens as a rollout feeds them: with the tokenizer's own special tokens, except a
+    BOS the prompt already starts with (a chat template usually writes it itself)."""
+    bos = getattr(tokenizer, "bos_token", None)
+    return tokenizer(prompt, add_special_tokens=not (bos and prompt.startswith(bos)))["input_ids"]
+
+
 def encode_prompts(tokenizer, prompts: list[str]) -> tuple[torch.LongTensor, torch.LongTensor]:
     """Tokenise (with the tokenizer's own special tokens) and LEFT-pad."""
     if not prompts:
         raise ValueError("no prompts")
-    bos = getattr(tokenizer, "bos_token", None)
-    # A chat template usually writes the BOS token itself: do not add a second one.
-    enc = [tokenizer(p, add_special_tokens=not (bos and p.startswith(bos)))["input_ids"] for p in prompts]
+    enc = [prompt_ids(tokenizer, p) for p in prompts]
     if any(len(e) == 0 for e in enc):
         raise ValueError("a prompt encodes to zero tokens")
     width = max(len(e) for e in enc)

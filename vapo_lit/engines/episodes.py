@@ -338,3 +338,45 @@ class _Transcripts:
             action=self.action[:, :steps],
             turns=turns,
         )
+
+
+def scripted_episodes(env, tokenizer, prompts: list[str], scripts: list[list[str]], *, max_new_tokens: int):
+    """Episodes whose policy turns are given, played through `env` exactly as `generate_episodes`
+    plays sampled ones (the same chat rendering, tool answers and tokens): `scripts[i]` holds the
+    texts of row i's turns, each ended by EOS as a model ends a turn. Returns per row (response token
+    ids, action flags, the response text as `Rollout.texts` decodes it). ValueError when a row's
+    episode ends before its script, or its script before its episode. For demonstrations
+    (vapo_lit.warmup)."""
+    eos = tokenizer.eos_token_id
+    if eos is None:
+        raise ValueError("the tokenizer has no eos_token_id: a scripted turn cannot end")
+    if len(scripts) != len(prompts):
+        raise ValueError(f"{len(prompts)} prompts but {len(scripts)} scripts")
+    rules = Rules.of(env, tokenizer)
+    pad = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else eos
+    batch = _Transcripts(rules, rules.episodes(prompts), max_new_tokens, pad=pad, eos={eos})
+    queued = [
+        [t for text in turns for t in [*tokenizer(text, add_special_tokens=False)["input_ids"], eos]]
+        for turns in scripts
+    ]
+    for _ in range(max_new_tokens):
+        rows = [i for i, ep in enumerate(batch.episodes) if not ep.done]
+        if not rows:
+            break
+        for i in rows:
+            if not batch.episodes[i].queue and not queued[i]:
+                raise ValueError(f"row {i}: the script ended before the episode did ({scripts[i]!r})")
+        batch.write(
+            rows, [pad if batch.episodes[i].queue else queued[i].pop(0) for i in rows], [0.0] * len(rows)
+        )
+    out = []
+    for i, ep in enumerate(batch.episodes):
+        if queued[i] or not ep.done or ep.cut:
+            raise ValueError(
+                f"row {i}: the episode ended before its script (turn limit or the {max_new_tokens}-token "
+                f"budget) ({scripts[i]!r})"
+            )
+        n = int(batch.lengths[i])
+        ids = batch.tokens[i, :n].tolist()
+        out.append((ids, batch.action[i, :n].tolist(), tokenizer.decode(ids, skip_special_tokens=True)))
+    return out

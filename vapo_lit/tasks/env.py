@@ -39,6 +39,7 @@ from __future__ import annotations
 
 import json
 import warnings
+import weakref
 from dataclasses import dataclass
 from typing import Callable
 
@@ -49,6 +50,10 @@ CALL = "call"
 TOOL_CALL_OPEN, TOOL_CALL_CLOSE = "<tool_call>", "</tool_call>"
 """The tags around a JSON tool call (tool_format "json")."""
 TOOLS_PROMPTS = ("auto", "template", "system")
+_TOOLS_WARNED: set[tuple[str, str]] = set()
+_TOOLS_WARNED_UNSAVED: weakref.WeakKeyDictionary = weakref.WeakKeyDictionary()
+"""The (task, tokenizer folder) pairs, and per in-memory tokenizer the tasks, already warned that the
+tools go in a system message: one warning however many paths (prompts, episodes) render the chat."""
 """How a chat environment shows its tools: auto (the template's tools block when it has one, else a
 system message), template (always ``tools=``) or system (always the system message)."""
 _JSON_TYPES = {
@@ -178,7 +183,11 @@ class Environment(Task):
             raise ValueError(f"tools_prompt={mode!r} is not valid; choose one of: {', '.join(TOOLS_PROMPTS)}")
         if mode == "auto":
             mode = "template" if template_renders_tools(tok, tools) else "system"
-            if mode == "system":
+            folder = getattr(tok, "name_or_path", "")
+            warned = _TOOLS_WARNED if folder else _TOOLS_WARNED_UNSAVED.setdefault(tok, set())
+            key = (self.name, folder) if folder else self.name
+            if mode == "system" and key not in warned:
+                warned.add(key)
                 warnings.warn(
                     f"task {self.name!r}: the tokenizer's chat template has no tools block, so the tools are "
                     "described in a system message (tools_prompt=system; docs/guides/multi-turn.md)",

@@ -70,6 +70,9 @@ class Record:
     """The final answer extracted from `solution`."""
     source: str
     """``path:line`` (JSONL) or ``path:row`` (parquet) of the record."""
+    expression: str | None = None
+    """An arithmetic expression whose value is the answer (the built-in problems have one): the worked
+    solution of a demonstration (`math_tools`' `demonstration`)."""
 
 
 def _expected(qf: str, af: str) -> str:
@@ -202,7 +205,11 @@ def builtin_records(split: str, level: str = "multi-step") -> list[Record]:
     """The built-in problems of `split` at `level` (vapo_lit.tasks.wordproblems) as records."""
     return [
         Record(
-            question=r["question"], solution=r["answer"], answer=r["answer"], source=f"builtin:{split}:{i}"
+            question=r["question"],
+            solution=r["answer"],
+            answer=r["answer"],
+            source=f"builtin:{split}:{i}",
+            expression=r["expression"],
         )
         for i, r in enumerate(wordproblems.problems(split, level=level), 1)
     ]

@@ -20,6 +20,7 @@ the size of the numbers and the expression's length; anything else is ``error ba
 from __future__ import annotations
 
 import ast
+import json
 import operator
 
 from vapo_lit.tasks import register
@@ -134,7 +135,21 @@ class MathToolsTask(MathTask, Environment):
 
     def _problem(self, r) -> Problem:
         p = super()._problem(r)
-        return Problem(p.prompt, p.answer, {**p.meta, "messages": self.messages(r.question)})
+        worked = {"expression": r.expression} if r.expression else {}
+        return Problem(p.prompt, p.answer, {**p.meta, "messages": self.messages(r.question), **worked})
+
+    def demonstration(self, problem: Problem) -> list[str]:
+        """The assistant turns of a worked episode (vapo_lit.warmup): one calculator call on the
+        problem's expression, then the answer in the form the verifier reads. Only problems that carry
+        an expression (the built-in ones) have one."""
+        expression = problem.meta.get("expression")
+        if not expression:
+            raise ValueError(
+                "math_tools demonstrations need problems with a worked expression: the built-in problems "
+                "(no train_path) have one, a data file's do not"
+            )
+        call = json.dumps({"name": "calculator", "arguments": {"expression": expression}})
+        return [f"<tool_call>\n{call}\n</tool_call>", f"The answer is \\boxed{{{problem.answer}}}."]
 
     def problem_from_prompt(self, prompt: str) -> Problem:
         if self._by_prompt is None:
