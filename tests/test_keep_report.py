@@ -4,13 +4,14 @@ cell that has not finished is left out and named; bad input writes nothing."""
 
 from __future__ import annotations
 
+import json
 import shutil
 import sys
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT / "tools"))
-from keep_report import LOGS, main  # noqa: E402
+from keep_report import LOGS, WARMUP, main  # noqa: E402
 
 STUDY = ROOT / "reports" / "vllm-vs-hf"  # a committed study stands in for an output folder
 GRID = "vllm_vs_hf"
@@ -34,6 +35,26 @@ def test_the_kept_study_gives_back_the_committed_report(tmp_path, capsys):
     kept = {p.relative_to(to).as_posix() for p in (to / "runs").rglob("*") if p.is_file()}
     want = {p.relative_to(STUDY).as_posix() for p in (STUDY / "runs").rglob("*") if p.is_file()}
     assert kept == want and all(Path(k).name in LOGS for k in kept)
+
+
+def test_a_run_started_from_a_warmed_up_model_keeps_the_warm_up_record(tmp_path):
+    """vapo-warmup writes WARMUP.json beside the model; the kept run carries it, the model never."""
+    out, to = output_folder(tmp_path), tmp_path / "kept"
+    warm, other = sorted((out / "runs").iterdir())[:2]
+    model = tmp_path / "models" / "warm-12"
+    model.mkdir(parents=True)
+    (model / "model.safetensors").write_bytes(b"weights")
+    (model / WARMUP).write_text(json.dumps({"settings": {"steps": 12}, "loss": [1.2, 0.09]}))
+    card = json.loads((warm / "run_card.json").read_text())
+    card["base_models"] = {"policy": {"model": str(model), "loaded_from": str(model)}}
+    (warm / "run_card.json").write_text(json.dumps(card))
+    card = json.loads((other / "run_card.json").read_text())  # loaded from a folder with no record
+    card["base_models"] = {"policy": {"model": str(tmp_path), "loaded_from": str(tmp_path)}}
+    (other / "run_card.json").write_text(json.dumps(card))
+    assert main([str(out), "--grid", GRID, "--to", str(to), "--no-figures"]) == 0
+    assert (to / "runs" / warm.name / WARMUP).read_bytes() == (model / WARMUP).read_bytes()
+    assert not (to / "runs" / other.name / WARMUP).exists()
+    assert not any(p.name == "model.safetensors" for p in to.rglob("*"))
 
 
 def test_a_cell_that_has_not_finished_is_left_out_and_named(tmp_path, capsys):

@@ -1,7 +1,8 @@
 """Keep a grid's study in reports/: copy its manifest (`grids/<grid>.json`) and, for every cell the
 manifest names, the logs a report is computed from (metrics.csv, config.yaml, run_card.json,
 attempts.jsonl, summary.json, and samples.jsonl where the run kept samples; no checkpoints, exported models or W&B files) into TO, in the same
-`runs/<run>/` layout, then write the report there. Only finished cells are kept (those with a
+`runs/<run>/` layout, then write the report there. A run whose policy was loaded from a `vapo-warmup`
+folder also keeps that folder's WARMUP.json (what the warm-up was: its settings and loss per step). Only finished cells are kept (those with a
 `summary.json`, which a run writes at its end): a cell still running, failed or not started is left out
 and named, and the report says which seeds are missing, so a grid's finished cells can be kept as
 they complete.
@@ -20,6 +21,15 @@ import sys
 from pathlib import Path
 
 LOGS = ("metrics.csv", "config.yaml", "run_card.json", "attempts.jsonl", "summary.json", "samples.jsonl")
+WARMUP = "WARMUP.json"
+
+
+def warmup_record(run: Path) -> Path | None:
+    """The WARMUP.json of the folder the run's policy was loaded from, if it has one."""
+    card = json.loads((run / "run_card.json").read_text()) if (run / "run_card.json").is_file() else {}
+    loaded = ((card.get("base_models") or {}).get("policy") or {}).get("loaded_from")
+    record = Path(loaded) / WARMUP if loaded else None
+    return record if record is not None and record.is_file() else None
 
 
 def keep(out: Path, grid: str, to: Path, replace: bool = False) -> list[str]:
@@ -44,6 +54,9 @@ def keep(out: Path, grid: str, to: Path, replace: bool = False) -> list[str]:
         for name in LOGS:
             if (out / c["run_dir"] / name).is_file():
                 shutil.copy2(out / c["run_dir"] / name, dest / name)
+        record = warmup_record(out / c["run_dir"])
+        if record is not None:
+            shutil.copy2(record, dest / WARMUP)
     return missing
 
 
