@@ -2,8 +2,8 @@
 manifest names, the logs a report is computed from (metrics.csv, config.yaml, run_card.json,
 attempts.jsonl, summary.json, and samples.jsonl where the run kept samples; no checkpoints, exported models or W&B files) into TO, in the same
 `runs/<run>/` layout, then write the report there. A run whose policy was loaded from a `vapo-warmup`
-folder also keeps that folder's WARMUP.json (what the warm-up was: its settings and loss per step). Only finished cells are kept (those with a
-`summary.json`, which a run writes at its end): a cell still running, failed or not started is left out
+folder also keeps that folder's WARMUP.json (what the warm-up was: its settings and loss per step).
+Only finished cells are kept (those with a `summary.json`, which a run writes at its end): a cell still running, failed or not started is left out
 and named, and the report says which seeds are missing, so a grid's finished cells can be kept as
 they complete.
 
@@ -20,8 +20,9 @@ import shutil
 import sys
 from pathlib import Path
 
+from vapo_lit.warmup import WARMUP_FILE as WARMUP
+
 LOGS = ("metrics.csv", "config.yaml", "run_card.json", "attempts.jsonl", "summary.json", "samples.jsonl")
-WARMUP = "WARMUP.json"
 
 
 def warmup_record(run: Path) -> Path | None:
