@@ -1,11 +1,12 @@
 """Keep a grid's study in reports/: copy its manifest (`grids/<grid>.json`) and, for every cell the
 manifest names, the logs a report is computed from (metrics.csv, config.yaml, run_card.json,
-attempts.jsonl, summary.json, and samples.jsonl where the run kept samples; no checkpoints, exported models or W&B files) into TO, in the same
-`runs/<run>/` layout, then write the report there. A run whose policy was loaded from a `vapo-warmup`
-folder also keeps that folder's WARMUP.json (what the warm-up was: its settings and loss per step).
-Only finished cells are kept (those with a `summary.json`, which a run writes at its end): a cell still running, failed or not started is left out
-and named, and the report says which seeds are missing, so a grid's finished cells can be kept as
-they complete.
+attempts.jsonl, summary.json, and samples.jsonl where the run kept samples; no checkpoints, exported
+models or W&B files) into TO, in the same `runs/<run>/` layout, then write the report there. A run
+whose policy was loaded from a `vapo-warmup` folder also keeps that folder's WARMUP.json (what the
+warm-up was: its settings and loss per step). Only finished cells are kept (those with a
+`summary.json`, which a run writes at its end): a cell still running, failed or not started is left
+out and named, and the report says which seeds are missing, so a grid's finished cells can be kept
+as they complete.
 
     python tools/keep_report.py runs/table1-long --grid table1_long --to reports/table1-long [--replace]
 
