@@ -135,6 +135,20 @@ def test_bad_storage_url_masked_and_nothing_written(tmp_path, capsys, url, expec
     assert not (tmp_path / "o").exists()
 
 
+def test_sqlite_storage_may_sit_in_the_output_folder_it_creates(tmp_path):
+    """--storage sqlite:///OUT/grid.db with an OUT not yet made: the grid makes OUT, then the database."""
+    from vapo_lit.ablate.grid import grid_from_drop
+    from vapo_lit.ablate.runner import open_store, plan
+
+    out = tmp_path / "new"
+    p = plan(grid_from_drop(["clip_higher"]), RunConfig(model="random"), [0], out, f"sqlite:///{out}/grid.db")
+    assert not out.exists()  # validated, nothing written
+    open_store(p)
+    assert (out / "grid.db").is_file()
+    with pytest.raises(ValueError, match=r"does not exist \(only --out .* is created\)"):
+        plan(grid_from_drop(["clip_higher"]), RunConfig(model="random"), [0], out / "b", f"sqlite:///{out}/c/x.db")
+
+
 @pytest.mark.parametrize(
     "url, package",
     [

@@ -84,7 +84,7 @@ def plan(
     preflight_grid(cells)  # model dirs, data files, critic_init, task options: the whole grid or nothing
     url = storage or default_storage(out)
     if storage is not None:
-        check_url(storage)
+        check_url(storage, creates=out)
     endpoint, tuning = fixed_protocol(grid, out)
     return Plan(
         grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices, endpoint, tuning

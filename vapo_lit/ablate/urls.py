@@ -91,8 +91,9 @@ def engine_url(url: str) -> str:
     return url
 
 
-def check_url(url: str) -> None:
-    """Parse the URL and load its driver; ValueError (password masked) if that fails. Writes nothing."""
+def check_url(url: str, creates: Path | None = None) -> None:
+    """Parse the URL and load its driver; ValueError (password masked) if that fails. Writes nothing.
+    A SQLite file's folder must exist, or be `creates` (the output folder the caller makes first)."""
     import sqlalchemy
 
     try:
@@ -124,8 +125,9 @@ def check_url(url: str) -> None:
                 f"--storage {mask_url(url)}: an in-memory SQLite database cannot be shared by workers"
             )
         parent = Path(db).resolve().parent
-        if not parent.is_dir():
-            raise ValueError(f"--storage {mask_url(url)}: folder {parent} does not exist")
+        if not parent.is_dir() and (creates is None or parent != Path(creates).resolve()):
+            made = f" (only --out {creates} is created)" if creates is not None else ""
+            raise ValueError(f"--storage {mask_url(url)}: folder {parent} does not exist{made}")
 
 
 def is_sqlite(url: str) -> bool:
