@@ -119,7 +119,7 @@ def checked_sweep(args):
     base = base_config(spec, args)
     check_space(spec, base)
     if args.storage:
-        check_url(args.storage)
+        check_url(args.storage, creates=args.out)
     if args.n_trials is not None and args.n_trials < 1:
         raise ValueError("--n-trials must be >= 1")
     if base.threads is None:
