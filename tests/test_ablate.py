@@ -146,7 +146,13 @@ def test_sqlite_storage_may_sit_in_the_output_folder_it_creates(tmp_path):
     open_store(p)
     assert (out / "grid.db").is_file()
     with pytest.raises(ValueError, match=r"does not exist \(only --out .* is created\)"):
-        plan(grid_from_drop(["clip_higher"]), RunConfig(model="random"), [0], out / "b", f"sqlite:///{out}/c/x.db")
+        plan(
+            grid_from_drop(["clip_higher"]),
+            RunConfig(model="random"),
+            [0],
+            out / "b",
+            f"sqlite:///{out}/c/x.db",
+        )
 
 
 @pytest.mark.parametrize(

@@ -222,3 +222,24 @@ def test_a_grid_run_on_two_kinds_of_cpu_or_from_two_base_policies_is_named(tmp_p
     _edit_card(runs[2], base_models={"policy": {"cache": "policy-x", "weights_sha256": "b" * 64}})
     md = report()
     assert "⚠ Runs of the same model_seed started from different built-in policy weights (model_seed 0)" in md
+
+
+def test_a_grid_held_to_one_instruction_set_says_so(tmp_path):
+    """Run cards that record the same pin (vapo_lit/cpu_pin.py) on every run: the protocol names it;
+    one unpinned run, or two pins, and it does not."""
+    folder = _synthetic(tmp_path, "mean-last-3", [5, 6])
+    runs = sorted((tmp_path / "syn" / "runs").iterdir())
+    pinned = {"torch_cpu_capability": "AVX2", "cpu_pin": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2"}}
+    for d in runs:
+        _edit_card(d, software=pinned, hardware={"accelerator": "cpu"})
+
+    def report() -> str:
+        write_report(tmp_path / "syn", grid_id="syn", figures=False)
+        return (folder / "table.md").read_text()
+
+    sentence = "Every run was held to one instruction set (avx2: torch's, MKL's and oneDNN's kernels)"
+    assert sentence in report()
+    _edit_card(runs[0], software={"torch_cpu_capability": "AVX2"})
+    assert "held to one instruction set" not in report()
+    _edit_card(runs[0], software={**pinned, "cpu_pin": {"ATEN_CPU_CAPABILITY": "default"}})
+    assert "held to one instruction set" not in report()

@@ -13,6 +13,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import Callback
 
+from vapo_lit import cpu_pin
 from vapo_lit.config import COMPONENTS, OPTIONAL_COMPONENTS, RunConfig, to_dict
 from vapo_lit.models import resolve_critic_init
 from vapo_lit.tasks.env import is_environment
@@ -177,6 +178,7 @@ def _software() -> dict:
         "torch": torch.__version__,
         "lightning": L.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
+        **({"cpu_pin": cpu_pin.recorded()} if cpu_pin.recorded() else {}),
         **({"vllm": getattr(vllm, "__version__", "?")} if vllm is not None else {}),
     }
 

@@ -17,6 +17,8 @@ A grid comes from `--drop a[,b]` (full recipe + that drop) or from `ablations/NA
     endpoint: mean-last-3       # optional: the primary endpoint, fixed before the grid runs
                                 # (vapo_lit/protocol.py; default mean-last-3, or final)
     tuning_seeds: [0, 1, 2]     # optional: seeds the grid's settings were chosen on (default none)
+    cpu_capability: avx2        # optional: torch, MKL and oneDNN held to one instruction set
+                                # (vapo_lit/cpu_pin.py: default, avx2, avx512); default: unpinned
 
 A cell = (row config, seed). Its identity is a hash of the fully resolved config minus the
 bookkeeping fields in `BOOKKEEPING` (where it is written, W&B naming, threads, caches) and the
@@ -45,6 +47,7 @@ from vapo_lit.config import (
     without_neutral,
 )
 from vapo_lit.labels import check_contrasts, run_label
+from vapo_lit import cpu_pin
 from vapo_lit.protocol import parse_endpoint, parse_seeds
 
 BOOKKEEPING = (
@@ -108,6 +111,8 @@ class Grid:
     """The primary endpoint as the grid file names it (None: not named; protocol.DEFAULT_ENDPOINT)."""
     tuning_seeds: list | None = None
     """Seeds the grid's settings were chosen on (None: not named; none)."""
+    cpu_capability: str | None = None
+    """The instruction set every process is held to (vapo_lit/cpu_pin.py; None: not named; unpinned)."""
 
 
 def _row_from_spec(spec: dict, where: str) -> Row:
@@ -221,11 +226,12 @@ def _read_spec(path: Path) -> dict:
         "contrasts",
         "endpoint",
         "tuning_seeds",
+        "cpu_capability",
     }
     if bad:
         raise ValueError(
             f"{path}: unknown key(s) {sorted(bad)}; valid: name, description, rows, generate, model_seed, "
-            "reference, contrasts, endpoint, tuning_seeds"
+            "reference, contrasts, endpoint, tuning_seeds, cpu_capability"
         )
     return spec
 
@@ -261,6 +267,9 @@ def load_grid(name_or_path: str) -> Grid:
     if endpoint is not None:
         endpoint = parse_endpoint(endpoint, f"{path} endpoint").name
     tuning = parse_seeds(spec["tuning_seeds"], f"{path} tuning_seeds") if "tuning_seeds" in spec else None
+    pin = spec.get("cpu_capability")
+    if pin is not None:
+        pin = cpu_pin.parse(pin, f"{path} cpu_capability:")
     return Grid(
         spec.get("name") or path.stem,
         rows,
@@ -270,6 +279,7 @@ def load_grid(name_or_path: str) -> Grid:
         contrasts,
         endpoint,
         tuning,
+        pin,
     )
 
 

@@ -20,11 +20,11 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from vapo_lit import protocol
+from vapo_lit import cpu_pin, protocol
 from vapo_lit.ablate import progress
 from vapo_lit.ablate.grid import Grid, cells_of
 from vapo_lit.ablate.store import STUDY, CellStore, check_url, is_sqlite, mask_url
-from vapo_lit.ablate.worker import WorkerSpec, work, work_in_subprocess
+from vapo_lit.ablate.worker import WorkerSpec, read_ledger, work, work_in_subprocess
 from vapo_lit.config import RunConfig, merge
 from vapo_lit.labels import row_order
 from vapo_lit.preflight import check_writable, preflight_grid
@@ -46,6 +46,8 @@ class Plan:
     """The grid's primary endpoint (vapo_lit/protocol.py), as its manifest records it."""
     tuning_seeds: list = field(default_factory=list)
     """Seeds the grid's settings were chosen on: its cells with these seeds are tuning cells."""
+    cpu_capability: str | None = None
+    """The instruction set every process of the grid is held to (vapo_lit/cpu_pin.py), or None."""
 
 
 def default_storage(out: Path) -> str:
@@ -86,8 +88,20 @@ def plan(
     if storage is not None:
         check_url(storage, creates=out)
     endpoint, tuning = fixed_protocol(grid, out)
+    pin = fixed_pin(grid, out, cells)
     return Plan(
-        grid, cells, out, url, study, heartbeat_interval, grace_period, retries, gpu_slices, endpoint, tuning
+        grid,
+        cells,
+        out,
+        url,
+        study,
+        heartbeat_interval,
+        grace_period,
+        retries,
+        gpu_slices,
+        endpoint,
+        tuning,
+        pin,
     )
 
 
@@ -154,6 +168,45 @@ def _devices_per_cell(base: RunConfig, k: int, workers: int):
     return base, [",".join(gpus[i * k : (i + 1) * k]) for i in range(workers)]
 
 
+def fixed_pin(grid: Grid, out: Path, cells) -> str | None:
+    """The instruction set the grid is held to: as its manifest recorded it, else as the grid names
+    it. Naming another than the recorded one is refused, and so is pinning a grid whose cells have
+    already computed on another instruction set (their attempt ledgers say which)."""
+    path = manifest_path(out, grid)
+    recorded = None
+    if path.is_file():
+        try:
+            recorded = json.loads(path.read_text()).get("cpu_capability")
+        except (OSError, json.JSONDecodeError) as e:
+            raise ValueError(
+                f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh"
+            )
+    if recorded is not None and grid.cpu_capability is not None and grid.cpu_capability != recorded:
+        raise ValueError(
+            f"cpu_capability {grid.cpu_capability}: grid {grid.grid_id!r} is pinned to {recorded} (recorded "
+            f"in {path}); its cells compute alike only under one pin: drop --cpu-capability, or start a new "
+            "grid (another --out)"
+        )
+    pin = recorded or grid.cpu_capability
+    if pin is not None and recorded is None:
+        others = sorted(
+            {
+                (rec.get("cpu_capability"), c.run_dir.name)
+                for c in cells
+                for rec in read_ledger(c.run_dir)
+                if rec.get("cpu_capability") not in (None, cpu_pin.TORCH_NAME[pin])
+            }
+        )
+        if others:
+            sets = ", ".join(sorted({cap for cap, _ in others}))
+            raise ValueError(
+                f"cpu_capability {pin}: {len({run for _, run in others})} of grid {grid.grid_id!r}'s cells already "
+                f"computed on {sets} (e.g. {others[0][1]}); pinning it now would mix instruction sets: start a "
+                "new grid (another --out), or leave this one unpinned"
+            )
+    return pin
+
+
 def write_manifest(p: Plan) -> Path:
     path = manifest_path(p.out, p.grid)
     path.parent.mkdir(parents=True, exist_ok=True)
@@ -172,6 +225,7 @@ def write_manifest(p: Plan) -> Path:
         **({"contrasts": [list(c) for c in p.grid.contrasts]} if p.grid.contrasts else {}),
         "endpoint": p.endpoint,
         "tuning_seeds": p.tuning_seeds,
+        "cpu_capability": p.cpu_capability,
         "cells": [
             {
                 "row": c.row,
@@ -257,6 +311,8 @@ def run(p: Plan, *, workers: int = 1, report=None, log=progress.say) -> int:
 
 def _work(p: Plan, workers: int, view: progress.LiveView, log):
     """Enqueue, build the models, run the local workers; (exit code, the grid's status)."""
+    if p.cpu_capability is not None:  # before anything is written or built
+        cpu_pin.check(p.cpu_capability)
     store = open_store(p)
     write_manifest(p)
     counts = store.enqueue(seed_major(p.cells), p.grid.grid_id)

@@ -73,6 +73,21 @@ def _ledger(run_dir: Path, record: dict) -> None:
         f.write(json.dumps(record) + "\n")
 
 
+def read_ledger(run_dir: Path) -> list:
+    """A run folder's attempt records, [] when it has none (a line cut by a crash is skipped)."""
+    try:
+        lines = (Path(run_dir) / "attempts.jsonl").read_text().splitlines()
+    except OSError:
+        return []
+    out = []
+    for line in lines:
+        try:
+            out.append(json.loads(line))
+        except json.JSONDecodeError:
+            continue
+    return out
+
+
 def _final_eval(summary: dict, k: int) -> float:
     v = (summary.get("last_metrics") or {}).get(f"eval/avg@{k}")
     best = summary.get("best_eval")

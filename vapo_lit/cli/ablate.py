@@ -83,6 +83,13 @@ def _add_seed_flags(ap: argparse.ArgumentParser) -> None:
         help="seeds the grid's settings were chosen on, e.g. 0-2 or 0,1,2 (recorded in the manifest; the "
         "report warns where a row's deltas rest on them); default: the grid file's, else none",
     )
+    ap.add_argument(
+        "--cpu-capability",
+        metavar="ISA",
+        help="hold torch, MKL and oneDNN to one instruction set in every process of the grid (default, "
+        "avx2 or avx512), so its cells compute alike on any CPU that has it; recorded in the manifest "
+        "and kept for the grid's life; default: the grid file's, else unpinned",
+    )
 
 
 def _add_run_flags(ap: argparse.ArgumentParser) -> None:
@@ -146,6 +153,7 @@ def make_plans(args):
     """Validate the command line; returns n_seeds -> Plan (ValueError on anything wrong; nothing is written)."""
     from vapo_lit.ablate.grid import grid_from_drop, load_grid
     from vapo_lit.ablate.runner import plan
+    from vapo_lit import cpu_pin
     from vapo_lit.protocol import parse_endpoint, parse_seeds
 
     if args.only is not None:
@@ -170,6 +178,8 @@ def make_plans(args):
         grid.endpoint = parse_endpoint(args.endpoint, "--endpoint").name
     if args.tuning_seeds is not None:
         grid.tuning_seeds = parse_seeds(args.tuning_seeds, "--tuning-seeds")
+    if args.cpu_capability is not None:
+        grid.cpu_capability = cpu_pin.parse(args.cpu_capability, "--cpu-capability")
     args.drop = ""
     base = config_from_args(args)
 
@@ -263,6 +273,7 @@ def main(argv=None) -> int:
         plan_for = make_plans(args)
         rows = check_auto(args, plan_for)
         p = plan_for(args.min_seeds if args.seeds == "auto" else args.seeds)
+        hold_to_pin(p.cpu_capability, reexec=argv is None)
     except ValueError as e:
         print(f"vapo-ablate: error: {mask_text(e, args.storage)}", file=sys.stderr)
         return errors.BAD_INPUT
@@ -297,6 +308,23 @@ def main(argv=None) -> int:
         except Exception as e:  # noqa: BLE001 - one line and a stable code, never a traceback
             print(f"vapo-ablate: error: {mask_text(failure(e, p.out, p.url), p.url)}", file=sys.stderr)
             return errors.RUNTIME
+
+
+def hold_to_pin(pin: str | None, *, reexec: bool) -> None:
+    """A pinned grid runs in a process that loaded torch under the pin: the command restarts itself
+    (same arguments, pin added to the environment) when the environment lacks it; ValueError when
+    this CPU cannot honour it, or when the caller (`main(argv)` in-process) cannot be restarted."""
+    import os
+
+    from vapo_lit import cpu_pin
+
+    if pin is None:
+        return
+    if not cpu_pin.in_effect(pin) and reexec:
+        sys.stdout.flush()
+        sys.stderr.flush()
+        os.execve(sys.executable, sys.orig_argv, {**os.environ, **cpu_pin.env_for(pin)})
+    cpu_pin.check(pin)
 
 
 def failure(e: Exception, out: Path, url: str) -> str:

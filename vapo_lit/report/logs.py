@@ -61,6 +61,12 @@ class RunLog:
         return found | ({card} if card else set())
 
     @property
+    def cpu_pin(self) -> str | None:
+        """The instruction set the run was held to (vapo_lit/cpu_pin.py; the run card's
+        ATEN_CPU_CAPABILITY), None when it ran unpinned or its card does not say."""
+        return ((self.card.get("software") or {}).get("cpu_pin") or {}).get("ATEN_CPU_CAPABILITY")
+
+    @property
     def policy_sha256(self) -> str | None:
         """The SHA-256 of the built-in policy weights the run started from (run card), if recorded."""
         return ((self.card.get("base_models") or {}).get("policy") or {}).get("weights_sha256")

@@ -600,6 +600,12 @@ def protocol_note(rep: GridReport) -> str:
                 else " No row includes them: every delta rests on confirmation seeds."
             )
         )
+    pins = {log.cpu_pin for log in rep.logs}
+    if len(pins) == 1 and None not in pins:
+        parts.append(
+            f"Every run was held to one instruction set ({pins.pop()}: torch's, MKL's and oneDNN's kernels), "
+            "whichever CPU ran it."
+        )
     parts += same_start_warnings(rep.logs)
     return " ".join(parts)
 

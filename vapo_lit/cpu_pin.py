@@ -1,0 +1,71 @@
+"""Holding torch's CPU kernels to one instruction set, so a grid's cells compute alike on any machine.
+
+torch dispatches its own CPU kernels by instruction set (default, AVX2, AVX-512 on x86-64) and links
+MKL (BLAS) and oneDNN, which dispatch on their own; float32 results differ in their last bits from
+one to another, and an RL run amplifies last bits into another trajectory. A grid pinned to one
+(`cpu_capability: avx2` in its file, or `vapo-ablate --cpu-capability avx2`) runs every process
+with all three held to it, so any CPU that has the instruction set runs the grid's remaining cells
+on the code paths the first machine ran. The pin is recorded in the grid's manifest and kept for the grid's
+life. Reading the environment is all this module does: torch is imported only to check that this
+CPU honours the pin.
+"""
+
+from __future__ import annotations
+
+import os
+
+PINS = {
+    "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"},
+    "avx2": {"ATEN_CPU_CAPABILITY": "avx2", "MKL_CBWR": "AVX2", "ONEDNN_MAX_CPU_ISA": "AVX2"},
+    "avx512": {"ATEN_CPU_CAPABILITY": "avx512", "MKL_CBWR": "AVX512", "ONEDNN_MAX_CPU_ISA": "AVX512_CORE"},
+}
+"""Each pin's environment: torch's kernels (read once when torch loads), MKL's conditional numerical
+reproducibility branch and oneDNN's highest instruction set."""
+
+TORCH_NAME = {"default": "DEFAULT", "avx2": "AVX2", "avx512": "AVX512"}
+"""What `torch.backends.cpu.get_cpu_capability()` (and the attempt ledger) says under each pin."""
+
+
+def parse(text, where: str) -> str:
+    """A pin name (case-insensitive), or ValueError naming the valid ones."""
+    name = str(text).strip().lower()
+    if name not in PINS:
+        raise ValueError(f"{where} {text!r}: not an instruction set to pin; valid: {', '.join(PINS)}")
+    return name
+
+
+def env_for(pin: str) -> dict:
+    return dict(PINS[pin])
+
+
+def in_effect(pin: str, environ=None) -> bool:
+    """Whether `environ` (default: this process's) holds every variable of the pin."""
+    environ = os.environ if environ is None else environ
+    return all(environ.get(k) == v for k, v in PINS[pin].items())
+
+
+def recorded(environ=None) -> dict:
+    """The pin variables set in `environ` (for run cards: what a run computed under)."""
+    environ = os.environ if environ is None else environ
+    return {k: environ[k] for k in PINS["default"] if k in environ}
+
+
+def check(pin: str) -> None:
+    """ValueError unless this process runs under the pin: its environment holds the pin's variables
+    (they must be set before Python starts: torch reads its own once, when it loads) and torch
+    dispatches to the pinned instruction set (on a CPU without it torch falls back to the best it
+    has)."""
+    if not in_effect(pin):
+        raise ValueError(
+            f"cpu_capability {pin}: this process was started without "
+            f"{' '.join(f'{k}={v}' for k, v in PINS[pin].items())}; set them before Python starts "
+            "(the vapo-ablate command restarts itself with them)"
+        )
+    import torch
+
+    got = torch.backends.cpu.get_cpu_capability()
+    if got != TORCH_NAME[pin]:
+        raise ValueError(
+            f"cpu_capability {pin}: torch's CPU kernels run {got} here (this CPU lacks {pin}); run the "
+            f"grid on a CPU with {pin}, or start a new grid (another --out) with another pin"
+        )
