@@ -39,6 +39,8 @@ def test_in_effect_needs_every_variable_of_the_pin():
     assert cpu_pin.in_effect("avx2", env) and not cpu_pin.in_effect("avx512", env)
     assert not cpu_pin.in_effect("avx2", {**env, "MKL_CBWR": "AUTO"})
     assert cpu_pin.recorded({**env, "HOME": "/x"}) == env
+    assert cpu_pin.current(env) == "avx2"
+    assert cpu_pin.current({"ATEN_CPU_CAPABILITY": "avx2"}) is None  # torch alone: MKL and oneDNN not held
     assert {p: cpu_pin.TORCH_NAME[p] for p in cpu_pin.PINS} == {
         "default": "DEFAULT",
         "avx2": "AVX2",
@@ -135,4 +137,5 @@ def test_the_command_restarts_itself_under_the_pin_and_every_record_says_so(tmp_
         assert [a["cpu_capability"] for a in attempts(d) if a["event"] == "start"] == ["DEFAULT"]
         card = json.loads((d / "run_card.json").read_text())
         assert card["software"]["torch_cpu_capability"] == "DEFAULT"
-        assert card["software"]["cpu_pin"] == cpu_pin.env_for("default")
+        assert card["software"]["cpu_pin"] == "default"
+        assert card["software"]["cpu_pin_env"] == cpu_pin.env_for("default")

@@ -44,6 +44,11 @@ def in_effect(pin: str, environ=None) -> bool:
     return all(environ.get(k) == v for k, v in PINS[pin].items())
 
 
+def current(environ=None) -> str | None:
+    """The pin whose every variable `environ` (default: this process's) holds, or None."""
+    return next((pin for pin in PINS if in_effect(pin, environ)), None)
+
+
 def recorded(environ=None) -> dict:
     """The pin variables set in `environ` (for run cards: what a run computed under)."""
     environ = os.environ if environ is None else environ

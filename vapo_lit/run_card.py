@@ -178,7 +178,9 @@ def _software() -> dict:
         "torch": torch.__version__,
         "lightning": L.__version__,
         "torch_cpu_capability": torch.backends.cpu.get_cpu_capability(),
-        **({"cpu_pin": cpu_pin.recorded()} if cpu_pin.recorded() else {}),
+        # the instruction set a grid held this run to (vapo_lit/cpu_pin.py), and any of its variables set
+        **({"cpu_pin": cpu_pin.current()} if cpu_pin.current() else {}),
+        **({"cpu_pin_env": cpu_pin.recorded()} if cpu_pin.recorded() else {}),
         **({"vllm": getattr(vllm, "__version__", "?")} if vllm is not None else {}),
     }
 

@@ -62,9 +62,9 @@ class RunLog:
 
     @property
     def cpu_pin(self) -> str | None:
-        """The instruction set the run was held to (vapo_lit/cpu_pin.py; the run card's
-        ATEN_CPU_CAPABILITY), None when it ran unpinned or its card does not say."""
-        return ((self.card.get("software") or {}).get("cpu_pin") or {}).get("ATEN_CPU_CAPABILITY")
+        """The instruction set the run was held to (vapo_lit/cpu_pin.py: torch, MKL and oneDNN, as
+        its run card records it), None when it ran unpinned or its card does not say."""
+        return (self.card.get("software") or {}).get("cpu_pin")
 
     @property
     def policy_sha256(self) -> str | None:
