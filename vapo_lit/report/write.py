@@ -600,14 +600,20 @@ def protocol_note(rep: GridReport) -> str:
                 else " No row includes them: every delta rests on confirmation seeds."
             )
         )
-    pins = {log.cpu_pin for log in rep.logs}
-    if len(pins) == 1 and None not in pins:
-        parts.append(
-            f"Every run was held to one instruction set ({pins.pop()}: torch's, MKL's and oneDNN's kernels), "
-            "whichever CPU ran it."
-        )
-    parts += same_start_warnings(rep.logs)
+    parts += pin_note(rep.logs) + same_start_warnings(rep.logs)
     return " ".join(parts)
+
+
+def pin_note(logs) -> list[str]:
+    """The sentence naming the instruction set every run was held to (vapo_lit/cpu_pin.py, as the
+    run cards record it); nothing when a run ran unpinned or the runs name different ones."""
+    pins = {log.cpu_pin for log in logs}
+    if len(pins) != 1 or None in pins:
+        return []
+    return [
+        f"Every run was held to one instruction set ({pins.pop()}: torch's, MKL's and oneDNN's kernels), "
+        "whichever CPU ran it."
+    ]
 
 
 def same_start_warnings(logs) -> list[str]:
