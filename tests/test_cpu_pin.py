@@ -56,13 +56,54 @@ def test_check_refuses_a_process_started_without_the_pin(monkeypatch):
 
 
 def test_check_refuses_a_cpu_without_the_pinned_instruction_set(monkeypatch):
+    """torch reports whatever ATEN_CPU_CAPABILITY says, even a set the CPU lacks (and then dies of an
+    illegal instruction), so the CPU's own set is asked of an unpinned interpreter."""
     for k, v in cpu_pin.env_for("avx512").items():
         monkeypatch.setenv(k, v)
-    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX2")
-    with pytest.raises(ValueError, match=r"kernels run AVX2 here \(this CPU lacks avx512\)"):
-        cpu_pin.check("avx512")
+    monkeypatch.setattr(cpu_pin, "native", lambda: "AVX2")
     monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "AVX512")
+    with pytest.raises(ValueError, match=r"cpu_capability avx512: this CPU lacks it \(torch runs AVX2 here"):
+        cpu_pin.check("avx512")
+    monkeypatch.setattr(cpu_pin, "native", lambda: "AVX512")
     cpu_pin.check("avx512")
+    for k, v in cpu_pin.env_for("default").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(cpu_pin, "native", lambda: "SVE256")  # another architecture: default only
+    monkeypatch.setattr(torch.backends.cpu, "get_cpu_capability", lambda: "DEFAULT")
+    cpu_pin.check("default")
+
+
+def test_native_is_the_unpinned_capability_even_under_a_pin(monkeypatch):
+    for k, v in cpu_pin.env_for("default").items():
+        monkeypatch.setenv(k, v)
+    monkeypatch.setattr(cpu_pin, "_native", [])
+    proc = subprocess.run(
+        [sys.executable, "-c", "import torch; print(torch.backends.cpu.get_cpu_capability())"],
+        env=unpinned_env(),
+        capture_output=True,
+        text=True,
+        check=True,
+    )
+    assert cpu_pin.native() == proc.stdout.strip()
+
+
+@pytest.mark.skipif(
+    cpu_pin.RANK.get(cpu_pin.native(), -1) >= cpu_pin.RANK["AVX512"],
+    reason="this CPU has AVX-512: no pinnable set above it to refuse",
+)
+def test_a_pin_above_the_cpu_is_refused_before_anything_is_written(tmp_path):
+    proc = subprocess.run(
+        [sys.executable, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "o", "--drop", "clip_higher")]
+        + ["--steps", "1", "--no-report", "--cpu-capability", "avx512"],
+        env=unpinned_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+    assert proc.returncode == 2, proc.stderr[-2000:]
+    assert "cpu_capability avx512: this CPU lacks it" in proc.stderr
+    assert not (tmp_path / "o").exists()
 
 
 def test_grid_file_names_a_pin(tmp_path):

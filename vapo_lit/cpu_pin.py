@@ -6,8 +6,8 @@ one to another, and an RL run amplifies last bits into another trajectory. A gri
 (`cpu_capability: avx2` in its file, or `vapo-ablate --cpu-capability avx2`) runs every process
 with all three held to it, so any CPU that has the instruction set runs the grid's remaining cells
 on the code paths the first machine ran. The pin is recorded in the grid's manifest and kept for the grid's
-life. Reading the environment is all this module does: torch is imported only to check that this
-CPU honours the pin.
+life. Reading the environment is most of what this module does: torch is imported only to check that
+this CPU has the pinned set and that torch dispatches to it.
 """
 
 from __future__ import annotations
@@ -55,22 +55,47 @@ def recorded(environ=None) -> dict:
     return {k: environ[k] for k in PINS["default"] if k in environ}
 
 
+RANK = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}
+"""torch's x86-64 instruction sets, each running on the CPUs of those above it."""
+
+_native: list = []
+
+
+def native() -> str:
+    """The instruction set torch picks on this CPU unpinned (asked of a fresh interpreter without the
+    pin variables, once per process): under ATEN_CPU_CAPABILITY torch reports whatever it is told,
+    even a set the CPU lacks, and then dies of an illegal instruction in its first kernel."""
+    if not _native:
+        import subprocess
+        import sys
+
+        env = {k: v for k, v in os.environ.items() if k not in PINS["default"]}
+        code = "import torch; print(torch.backends.cpu.get_cpu_capability())"
+        out = subprocess.run(
+            [sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True
+        )
+        _native.append(out.stdout.strip().splitlines()[-1])
+    return _native[0]
+
+
 def check(pin: str) -> None:
     """ValueError unless this process runs under the pin: its environment holds the pin's variables
-    (they must be set before Python starts: torch reads its own once, when it loads) and torch
-    dispatches to the pinned instruction set (on a CPU without it torch falls back to the best it
-    has)."""
+    (they must be set before Python starts: torch reads its own once, when it loads), this CPU has
+    the pinned instruction set, and torch dispatches to it."""
     if not in_effect(pin):
         raise ValueError(
             f"cpu_capability {pin}: this process was started without "
             f"{' '.join(f'{k}={v}' for k, v in PINS[pin].items())}; set them before Python starts "
             "(the vapo-ablate command restarts itself with them)"
         )
+    have = native()
+    if pin != "default" and RANK.get(have, -1) < RANK[TORCH_NAME[pin]]:  # default runs anywhere
+        raise ValueError(
+            f"cpu_capability {pin}: this CPU lacks it (torch runs {have} here unpinned); run the grid on a "
+            f"CPU with {pin}, or start a new grid (another --out) with a pin it has"
+        )
     import torch
 
     got = torch.backends.cpu.get_cpu_capability()
     if got != TORCH_NAME[pin]:
-        raise ValueError(
-            f"cpu_capability {pin}: torch's CPU kernels run {got} here (this CPU lacks {pin}); run the "
-            f"grid on a CPU with {pin}, or start a new grid (another --out) with another pin"
-        )
+        raise ValueError(f"cpu_capability {pin}: torch's CPU kernels run {got} here, not {TORCH_NAME[pin]}")
