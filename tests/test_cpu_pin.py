@@ -28,6 +28,19 @@ def unpinned_env() -> dict:
     return {k: v for k, v in os.environ.items() if k not in cpu_pin.PINS["default"]}
 
 
+def ablate_pinned(tmp_path, pin: str) -> subprocess.CompletedProcess:
+    """A one-step `vapo-ablate --cpu-capability PIN` grid into tmp_path/o, started unpinned."""
+    return subprocess.run(
+        [sys.executable, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "o", "--drop", "clip_higher")]
+        + ["--steps", "1", "--no-report", "--cpu-capability", pin],
+        env=unpinned_env(),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
+
+
 def test_names_parse_case_insensitively_and_bad_ones_list_the_valid():
     assert cpu_pin.parse(" AVX2 ", "--cpu-capability") == "avx2"
     with pytest.raises(ValueError, match=r"--cpu-capability 'avx9': .* valid: default, avx2, avx512"):
@@ -92,15 +105,7 @@ def test_native_is_the_unpinned_capability_even_under_a_pin(monkeypatch):
     reason="this CPU has AVX-512: no pinnable set above it to refuse",
 )
 def test_a_pin_above_the_cpu_is_refused_before_anything_is_written(tmp_path):
-    proc = subprocess.run(
-        [sys.executable, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "o", "--drop", "clip_higher")]
-        + ["--steps", "1", "--no-report", "--cpu-capability", "avx512"],
-        env=unpinned_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = ablate_pinned(tmp_path, "avx512")
     assert proc.returncode == 2, proc.stderr[-2000:]
     assert "cpu_capability avx512: this CPU lacks it" in proc.stderr
     assert not (tmp_path / "o").exists()
@@ -160,15 +165,7 @@ def test_the_command_restarts_itself_under_the_pin_and_every_record_says_so(tmp_
     """From an environment without the pin: the command runs its cell under it (torch's default
     kernels, which every CPU has), the attempt ledger and run card record it, the manifest keeps it."""
     out = tmp_path / "o"
-    proc = subprocess.run(
-        [sys.executable, "-m", "vapo_lit.cli.ablate", *flags(tmp_path, "o", "--drop", "clip_higher")]
-        + ["--steps", "1", "--no-report", "--cpu-capability", "default"],
-        env=unpinned_env(),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=600,
-    )
+    proc = ablate_pinned(tmp_path, "default")
     assert proc.returncode == 0, proc.stderr[-2000:]
     manifest = json.loads(next((out / "grids").glob("*.json")).read_text())
     assert manifest["cpu_capability"] == "default"

@@ -109,20 +109,27 @@ def manifest_path(out: Path, grid: Grid) -> Path:
     return Path(out) / "grids" / f"{grid.grid_id}.json"
 
 
+def read_manifest(path: Path) -> dict | None:
+    """A grid's manifest as it was recorded, None when the grid has not run yet."""
+    if not path.is_file():
+        return None
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError) as e:
+        raise ValueError(
+            f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh"
+        ) from None
+
+
 def fixed_protocol(grid: Grid, out: Path) -> tuple[str, list]:
     """The grid's endpoint and tuning seeds: as its manifest recorded them when it first ran (a grid
     recorded before the protocol existed was reported on the last eval), else as the grid names them
     (default: protocol.DEFAULT_ENDPOINT, no tuning seeds). Naming others than the recorded ones is
     refused: the protocol is fixed before a grid runs."""
     path = manifest_path(out, grid)
-    if not path.is_file():
+    recorded = read_manifest(path)
+    if recorded is None:
         return grid.endpoint or protocol.DEFAULT_ENDPOINT, list(grid.tuning_seeds or [])
-    try:
-        recorded = json.loads(path.read_text())
-    except (OSError, json.JSONDecodeError) as e:
-        raise ValueError(
-            f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh"
-        )
     endpoint = protocol.parse_endpoint(
         recorded.get("endpoint", protocol.RECORDED_BEFORE), f"{path} endpoint"
     ).name
@@ -173,14 +180,7 @@ def fixed_pin(grid: Grid, out: Path, cells) -> str | None:
     it. Naming another than the recorded one is refused, and so is pinning a grid whose cells have
     already computed on another instruction set (their attempt ledgers say which)."""
     path = manifest_path(out, grid)
-    recorded = None
-    if path.is_file():
-        try:
-            recorded = json.loads(path.read_text()).get("cpu_capability")
-        except (OSError, json.JSONDecodeError) as e:
-            raise ValueError(
-                f"{path}: the grid's manifest cannot be read ({e}); move it away to start the grid afresh"
-            )
+    recorded = (read_manifest(path) or {}).get("cpu_capability")
     if recorded is not None and grid.cpu_capability is not None and grid.cpu_capability != recorded:
         raise ValueError(
             f"cpu_capability {grid.cpu_capability}: grid {grid.grid_id!r} is pinned to {recorded} (recorded "
