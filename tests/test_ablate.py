@@ -878,7 +878,7 @@ def test_store_claim_protocol_duplicates_and_stale_retry(tmp_path, storage_url):
     assert dup.state.name == "PRUNED" and dup.user_attrs["duplicate_of"] == 0
     assert store.status(ids).running == 1 and store.status(ids).waiting == 1
     time.sleep(2.5)  # no heartbeat from trial 0 any more: stale
-    assert other.fail_stale() == 1 and store.fail_stale() == 0  # exactly one worker wins
+    assert len(other.fail_stale()) == 1 and store.fail_stale() == []  # exactly one worker wins
     stale = [t for t in store.trials() if t.number == 0][0]
     assert stale.state.name == "FAIL" and stale.user_attrs["error"] == "worker stopped sending heartbeats"
     retry = other.claim(ids[:1])
@@ -994,6 +994,57 @@ def test_a_paused_worker_whose_cell_was_taken_over_stops_training_into_its_folde
     assert mine.trials()[0].user_attrs["error"] == "worker stopped sending heartbeats"
 
 
+def test_a_dead_workers_attempt_is_ended_in_its_ledger_and_leaves_the_live_view(tmp_path, monkeypatch):
+    """A worker killed outright (SIGKILL, a lost machine) never writes its attempt's end: the live
+    view showed the cell as running for the rest of the grid, with its last ETA. The worker that
+    fails the trial as stale ends that attempt in the ledger (outcome 'lost'), then takes the retry."""
+    from vapo_lit.ablate import worker
+    from vapo_lit.ablate.progress import LiveView, running_since
+    from vapo_lit.report.logs import read_attempts
+
+    cells = _cells(tmp_path, seeds=(0,))
+    url = f"sqlite:///{tmp_path / 'grid.db'}"
+    dead = CellStore(url, heartbeat_interval=1, grace_period=1)
+    dead.enqueue(cells, "g")
+    trial = dead.claim([c.cell_id for c in cells])
+    cell = next(c for c in cells if c.cell_id == trial.user_attrs["cell_id"])
+    start = {"trial": trial.number, "worker": "elsewhere:1", "pid": 1, "mode": "fresh", "start": time.time()}
+    worker._ledger(cell.run_dir, {**start, "event": "start"})
+    assert running_since(cell.run_dir) == start["start"]
+    time.sleep(2.5)  # no heartbeat: stale
+
+    ran, views = [], []
+
+    def fake_run_cell(store, t, c, url=None):  # what the live view shows when the retry is taken
+        views.append(LiveView("g", cells, stream=io.StringIO(), every=30).lines())
+        ran.append((t.number, c.cell_id))
+        store.complete(t, 0.5, mode="fresh")
+        return "done"
+
+    monkeypatch.setattr(worker, "run_cell", fake_run_cell)
+    spec = worker.WorkerSpec(
+        url, "vapo-ablate", "g", cells, heartbeat_interval=1, grace_period=1, poll_seconds=0.1
+    )
+    worker.work(spec, log=lambda *_: None)
+    records = attempts(cell.run_dir)
+    assert [r["event"] for r in records] == ["start", "end"]
+    assert records[-1]["outcome"] == "lost" and records[-1]["trial"] == trial.number
+    assert "no heartbeat for 1 s" in records[-1]["error"]
+    assert running_since(cell.run_dir) is None and views[0] == []
+    assert read_attempts(cell.run_dir / "attempts.jsonl")["lost"] == 1
+    assert ran[0] == (
+        max(t.number for t in dead.trials() if t.user_attrs["cell_id"] == cell.cell_id),
+        cell.cell_id,
+    )
+    # an attempt that already ended, or another trial's, is left as it is
+    worker.note_stale(cell.run_dir, trial.number, 1)
+    worker._ledger(cell.run_dir, {**start, "trial": 99, "event": "start"})
+    worker.note_stale(cell.run_dir, trial.number, 1)
+    assert len(attempts(cell.run_dir)) == 3
+    worker.note_stale(tmp_path / "nowhere", 0, 1)
+    assert not (tmp_path / "nowhere").exists()
+
+
 @pytest.mark.slow
 def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_url):
     grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])
@@ -1027,6 +1078,38 @@ def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_
     assert time.time() - t0 < 120  # no waiting for the (600 s) grace period
     assert [a["mode"] for a in attempts(run) if a["event"] == "start"] == ["fresh", "resume"]
     assert pd.read_csv(run / "metrics.csv")["step"].tolist() == list(range(0, 21))  # step 0: base eval
+
+
+@pytest.mark.slow
+def test_sigterm_to_the_parent_alone_stops_its_local_workers_and_hands_every_cell_back(tmp_path, storage_url):
+    """`kill PID` (or a scheduler's SIGTERM) reaches the `vapo-ablate` process only, not the worker
+    processes `--workers 2` spawned: it waited for them to finish the whole grid, which they went on
+    claiming. It stops them: both running cells are handed back, ready to resume."""
+    grid = write_grid(tmp_path, "term2", [{"only": ["clip_higher"]}, {"only": []}])
+    extra = ("--grid", grid, "--steps", "100", "--checkpoint_every", "2", "--grace", "600")
+    extra += ("--workers", "2", "--no-report", "--storage", storage_url)
+    out = tmp_path / "out"
+    proc = _worker(tmp_path, "out", *extra)
+    deadline = time.time() + 240
+    while time.time() < deadline and len(list(out.glob("runs/*/checkpoints/last.ckpt"))) < 2:
+        time.sleep(0.2)
+    assert len(list(out.glob("runs/*/checkpoints/last.ckpt"))) == 2, "both cells never ran at once"
+    proc.send_signal(signal.SIGTERM)
+    log = proc.communicate(timeout=120)[0]
+    assert proc.returncode == 130, log
+    runs = [d for d in (out / "runs").iterdir() if d.is_dir() and not d.name.startswith(".")]
+    assert len(runs) == 2
+    for run in runs:
+        assert attempts(run)[-1]["outcome"] == "interrupted", (run.name, attempts(run))
+        assert not (run / "summary.json").exists()
+    assert len({attempts(run)[0]["pid"] for run in runs}) == 2  # one cell per process
+    for pid in {a["pid"] for run in runs for a in attempts(run)}:
+        with pytest.raises(ProcessLookupError):
+            os.kill(pid, 0)  # no worker left behind
+    # handed back (not failed, no retry spent): the rerun resumes them at once, from their checkpoints
+    # (what that rerun does is the single-worker test's above)
+    assert sorted(t.state.name for t in CellStore(storage_url).trials()) == ["WAITING", "WAITING"]
+    assert "stopping 1 local worker process(es)" in log, log[-2000:]
 
 
 def test_ablate_and_report_do_not_import_each_other():

@@ -159,5 +159,20 @@ def test_a_stale_trial_failed_by_another_worker_meanwhile_is_skipped(tmp_path, m
         b.rdb, "_get_stale_trial_ids", lambda study_id: [t._trial_id]
     )  # b's query saw it RUNNING
     assert a._transition(t._trial_id, S.RUNNING, S.FAIL)  # a failed it first
-    assert b.fail_stale() == 0
+    assert b.fail_stale() == []
     assert state(b, t._trial_id) == S.FAIL and len(b.trials()) == 1  # no retry added by b
+
+
+def test_a_dead_workers_cell_is_retried_in_its_place_in_the_queue(tmp_path, monkeypatch):
+    """Cells are queued seed by seed so that a grid stopped part-way holds whole seeds; the retry
+    of a cell whose worker died is queued after every other cell, yet it is the next one taken."""
+    a, b = two_workers(tmp_path, n_trials=3)  # cells c0, c1, c2 queued in that order
+    t = a.claim(["c0", "c1", "c2"])
+    assert t.user_attrs["cell_id"] == "c0"
+    monkeypatch.setattr(b.rdb, "_get_stale_trial_ids", lambda study_id: [t._trial_id])  # a died
+    (lost,) = b.fail_stale()
+    assert lost.number == t.number and lost.user_attrs["cell_id"] == "c0"
+    assert state(b, t._trial_id) == S.FAIL
+    retry = max(b.trials(), key=lambda x: x.number)
+    assert retry.state == S.WAITING and retry.user_attrs["cell_id"] == "c0" and retry.number == 3
+    assert [b.claim(["c0", "c1", "c2"]).user_attrs["cell_id"] for _ in range(3)] == ["c0", "c1", "c2"]

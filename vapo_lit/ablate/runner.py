@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import multiprocessing
 import os
+import signal
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -292,6 +293,44 @@ def seed_major(cells) -> list:
     return sorted(cells, key=lambda c: seeds.index(c.seed))
 
 
+SETTLE_SECONDS, HAND_BACK_SECONDS = 10.0, 120.0
+
+
+def stop_local_workers(
+    procs, log, settle: float = SETTLE_SECONDS, hand_back: float = HAND_BACK_SECONDS
+) -> None:
+    """This process stopped early: stop its local worker processes so that their running cells are
+    handed back now, not left running (nor left to time out). Ctrl-C on a terminal reaches every
+    process of the group, `kill PID` or a scheduler's SIGTERM only this one: each worker gets
+    `settle` seconds to stop on its own, then SIGINT (what Ctrl-C would have sent it) and `hand_back`
+    seconds to hand its cell back; one still running after that, or when this process is
+    interrupted again, is killed (its cell is retried once the grace period has passed)."""
+    alive = [proc for proc in procs if proc.is_alive()]
+    try:
+        deadline = time.time() + settle
+        for proc in alive:
+            proc.join(max(0.0, deadline - time.time()))
+        alive = [proc for proc in alive if proc.is_alive()]
+        if alive:
+            log(f"stopping {len(alive)} local worker process(es); their running cells are handed back")
+        for proc in alive:
+            os.kill(proc.pid, signal.SIGINT)
+        deadline = time.time() + hand_back
+        for proc in alive:
+            proc.join(max(0.0, deadline - time.time()))
+    except KeyboardInterrupt:
+        pass
+    killed = [proc for proc in procs if proc.is_alive()]
+    for proc in killed:
+        proc.kill()
+        proc.join()
+    if killed:
+        log(
+            f"killed {len(killed)} local worker process(es) that did not stop; their cells are taken over "
+            "after the grace period (--grace) by the next run of the same command"
+        )
+
+
 def run(p: Plan, *, workers: int = 1, report=None, log=progress.say) -> int:
     """Enqueue the grid, work on it with `workers` local processes, then `report(plan)` (a callable
     returning the report's text, given by the CLI: the runner does not import the report).
@@ -349,6 +388,9 @@ def _work(p: Plan, workers: int, view: progress.LiveView, log):
             proc.start()
     try:
         work(spec, log=log)
+    except BaseException:  # interrupted (or stopped by an error): the other workers stop too
+        stop_local_workers(procs, log)
+        raise
     finally:
         for proc in procs:
             proc.join()

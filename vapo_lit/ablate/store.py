@@ -209,16 +209,22 @@ class CellStore:
         return counts
 
     def claim(self, cell_ids):
-        """Atomically take the lowest WAITING trial of these cells; None when there is none.
+        """Atomically take the first WAITING trial of these cells in queue order; None when there is
+        none. A cell keeps the place its first trial was queued at: a retry of a dead worker's cell
+        runs next, not after the rest of the grid (which would break the seed-by-seed order).
         Applies the lowest-live-trial rule (module doc) before handing a trial out."""
         from optuna.trial import TrialState as S
 
         cell_ids = set(cell_ids)
         while True:
             trials = self.trials()
+            place = {}
+            for t in trials:
+                cid = t.user_attrs.get("cell_id")
+                place[cid] = min(place.get(cid, t.number), t.number)
             waiting = sorted(
                 (t for t in trials if t.state == S.WAITING and t.user_attrs.get("cell_id") in cell_ids),
-                key=lambda t: t.number,
+                key=lambda t: (place[t.user_attrs["cell_id"]], t.number),
             )
             if not waiting:
                 return None
@@ -287,19 +293,21 @@ class CellStore:
 
         return self._transition(trial._trial_id, S.RUNNING, S.WAITING)
 
-    def fail_stale(self) -> int:
-        """Fail RUNNING trials whose heartbeat is older than the grace period; one retry each."""
+    def fail_stale(self) -> list:
+        """Fail RUNNING trials whose heartbeat is older than the grace period; one retry each.
+        Returns the trials this worker failed (as they were while RUNNING)."""
         from optuna.trial import TrialState as S
 
-        n = 0
+        failed = []
         for trial_id in self._retry(lambda: self.rdb._get_stale_trial_ids(self.study_id)):
             if not self._set_attr(trial_id, "error", "worker stopped sending heartbeats"):
                 continue  # another worker failed it between the query and here
             with self.locked():
+                trial = self._retry(lambda: self.rdb.get_trial(trial_id))
                 if self._transition(trial_id, S.RUNNING, S.FAIL):
                     self._run_retry_callback(trial_id)
-                    n += 1
-        return n
+                    failed.append(trial)
+        return failed
 
     def _run_retry_callback(self, trial_id: int) -> None:
         cb = (

@@ -88,6 +88,25 @@ def read_ledger(run_dir: Path) -> list:
     return out
 
 
+def note_stale(run_dir: Path, trial_number: int, grace: int) -> None:
+    """End the attempt of a trial failed as stale in its run folder's ledger (its worker died or
+    hung, so it never wrote an end): outcome 'lost'. Only where this machine has the folder and its
+    last record is that attempt's start (a worker that wakes up later records its own end)."""
+    records = read_ledger(run_dir)
+    if not records or records[-1].get("event") != "start" or records[-1].get("trial") != trial_number:
+        return
+    _ledger(
+        Path(run_dir),
+        {
+            **{k: records[-1][k] for k in ("trial", "worker", "pid", "mode", "start") if k in records[-1]},
+            "event": "end",
+            "end": time.time(),
+            "outcome": "lost",
+            "error": f"no heartbeat for {grace} s (the worker died or hung); the cell is queued again",
+        },
+    )
+
+
 def _final_eval(summary: dict, k: int) -> float:
     v = (summary.get("last_metrics") or {}).get(f"eval/avg@{k}")
     best = summary.get("best_eval")
@@ -308,7 +327,9 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
     said_waiting = False
     while True:
         if time.time() - last_stale_check >= min(spec.heartbeat_interval, spec.poll_seconds):
-            store.fail_stale()
+            for t in store.fail_stale():
+                if t.user_attrs.get("cell_id") in by_id:
+                    note_stale(by_id[t.user_attrs["cell_id"]].run_dir, t.number, spec.grace_period)
             last_stale_check = time.time()
         trial = store.claim(by_id)
         if trial is None:
