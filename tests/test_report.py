@@ -956,3 +956,29 @@ def test_figures_draw_each_of_eleven_rows_in_its_own_colour():
         colour(order, r) for r in order[1:]
     ]
     plt.close(fig)
+
+
+def test_an_attempt_started_over_without_an_end_counts_as_lost(tmp_path):
+    """A worker killed outright never writes its attempt's end; when the ledger shows the cell
+    started again after it, that attempt was lost (a crash), not a silent extra attempt. The last
+    start with no end is the attempt in progress: no outcome yet."""
+    from vapo_lit.report.logs import attempt_counts, read_attempts
+
+    path = tmp_path / "attempts.jsonl"
+    lines = [
+        {"trial": 1, "event": "start"},  # killed: no end
+        {"trial": 2, "event": "start"},
+        {"trial": 2, "event": "end", "outcome": "interrupted"},
+        {"trial": 3, "event": "start"},
+        {"trial": 3, "event": "end", "outcome": "lost"},  # ended by the worker that failed it as stale
+        {"trial": 4, "event": "start"},  # killed: no end
+        {"trial": 5, "event": "start"},
+        {"trial": 5, "event": "end", "outcome": "done"},
+        {"trial": 6, "event": "start"},  # running now
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    counts = read_attempts(path)
+    assert counts["attempts"] == 6 and counts["lost"] == 3 and counts["done"] == 1
+    assert attempt_counts(counts) == {"attempts": 6, "crashes": 3, "interrupted": 1}
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines[:1]))
+    assert read_attempts(path)["lost"] == 0

@@ -102,7 +102,7 @@ def note_stale(run_dir: Path, trial_number: int, grace: int) -> None:
             "event": "end",
             "end": time.time(),
             "outcome": "lost",
-            "error": f"no heartbeat for {grace} s (the worker died or hung); the cell is queued again",
+            "error": f"no heartbeat for over {grace} s (the worker died or hung); the cell is queued again",
         },
     )
 

@@ -164,8 +164,12 @@ def read_json(path: Path) -> dict:
 def read_attempts(path: Path) -> dict:
     """attempts.jsonl -> {outcome: count} over its 'end' events (and 'attempts': start events; and
     'cpu_capabilities': the set of torch CPU capabilities its start events name, where they do).
+    A start that the next record starts over, with no end between, is an attempt whose worker died
+    before anyone recorded its end: it counts as 'lost'. A start that is the last record is the
+    attempt in progress (or one nobody has declared lost yet) and has no outcome.
     A cut last line is ignored (the worker may have died writing it); any other bad line is refused."""
     counts = {"attempts": 0, **{o: 0 for o in ATTEMPT_OUTCOMES}}
+    open_start = False
     if not Path(path).is_file():
         return counts
     lines = Path(path).read_text().splitlines()
@@ -179,11 +183,15 @@ def read_attempts(path: Path) -> dict:
                 break
             raise LogError(f"{path} line {i}: not valid JSON ({e.msg})") from None
         if rec.get("event") == "start":
+            counts["lost"] += open_start
+            open_start = True
             counts["attempts"] += 1
             if rec.get("cpu_capability"):
                 counts.setdefault("cpu_capabilities", set()).add(rec["cpu_capability"])
-        elif rec.get("event") == "end" and rec.get("outcome") in ATTEMPT_OUTCOMES:
-            counts[rec["outcome"]] += 1
+        elif rec.get("event") == "end":
+            open_start = False
+            if rec.get("outcome") in ATTEMPT_OUTCOMES:
+                counts[rec["outcome"]] += 1
     return counts
 
 
