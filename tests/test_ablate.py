@@ -21,6 +21,7 @@ from pathlib import Path
 import pandas as pd
 import pytest
 
+from vapo_lit import cpu_pin
 from vapo_lit.ablate.grid import (
     BOOKKEEPING,
     available_grids,
@@ -602,6 +603,7 @@ def test_drop_runs_two_cells_then_reuses_the_full_recipe(tmp_path, capsys):
 
     cpu = torch.backends.cpu.get_cpu_capability()  # each attempt names the CPU it computed on
     assert all(a["cpu_capability"] == cpu for v in runs.values() for a in v if a["mode"] != "reused")
+    assert all(a["cpu"] == cpu_pin.cpu_model() for v in runs.values() for a in v)  # and its CPU model
     # rerunning the same command redoes nothing
     assert main(flags(tmp_path, "out", "--drop=value_pretraining")) == 0
     assert "0 queued, 2 already finished (reused)" in capsys.readouterr().out

@@ -47,6 +47,16 @@ def test_names_parse_case_insensitively_and_bad_ones_list_the_valid():
         cpu_pin.parse("avx9", "--cpu-capability")
 
 
+def test_cpu_model_is_the_model_name_the_kernel_reports():
+    """The CPU model each attempt and run card record: /proc/cpuinfo's first model name on Linux."""
+    model = cpu_pin.cpu_model()
+    assert model and "\n" not in model and model == model.strip()
+    info = Path("/proc/cpuinfo")
+    names = [ln.split(":", 1)[1].split() for ln in info.read_text().splitlines() if ln.startswith("model name")]
+    if names:
+        assert model == " ".join(names[0])
+
+
 def test_in_effect_needs_every_variable_of_the_pin():
     env = cpu_pin.env_for("avx2")
     assert cpu_pin.in_effect("avx2", env) and not cpu_pin.in_effect("avx512", env)
@@ -177,3 +187,4 @@ def test_the_command_restarts_itself_under_the_pin_and_every_record_says_so(tmp_
         assert card["software"]["torch_cpu_capability"] == "DEFAULT"
         assert card["software"]["cpu_pin"] == "default"
         assert card["software"]["cpu_pin_env"] == cpu_pin.env_for("default")
+        assert card["hardware"]["cpu"] == cpu_pin.cpu_model()

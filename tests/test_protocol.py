@@ -239,6 +239,21 @@ def test_a_grid_held_to_one_instruction_set_says_so(tmp_path):
 
     sentence = "Every run was held to one instruction set (avx2: torch's, MKL's and oneDNN's kernels)"
     assert sentence in report()
+    assert sentence + ", whichever CPU ran it." in report()  # no run records its CPU model
+    for d in runs:
+        _edit_card(d, software=pinned, hardware={"accelerator": "cpu", "cpu": "Model A"})
+    assert sentence + ", on one CPU model (Model A)." in report()
+    # CPUs of one instruction set can still differ in the last bits: a second model is named, with
+    # the models the attempts record (a resumed run counts under each) and the runs that record none
+    _edit_card(runs[-1], software=pinned, hardware={"accelerator": "cpu"})
+    with (runs[-1] / "attempts.jsonl").open("a") as f:
+        f.write(json.dumps({"event": "start", "cpu_capability": "AVX2", "cpu": "Model B"}) + "\n")
+    assert f"{sentence}, on several CPU models (runs per model: Model A {len(runs) - 1}; Model B 1;" in report()
+    _edit_card(runs[-1], software=pinned, hardware={"accelerator": "cpu", "cpu": "Model A"})
+    assert f"(runs per model: Model A {len(runs)}; Model B 1; a resumed run" in report()
+    (runs[-1] / "attempts.jsonl").unlink()
+    _edit_card(runs[-1], software=pinned, hardware={"accelerator": "cpu"})
+    assert f"(runs per model: Model A {len(runs) - 1}; not recorded 1; a resumed run" in report()
     _edit_card(runs[0], software={"torch_cpu_capability": "AVX2"})
     assert "held to one instruction set" not in report()
     _edit_card(runs[0], software={**pinned, "cpu_pin": "default"})

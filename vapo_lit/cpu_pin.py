@@ -5,14 +5,19 @@ MKL (BLAS) and oneDNN, which dispatch on their own; float32 results differ in th
 one to another, and an RL run amplifies last bits into another trajectory. A grid pinned to one
 (`cpu_capability: avx2` in its file, or `vapo-ablate --cpu-capability avx2`) runs every process
 with all three held to it, so any CPU that has the instruction set runs the grid's remaining cells
-on the code paths the first machine ran. The pin is recorded in the grid's manifest and kept for the grid's
-life. Reading the environment is most of what this module does: torch is imported only to check that
+on the code paths the first machine ran. A pin holds the instruction set, not every last bit: CPU models
+of one set can still differ in the last bits of some float32 results, so each attempt records its CPU
+model too (`cpu_model`) and the report names the models a grid ran on. The pin is recorded in the grid's
+manifest and kept for the grid's life. Reading the environment is most of what this module does: torch is imported only to check that
 this CPU has the pinned set and that torch dispatches to it.
 """
 
 from __future__ import annotations
 
+import functools
 import os
+import platform
+from pathlib import Path
 
 PINS = {
     "default": {"ATEN_CPU_CAPABILITY": "default", "MKL_CBWR": "COMPATIBLE", "ONEDNN_MAX_CPU_ISA": "SSE41"},
@@ -53,6 +58,19 @@ def recorded(environ=None) -> dict:
     """The pin variables set in `environ` (for run cards: what a run computed under)."""
     environ = os.environ if environ is None else environ
     return {k: environ[k] for k in PINS["default"] if k in environ}
+
+
+@functools.cache
+def cpu_model() -> str:
+    """This machine's CPU model: /proc/cpuinfo's model name (Linux), else what `platform` says."""
+    try:
+        for line in Path("/proc/cpuinfo").read_text(errors="replace").splitlines():
+            key, _, value = line.partition(":")
+            if key.strip().lower() == "model name" and value.strip():
+                return " ".join(value.split())
+    except OSError:
+        pass
+    return platform.processor() or platform.machine() or "unknown"
 
 
 RANK = {"DEFAULT": 0, "AVX2": 1, "AVX512": 2}

@@ -208,7 +208,8 @@ def _base_models(cfg: RunConfig, module) -> dict:
 
 
 def _hardware(cfg: RunConfig, module, devices: dict) -> dict:
-    """The Trainer's devices (as train() describes them), the world size and the memory settings."""
+    """The Trainer's devices (as train() describes them), the world size, the memory settings and
+    the CPU model (CPUs of one instruction set can still differ in the last bits of float32 results)."""
     p = cfg.ppo
     return {
         **devices,
@@ -219,6 +220,7 @@ def _hardware(cfg: RunConfig, module, devices: dict) -> dict:
         "logits_chunk": p.logits_chunk,
         "memory_plan": plan.record() if (plan := getattr(module, "memory_plan", None)) else None,
         "micro_batch_size": p.micro_batch_size,
+        "cpu": cpu_pin.cpu_model(),
     }
 
 

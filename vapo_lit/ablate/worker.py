@@ -24,6 +24,7 @@ import warnings
 from dataclasses import dataclass
 from pathlib import Path
 
+from vapo_lit import cpu_pin
 from vapo_lit.ablate import progress
 from vapo_lit.ablate.store import CellStore, Heartbeat, mask_text, worker_id
 from vapo_lit.faults import is_disk_full, is_storage_error
@@ -166,7 +167,8 @@ def run_cell(store: CellStore, trial, cell, url: str | None = None) -> str:
         "mode": mode,
         "start": time.time(),
     }
-    _ledger(run_dir, {**record, "event": "start", "cpu_capability": _cpu_capability()})
+    where = {"cpu_capability": _cpu_capability(), "cpu": cpu_pin.cpu_model()}
+    _ledger(run_dir, {**record, "event": "start", **where})
     try:
         summary = _run_or_reuse(store, trial, cell, mode)
     except (KeyboardInterrupt, SystemExit) as e:  # Lightning turns Ctrl-C inside fit() into SystemExit(1)

@@ -41,7 +41,7 @@ class RunLog:
     card: dict = field(default_factory=dict)
     cut_last_line: bool = False
     attempts: dict = field(default_factory=dict)  # outcome -> count (attempts.jsonl "end" events)
-    """read_attempts(): outcome -> count, 'attempts', and 'cpu_capabilities' where recorded."""
+    """read_attempts(): outcome -> count, 'attempts', and 'cpu_capabilities' and 'cpus' where recorded."""
     model: str = "builtin"
     """The config's policy: builtin, random (tests) or a model folder."""
     model_seed: int = 0
@@ -58,6 +58,13 @@ class RunLog:
             return set()
         found = set(self.attempts.get("cpu_capabilities") or ())
         card = (self.card.get("software") or {}).get("torch_cpu_capability")
+        return found | ({card} if card else set())
+
+    @property
+    def cpu_models(self) -> set:
+        """The CPU models this run computed on, as far as its attempts and its run card record them."""
+        found = set(self.attempts.get("cpus") or ())
+        card = (self.card.get("hardware") or {}).get("cpu")
         return found | ({card} if card else set())
 
     @property
@@ -163,7 +170,8 @@ def read_json(path: Path) -> dict:
 
 def read_attempts(path: Path) -> dict:
     """attempts.jsonl -> {outcome: count} over its 'end' events (and 'attempts': start events; and
-    'cpu_capabilities': the set of torch CPU capabilities its start events name, where they do).
+    'cpu_capabilities' and 'cpus': the torch CPU capabilities and the CPU models its start events name,
+    where they do).
     A start that the next record starts over, with no end between, is an attempt whose worker died
     before anyone recorded its end: it counts as 'lost'. A start that is the last record is the
     attempt in progress (or one nobody has declared lost yet) and has no outcome.
@@ -188,6 +196,8 @@ def read_attempts(path: Path) -> dict:
             counts["attempts"] += 1
             if rec.get("cpu_capability"):
                 counts.setdefault("cpu_capabilities", set()).add(rec["cpu_capability"])
+            if rec.get("cpu"):
+                counts.setdefault("cpus", set()).add(rec["cpu"])
         elif rec.get("event") == "end":
             open_start = False
             if rec.get("outcome") in ATTEMPT_OUTCOMES:

@@ -606,13 +606,25 @@ def protocol_note(rep: GridReport) -> str:
 
 def pin_note(logs) -> list[str]:
     """The sentence naming the instruction set every run was held to (vapo_lit/cpu_pin.py, as the
-    run cards record it); nothing when a run ran unpinned or the runs name different ones."""
+    run cards record it) and the CPU models they ran on (as the attempts and run cards record them);
+    nothing when a run ran unpinned or the runs name different pins."""
     pins = {log.cpu_pin for log in logs}
     if len(pins) != 1 or None in pins:
         return []
+    held = f"Every run was held to one instruction set ({pins.pop()}: torch's, MKL's and oneDNN's kernels)"
+    on: dict = {}
+    for log in logs:
+        for model in log.cpu_models or ("not recorded",):
+            on.setdefault(model, set()).add(log.run_dir.name)
+    if len(on) == 1:
+        (model,) = on
+        where = "whichever CPU ran it" if model == "not recorded" else f"on one CPU model ({model})"
+        return [f"{held}, {where}."]
+    listed = "; ".join(f"{model} {len(runs)}" for model, runs in sorted(on.items()))
     return [
-        f"Every run was held to one instruction set ({pins.pop()}: torch's, MKL's and oneDNN's kernels), "
-        "whichever CPU ran it."
+        f"{held}, on several CPU models (runs per model: {listed}; a resumed run counts under each it ran "
+        "on): a pin holds the instruction set, not every last bit, so runs on different models can "
+        "differ in the last bits of their float32 results, and part of each Δ can be the machine's."
     ]
 
 
