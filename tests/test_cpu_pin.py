@@ -52,7 +52,9 @@ def test_cpu_model_is_the_model_name_the_kernel_reports():
     model = cpu_pin.cpu_model()
     assert model and "\n" not in model and model == model.strip()
     info = Path("/proc/cpuinfo")
-    names = [ln.split(":", 1)[1].split() for ln in info.read_text().splitlines() if ln.startswith("model name")]
+    names = [
+        ln.split(":", 1)[1].split() for ln in info.read_text().splitlines() if ln.startswith("model name")
+    ]
     if names:
         assert model == " ".join(names[0])
 

@@ -982,3 +982,24 @@ def test_an_attempt_started_over_without_an_end_counts_as_lost(tmp_path):
     assert attempt_counts(counts) == {"attempts": 6, "crashes": 3, "interrupted": 1}
     path.write_text("".join(json.dumps(r) + "\n" for r in lines[:1]))
     assert read_attempts(path)["lost"] == 0
+
+
+def test_a_finished_run_a_grid_reused_counts_no_attempt_and_no_cpu(tmp_path):
+    """A grid that claims a cell whose run already finished (its storage rebuilt, say) records a
+    'reused' start and end: nothing was computed, so that is neither an attempt nor a CPU the run
+    computed on."""
+    from vapo_lit.report.logs import attempt_counts, read_attempts
+
+    path = tmp_path / "attempts.jsonl"
+    ran = {"mode": "fresh", "cpu_capability": "AVX2", "cpu": "Model A"}
+    reused = {"mode": "reused", "cpu_capability": "AVX512", "cpu": "Model B"}
+    lines = [
+        {**ran, "event": "start"},
+        {**ran, "event": "end", "outcome": "done"},
+        {**reused, "event": "start"},
+        {**reused, "event": "end", "outcome": "done"},
+    ]
+    path.write_text("".join(json.dumps(r) + "\n" for r in lines))
+    counts = read_attempts(path)
+    assert attempt_counts(counts) == {"attempts": 1, "crashes": 0, "interrupted": 0} and counts["done"] == 1
+    assert counts["cpu_capabilities"] == {"AVX2"} and counts["cpus"] == {"Model A"}

@@ -175,6 +175,7 @@ def read_attempts(path: Path) -> dict:
     A start that the next record starts over, with no end between, is an attempt whose worker died
     before anyone recorded its end: it counts as 'lost'. A start that is the last record is the
     attempt in progress (or one nobody has declared lost yet) and has no outcome.
+    A 'reused' start and end (a grid that found the run finished) are no attempt and are skipped.
     A cut last line is ignored (the worker may have died writing it); any other bad line is refused."""
     counts = {"attempts": 0, **{o: 0 for o in ATTEMPT_OUTCOMES}}
     open_start = False
@@ -190,6 +191,8 @@ def read_attempts(path: Path) -> dict:
             if i == len(lines):
                 break
             raise LogError(f"{path} line {i}: not valid JSON ({e.msg})") from None
+        if rec.get("mode") == "reused":  # a grid found the run finished: nothing was computed
+            continue
         if rec.get("event") == "start":
             counts["lost"] += open_start
             open_start = True
