@@ -249,7 +249,8 @@ def test_a_grid_held_to_one_instruction_set_says_so(tmp_path):
     with (runs[-1] / "attempts.jsonl").open("a") as f:
         f.write(json.dumps({"event": "start", "cpu_capability": "AVX2", "cpu": "Model B"}) + "\n")
     assert (
-        f"{sentence}, on several CPU models (runs per model: Model A {len(runs) - 1}; Model B 1;" in report()
+        f"{sentence}; the CPU models they computed on (runs per model: Model A {len(runs) - 1}; Model B 1;"
+        in report()
     )
     _edit_card(runs[-1], software=pinned, hardware={"accelerator": "cpu", "cpu": "Model A"})
     assert f"(runs per model: Model A {len(runs)}; Model B 1; a resumed run" in report()

@@ -622,9 +622,10 @@ def pin_note(logs) -> list[str]:
         return [f"{held}, {where}."]
     listed = "; ".join(f"{model} {len(runs)}" for model, runs in sorted(on.items()))
     return [
-        f"{held}, on several CPU models (runs per model: {listed}; a resumed run counts under each it ran "
-        "on): a pin holds the instruction set, not every last bit, so runs on different models can "
-        "differ in the last bits of their float32 results, and part of each Δ can be the machine's."
+        f"{held}; the CPU models they computed on (runs per model: {listed}; a resumed run counts under "
+        "each it ran on): a pin holds the instruction set, not every last bit, so runs on different "
+        "models can differ in the last bits of their float32 results (part of each Δ can be the "
+        "machine's), and their wall times measure different machines."
     ]
 
 
