@@ -1047,6 +1047,37 @@ def test_a_dead_workers_attempt_is_ended_in_its_ledger_and_leaves_the_live_view(
     assert not (tmp_path / "nowhere").exists()
 
 
+def test_a_worker_told_to_stop_claims_no_more_cells(tmp_path, monkeypatch):
+    """The parent of `--workers N` sets a stop Event when it stops early; a worker whose cell ends
+    in the seconds before it is interrupted claims nothing more (the cell the parent handed back
+    among them), and one that has not claimed yet claims nothing."""
+    import threading
+
+    from vapo_lit.ablate import worker
+
+    cells = _cells(tmp_path, seeds=(0,))
+    url = f"sqlite:///{tmp_path / 'grid.db'}"
+    CellStore(url).enqueue(cells, "g")
+    ran = []
+
+    def fake_run_cell(store, t, c, url=None):
+        ran.append(c.cell_id)
+        store.complete(t, 0.5, mode="fresh")
+        stop.set()  # the parent stopped while this cell ran
+        return "done"
+
+    monkeypatch.setattr(worker, "run_cell", fake_run_cell)
+    spec = worker.WorkerSpec(url, "vapo-ablate", "g", cells, poll_seconds=0.1)
+    stop = threading.Event()
+    worker.work(spec, log=lambda *_: None, stop=stop)
+    assert len(ran) == 1 and len(cells) > 1
+    worker.work(spec, log=lambda *_: None, stop=stop)
+    assert len(ran) == 1
+    assert sorted(t.state.name for t in CellStore(url).trials()).count("WAITING") == len(cells) - 1
+    worker.work(spec, log=lambda *_: None)  # no stop: the rest run
+    assert sorted(ran) == sorted(c.cell_id for c in cells)
+
+
 @pytest.mark.slow
 def test_sigterm_hands_the_cell_back_and_the_rerun_resumes_it(tmp_path, storage_url):
     grid = write_grid(tmp_path, "term", [{"only": ["clip_higher"]}])
@@ -1088,7 +1119,9 @@ def test_sigterm_to_the_parent_alone_stops_its_local_workers_and_hands_every_cel
     processes `--workers 2` spawned: it waited for them to finish the whole grid, which they went on
     claiming. It stops them: both running cells are handed back, ready to resume."""
     grid = write_grid(tmp_path, "term2", [{"only": ["clip_higher"]}, {"only": []}])
-    extra = ("--grid", grid, "--steps", "100", "--checkpoint_every", "2", "--grace", "600")
+    # cells far longer than the workers' settle time (runner.SETTLE_SECONDS) on any machine: neither
+    # may finish before it is told to stop
+    extra = ("--grid", grid, "--steps", "5000", "--checkpoint_every", "2", "--grace", "600")
     extra += ("--workers", "2", "--no-report", "--storage", storage_url)
     out = tmp_path / "out"
     proc = _worker(tmp_path, "out", *extra)

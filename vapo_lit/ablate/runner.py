@@ -300,7 +300,8 @@ def stop_local_workers(
     procs, log, settle: float = SETTLE_SECONDS, hand_back: float = HAND_BACK_SECONDS
 ) -> None:
     """This process stopped early: stop its local worker processes so that their running cells are
-    handed back now, not left running (nor left to time out). Ctrl-C on a terminal reaches every
+    handed back now, not left running (nor left to time out); the caller has told them to claim no
+    more cells. Ctrl-C on a terminal reaches every
     process of the group, `kill PID` or a scheduler's SIGTERM only this one: each worker gets
     `settle` seconds to stop on its own, then SIGINT (what Ctrl-C would have sent it) and `hand_back`
     seconds to hand its cell back; one still running after that, or when this process is
@@ -380,15 +381,18 @@ def _work(p: Plan, workers: int, view: progress.LiveView, log):
         for i in range(workers)
     ]
     spec = specs[0]
-    procs = []
+    procs, stop = [], None
     if workers > 1:
         ctx = multiprocessing.get_context("spawn")
-        procs = [ctx.Process(target=work_in_subprocess, args=(s,), daemon=False) for s in specs[1:]]
+        stop = ctx.Event()  # set when this process stops early: the workers claim no more cells
+        procs = [ctx.Process(target=work_in_subprocess, args=(s, stop), daemon=False) for s in specs[1:]]
         for proc in procs:
             proc.start()
     try:
         work(spec, log=log)
     except BaseException:  # interrupted (or stopped by an error): the other workers stop too
+        if stop is not None:
+            stop.set()
         stop_local_workers(procs, log)
         raise
     finally:

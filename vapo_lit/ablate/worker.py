@@ -312,8 +312,9 @@ def _hand_back(store: CellStore, trial, run_dir: Path, record: dict, e: BaseExce
     ) from e
 
 
-def work(spec: WorkerSpec, log=progress.say) -> None:
-    """Claim and run cells of the grid until none is waiting or running."""
+def work(spec: WorkerSpec, log=progress.say, stop=None) -> None:
+    """Claim and run cells of the grid until none is waiting or running, or until `stop` (an Event
+    the parent sets when it stops early) is set: then it claims nothing more."""
     if spec.gpus is not None:  # before anything touches CUDA in this process
         os.environ["CUDA_VISIBLE_DEVICES"] = spec.gpus
     import torch
@@ -327,7 +328,7 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
     by_id = {c.cell_id: c for c in spec.cells}
     last_stale_check = 0.0
     said_waiting = False
-    while True:
+    while stop is None or not stop.is_set():
         if time.time() - last_stale_check >= min(spec.heartbeat_interval, spec.poll_seconds):
             for t in store.fail_stale():
                 if t.user_attrs.get("cell_id") in by_id:
@@ -356,13 +357,13 @@ def work(spec: WorkerSpec, log=progress.say) -> None:
         progress.show(spec.grid_id, store.status(by_id), spec.workers, log=log)
 
 
-def work_in_subprocess(spec: WorkerSpec) -> None:
-    """Entry of a spawned local worker (`--workers N`)."""
+def work_in_subprocess(spec: WorkerSpec, stop=None) -> None:
+    """Entry of a spawned local worker (`--workers N`); `stop`: the parent's stop Event."""
     import warnings
 
     warnings.filterwarnings("ignore")
     try:
-        work(spec)
+        work(spec, stop=stop)
     except KeyboardInterrupt:
         pass
     except WorkerStopped as e:
