@@ -1,15 +1,16 @@
-"""Holding torch's CPU kernels to one instruction set, so a grid's cells compute alike on any machine.
+"""Holding a grid's CPU kernels (torch's, MKL's, oneDNN's) to one instruction set, on any CPU that has it.
 
 torch dispatches its own CPU kernels by instruction set (default, AVX2, AVX-512 on x86-64) and links
 MKL (BLAS) and oneDNN, which dispatch on their own; float32 results differ in their last bits from
 one to another, and an RL run amplifies last bits into another trajectory. A grid pinned to one
 (`cpu_capability: avx2` in its file, or `vapo-ablate --cpu-capability avx2`) runs every process
 with all three held to it, so any CPU that has the instruction set runs the grid's remaining cells
-on the code paths the first machine ran. A pin holds the instruction set, not every last bit: CPU models
-of one set can still differ in the last bits of some float32 results, so each attempt records its CPU
-model too (`cpu_model`) and the report names the models a grid ran on. The pin is recorded in the grid's
-manifest and kept for the grid's life. Reading the environment is most of what this module does: torch is imported only to check that
-this CPU has the pinned set and that torch dispatches to it.
+on that set's code paths, as the first machine did. A pin holds the instruction set, not every last
+bit: CPU models of one set can still differ in the last bits of some float32 results, so each
+attempt records its CPU model too (`cpu_model`) and the report names the models a grid ran on. The
+pin is recorded in the grid's manifest and kept for the grid's life. Reading the environment is most
+of what this module does: torch is imported only to check that this CPU has the pinned set and that
+torch dispatches to it.
 """
 
 from __future__ import annotations

@@ -301,11 +301,11 @@ def stop_local_workers(
 ) -> None:
     """This process stopped early: stop its local worker processes so that their running cells are
     handed back now, not left running (nor left to time out); the caller has told them to claim no
-    more cells. Ctrl-C on a terminal reaches every
-    process of the group, `kill PID` or a scheduler's SIGTERM only this one: each worker gets
-    `settle` seconds to stop on its own, then SIGINT (what Ctrl-C would have sent it) and `hand_back`
-    seconds to hand its cell back; one still running after that, or when this process is
-    interrupted again, is killed (its cell is retried once the grace period has passed)."""
+    more cells. Ctrl-C on a terminal reaches every process of the group, `kill PID` or a scheduler's
+    SIGTERM only this one: each worker gets `settle` seconds to stop on its own, then SIGINT (what
+    Ctrl-C would have sent it) and `hand_back` seconds to hand its cell back; one still running after
+    that, or when this process is interrupted again, is killed (its cell is retried once the grace
+    period has passed)."""
     alive = [proc for proc in procs if proc.is_alive()]
     try:
         deadline = time.time() + settle
