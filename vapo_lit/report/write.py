@@ -604,6 +604,15 @@ def protocol_note(rep: GridReport) -> str:
     return " ".join(parts)
 
 
+def _runs_per(logs, values) -> dict:
+    """value -> the names of the runs whose `values(log)` include it (a run counts under each)."""
+    out: dict = {}
+    for log in logs:
+        for value in values(log):
+            out.setdefault(value, set()).add(log.run_dir.name)
+    return out
+
+
 def pin_note(logs) -> list[str]:
     """The sentence naming the instruction set every run was held to (vapo_lit/cpu_pin.py, as the
     run cards record it) and the CPU models they ran on (as the attempts and run cards record them);
@@ -612,10 +621,7 @@ def pin_note(logs) -> list[str]:
     if len(pins) != 1 or None in pins:
         return []
     held = f"Every run was held to one instruction set ({pins.pop()}: torch's, MKL's and oneDNN's kernels)"
-    on: dict = {}
-    for log in logs:
-        for model in log.cpu_models or ("not recorded",):
-            on.setdefault(model, set()).add(log.run_dir.name)
+    on = _runs_per(logs, lambda log: log.cpu_models or ("not recorded",))
     if len(on) == 1:
         (model,) = on
         where = "whichever CPU ran it" if model == "not recorded" else f"on one CPU model ({model})"
@@ -635,10 +641,7 @@ def same_start_warnings(logs) -> list[str]:
     one model_seed started from different built-in policy weights (their rows do not pair on one base
     policy). Nothing when the logs show neither, or do not record it."""
     out = []
-    runs_on: dict = {}
-    for log in logs:
-        for cap in log.cpu_capabilities:
-            runs_on.setdefault(cap, set()).add(log.run_dir.name)
+    runs_on = _runs_per(logs, lambda log: log.cpu_capabilities)
     if len(runs_on) > 1:
         listed = ", ".join(f"{cap} {len(runs)}" for cap, runs in sorted(runs_on.items()))
         out.append(
