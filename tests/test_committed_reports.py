@@ -326,3 +326,51 @@ def test_the_long_table_pages_other_statements_come_from_the_logs():
         f"without length-adaptive GAE is {text['length_adaptive_gae']}, an interval that includes zero"
         in page
     )
+
+
+def test_the_confirmatory_pages_protocol_is_the_manifests():
+    """The confirmatory long Table 1 page states the protocol its grid ran under: every statement of its
+    'What was fixed before it ran' table and the results index's row is read back from the committed
+    manifest and the kept runs' configs (so a grid file changed under the page fails here)."""
+    import json
+
+    import yaml
+
+    folder = ROOT / "reports" / "table1-long-confirm"
+    manifest = json.loads((folder / "grids" / "table1_long_confirm.json").read_text())
+    page = " ".join((ROOT / "docs" / "results" / "table1-long-confirm" / "index.md").read_text().split())
+    index = " ".join((ROOT / "docs" / "results" / "index.md").read_text().split())
+
+    def span(seeds):
+        seeds = sorted(seeds)
+        assert seeds == list(range(seeds[0], seeds[-1] + 1)), seeds
+        return f"{seeds[0]}-{seeds[-1]}"
+
+    cells = manifest["cells"]
+    seeds = sorted({c["seed"] for c in cells})
+    rows = len(manifest["rows"])
+    assert len(cells) == rows * len(seeds)
+    assert {c["role"] for c in cells} == {"confirmation"}
+    assert f"| seeds | {span(seeds)} (`--seed {seeds[0]} --seeds {len(seeds)}`), confirmation |" in page
+    assert f"chosen on seeds {span(manifest['tuning_seeds'])}" in page
+    assert f"marks {span(manifest['tuning_seeds'])} as tuning seeds" in page
+    assert f"({len(cells)} cells" in page
+    assert f"{rows} x {len(seeds)} (seeds {span(seeds)})" in index
+    assert (
+        f"every row has its {len(seeds)} seeds" in page and f"every row has its {len(seeds)} seeds" in index
+    )
+    k = int(manifest["endpoint"].removeprefix("mean-last-"))
+    assert f"| endpoint | `{manifest['endpoint']}`: the mean of the last {k} evals |" in page
+    assert f"(`cpu_capability: {manifest['cpu_capability']}`)" in page
+    assert manifest["contrasts"] == [["vapo-oracle", "grpo+token_level_loss+clip_higher+group_sampling"]]
+
+    configs = [yaml.safe_load(f.read_text()) for f in (folder / "runs").glob("*/config.yaml")]
+    assert configs
+    shown = {(c["eval_problems"], c["eval_k"], c["ppo"]["critic_replay"]) for c in configs}
+    assert len(shown) == 1, shown
+    problems, samples, replay = next(iter(shown))
+    assert (
+        f"{problems} problems x {samples} samples at every eval (`--eval_k {samples}`), {problems * samples} responses"
+        in page
+    )
+    assert f"a replay of the last {replay} batches (`ppo.critic_replay {replay}`)" in page
