@@ -374,3 +374,68 @@ def test_the_confirmatory_pages_protocol_is_the_manifests():
         in page
     )
     assert f"a replay of the last {replay} batches (`ppo.critic_replay {replay}`)" in page
+
+
+def test_the_critic_hold_pages_shares_come_from_the_metrics():
+    """The critic-hold page's shares of the ceiling: over the last 20 updates recomputed from each run's
+    metrics (the critic's median explained variance against the returns over the ceiling's median, per
+    seed), over the last 10 and the lowest block of 10 read from the committed critic.csv."""
+    import pandas as pd
+
+    from vapo_lit.report.collect import ppo_rows
+
+    folder = ROOT / "reports" / "critic-hold"
+    page = " ".join((ROOT / "docs" / "results" / "critic-hold" / "index.md").read_text().split())
+    index = " ".join((ROOT / "docs" / "results" / "index.md").read_text().split())
+    rows = ("vapo", "vapo-critic-epochs2", "vapo-critic-lambda0.95", "vapo-critic-replay4")
+
+    def last20(row):
+        shares = []
+        for seed in range(3):
+            (metrics,) = (folder / "runs").glob(f"{row}-s{seed}-*/metrics.csv")
+            ppo = ppo_rows(pd.read_csv(metrics))
+            ev = ppo["value/explained_variance"].dropna().iloc[-20:].median()
+            shares.append(ev / ppo["value/oracle_ceiling"].dropna().iloc[-20:].median())
+        return f"{100 * sum(shares) / 3:.0f}%", f"{100 * min(shares):.0f}%"
+
+    ref, passes, td, replay = (last20(r) for r in rows)
+    assert (
+        f"it holds {replay[0]} of the ceiling on average, {replay[1]} on the smallest seed, the most of the "
+        f"four rows, against {ref[0]} ({ref[1]}) for the reference" in page
+    )
+    assert f"two passes hold {passes[0]} ({passes[1]}) and TD(0.95) targets {td[0]} ({td[1]})" in page
+    assert f"replay's smallest seed: {replay[1]} over the last 20 updates" in page
+    assert (
+        f"({replay[0]} of the ceiling over the last 20 updates, {replay[1]} on the smallest seed, "
+        f"against {ref[0]} / {ref[1]};" in index
+    )
+    assert (
+        max((passes, td, ref), key=lambda s: float(s[0][:-1]))[0] <= replay[0]
+    )  # "the most of the four rows"
+
+    table = pd.read_csv(folder / "critic.csv").set_index("row")
+
+    def pct(row, col):
+        return f"{100 * table.loc[row, col]:.0f}%"
+
+    late = {r: (pct(r, "late_of_ceiling"), pct(r, "late_of_ceiling_min")) for r in rows}
+    assert late["vapo-critic-epochs2"] == late["vapo-critic-replay4"]  # "two passes hold as much"
+    assert (
+        f"two passes hold as much, {late['vapo-critic-replay4'][0]} ({late['vapo-critic-replay4'][1]}) each, "
+        f"against {late['vapo'][0]} ({late['vapo'][1]})" in page
+    )
+    lowest = {r: pct(r, "lowest_of_ceiling") for r in rows}
+    assert (
+        f"the lowest block holds {lowest['vapo-critic-replay4']} on average with replay, "
+        f"{lowest['vapo-critic-epochs2']} with two passes, {lowest['vapo-critic-lambda0.95']} with TD(0.95) "
+        f"targets and {lowest['vapo']} for the reference" in page
+    )
+    low = pct("vapo-critic-replay4", "lowest_of_ceiling_min")
+    (metrics,) = (folder / "runs").glob("vapo-critic-replay4-s2-*/metrics.csv")
+    ppo = ppo_rows(pd.read_csv(metrics))
+    block = ppo[ppo["train/ppo_update"].between(61, 70)].dropna(subset=["value/explained_variance"])
+    assert len(block) == 10  # one of the report's blocks of 10, counted back from the last
+    dip = block["value/explained_variance"].median() / block["value/oracle_ceiling"].median()
+    assert f"{100 * dip:.0f}%" == low
+    assert f"replay's seed 2 falls to {low} of the ceiling at updates 61-70" in page
+    assert f"{low} in its lowest block of 10" in page

@@ -155,3 +155,41 @@ def test_the_table_and_the_figure(tmp_path):
     assert low < mean and f"| {100 * mean:.0f}% ({100 * low:.0f}%) |" in text
     critic.plot(logs, ["vapo"], tmp_path / "critic_quality.png")
     assert (tmp_path / "critic_quality.png").stat().st_size > 10_000
+
+
+def test_the_share_held_through_ppo_is_the_lowest_block_against_a_float64_reference():
+    """'lowest / ceiling': per block of N PPO iterations counted back from the last, the EV's median over
+    the ceiling's median in the block; the smallest block per run (a remainder at the start left out), then
+    the row's mean and its smallest seed. Against statistics.median on random inputs."""
+    import random
+    import statistics
+
+    def reference(ev, ceiling, n):
+        m = len(ev) - len(ev) % n
+        if m == 0:
+            blocks = [range(len(ev))]
+        else:
+            blocks = [range(len(ev) - m + i, len(ev) - m + i + n) for i in range(0, m, n)]
+        return min(
+            statistics.median(ev[i] for i in b) / statistics.median(ceiling[i] for i in b) for b in blocks
+        )
+
+    rng = random.Random(7)
+    logs, expected = [], []
+    for seed, n_ppo in enumerate((23, 20, 4)):
+        log = run("vapo", seed, n_ppo=n_ppo)
+        ppo = log.metrics["train/value_pretraining"] == 0
+        ev = [rng.uniform(-0.2, 0.6) for _ in range(n_ppo)]
+        ceiling = [rng.uniform(0.4, 0.8) for _ in range(n_ppo)]
+        log.metrics.loc[ppo, "value/explained_variance"] = ev
+        log.metrics.loc[ppo, "value/oracle_ceiling"] = ceiling
+        logs.append(log)
+        expected.append(reference(ev, ceiling, 5))
+    frame = critic.critic_frame(logs, ["vapo"], last_n=5).set_index("row")
+    assert frame.loc["vapo", "lowest_of_ceiling"] == pytest.approx(sum(expected) / 3, rel=1e-12)
+    assert frame.loc["vapo", "lowest_of_ceiling_min"] == pytest.approx(min(expected), rel=1e-12)
+    one = critic.critic_frame(logs[:1], ["vapo"], last_n=5).set_index("row")
+    assert one.loc["vapo", "lowest_of_ceiling"] <= one.loc["vapo", "late_of_ceiling"]  # the late block is one
+    assert "lowest / ceiling (min)" in critic.markdown_table(frame.reset_index())
+    no_truth = run("vapo", 0, oracle=False)
+    assert math.isnan(critic.critic_frame([no_truth], ["vapo"], last_n=5)["lowest_of_ceiling"][0])

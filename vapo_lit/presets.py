@@ -90,7 +90,7 @@ PRESETS: dict[str, dict] = {
         #   * in PPO the critic trains on a replay of this batch and the 3 before it (ppo.critic_replay 4,
         #     as many steps, each over 4x the responses): of the levers piloted on the tuning seeds
         #     (tools/critic_hold.yaml: more passes, TD(0.95) targets, replay) it is the one whose fit
-        #     against the true values holds through the 100 updates on every seed
+        #     against the true values ends at least level with its start on every seed
         #     (docs/results/critic-hold/index.md).
         "ppo": {
             "actor_lr": 3e-5,

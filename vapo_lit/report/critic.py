@@ -25,7 +25,10 @@ outcome noise).
   run, the share of the ceiling reached when PPO starts; `vp_end_of_ceiling_min`: its smallest
   value over the row's seeds (every seed with a value reached at least this); `late_of_ceiling`,
   `late_of_ceiling_min`: ev_late over the ceiling's median in the same last N PPO iterations, the
-  share still held at the end, and its smallest value over the seeds.
+  share still held at the end, and its smallest value over the seeds; `lowest_of_ceiling`,
+  `lowest_of_ceiling_min`: the same share in every block of N PPO iterations, counted back from the
+  last (whose block is the late one), and its smallest value over the blocks: the share held
+  through PPO (a run shorter than N iterations is one block); the row's mean and smallest seed.
 
 Medians within a run (one batch without a correct response gives an explained variance far below
 0), then the mean over the row's seeds that have a value (NaN when none has). Rows without a critic
@@ -54,8 +57,10 @@ COLUMNS = (
     "vp_end_of_ceiling_min",
     "late_of_ceiling",
     "late_of_ceiling_min",
+    "lowest_of_ceiling",
+    "lowest_of_ceiling_min",
 )
-SHARES = ("vp_end_of_ceiling", "late_of_ceiling")
+SHARES = ("vp_end_of_ceiling", "late_of_ceiling", "lowest_of_ceiling")
 """Per-run shares of the ceiling whose smallest value over a row's seeds is kept beside the mean."""
 NAN = float("nan")
 
@@ -106,7 +111,29 @@ def run_quality(df: pd.DataFrame, last_n: int, value_pretraining: bool) -> dict:
     out["vp_end_of_ceiling"] = out["ev_vp_end"] / ceiling_vp if ceiling_vp > 0 else NAN
     ceiling_late = _median(_col(ppo, "value/oracle_ceiling").dropna().iloc[-last_n:])
     out["late_of_ceiling"] = out["ev_late"] / ceiling_late if ceiling_late > 0 else NAN
+    out["lowest_of_ceiling"] = lowest_share(ppo, last_n)
     return out
+
+
+def lowest_share(ppo: pd.DataFrame, n: int) -> float:
+    """The smallest share of the ceiling over a run's PPO iterations: per block of n iterations with an
+    explained variance, counted back from the last (a shorter remainder at the start is left out; a run
+    shorter than n is one block), the EV's median over the ceiling's median in the block."""
+    both = pd.DataFrame(
+        {"ev": _col(ppo, "value/explained_variance"), "ceiling": _col(ppo, "value/oracle_ceiling")}
+    ).dropna(subset=["ev"])
+    if not both["ceiling"].notna().any():
+        return NAN
+    full = len(both) - len(both) % n  # the iterations in whole blocks, counted back from the last
+    blocks = (
+        [both] if full == 0 else [both.iloc[len(both) - full :].iloc[i : i + n] for i in range(0, full, n)]
+    )
+    shares = []
+    for part in blocks:
+        ceiling = _median(part["ceiling"])
+        shares.append(_median(part["ev"]) / ceiling if ceiling > 0 else NAN)
+    shares = [x for x in shares if x == x]
+    return min(shares) if shares else NAN
 
 
 def critic_frame(logs, order: list, last_n: int) -> pd.DataFrame | None:
@@ -143,8 +170,9 @@ CRITIC_TEXT = (
     "own EV against Monte-Carlo returns (a critic that predicts the true values exactly scores it; outcomes are "
     "random given the state, so on a finite batch a critic exceeds it only where its departures from the true "
     "values track that batch's outcome noise); 'VP end / ceiling' = the share of it reached when PPO starts, "
-    "'late / ceiling' = EV late over the ceiling's median in the same iterations: the share still held at the end "
-    "(mean over seeds, and the smallest seed's). Figure: critic_quality.png."
+    "'late / ceiling' = EV late over the ceiling's median in the same iterations: the share still held at the end, "
+    "and 'lowest / ceiling' = the smallest of such shares over PPO in blocks of {n} iterations counted back from "
+    "the last: the share held through PPO (mean over seeds, and the smallest seed's). Figure: critic_quality.png."
 )
 
 
@@ -171,6 +199,7 @@ def markdown_table(frame: pd.DataFrame) -> str:
         "ceiling",
         "VP end / ceiling (min)",
         "late / ceiling (min)",
+        "lowest / ceiling (min)",
     ]
     body = [
         [
