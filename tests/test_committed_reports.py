@@ -380,6 +380,29 @@ def test_the_confirmatory_pages_protocol_is_the_manifests():
     assert f"a replay of the last {replay} batches (`ppo.critic_replay {replay}`)" in page
 
 
+def test_the_confirmatory_page_reads_the_numbers_only_once_every_row_has_its_seeds():
+    """The confirmatory page's reading ('## What it shows') is written once, after the last cell: while
+    any row of the committed report lacks one of the manifest's seeds, the page has no reading and says
+    why; once every row has them all, the page must have one (keeping the last cells fails here until
+    it is written)."""
+    import json
+
+    import pandas as pd
+
+    folder = ROOT / "reports" / "table1-long-confirm"
+    manifest = json.loads((folder / "grids" / "table1_long_confirm.json").read_text())
+    text = (ROOT / "docs" / "results" / "table1-long-confirm" / "index.md").read_text()
+    headings = [line for line in text.splitlines() if line.startswith("## ")]
+    table = pd.read_csv(folder / "table.csv")
+    seeds = {c["seed"] for c in manifest["cells"]}
+    complete = len(table) == len(manifest["rows"]) and table["n"].eq(len(seeds)).all()
+    assert ("## What it shows" in headings) == complete, (complete, headings)
+    says_none = f"Until every row has its {len(seeds)} seeds this page gives no reading" in _results_page(
+        "table1-long-confirm"
+    )
+    assert says_none != complete
+
+
 def test_the_critic_hold_pages_shares_come_from_the_metrics():
     """The critic-hold page's shares of the ceiling: over the last 20 updates recomputed from each run's
     metrics (the critic's median explained variance against the returns over the ceiling's median, per
