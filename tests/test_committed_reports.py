@@ -512,6 +512,12 @@ def test_the_confirmatory_pages_reading_comes_from_its_committed_report():
     expected.append("The goal, half the ceiling through PPO on every seed, is not met")
     for phrase in expected:
         assert phrase in reading, phrase
+    unresolved = pd.concat([drops, table.loc[[GRPO, f"{GRPO}-with-dynamic_sampling"]]])
+    assert ((unresolved["delta_final_ci_lo"] < 0) & (unresolved["delta_final_ci_hi"] > 0)).all()
+    assert (
+        "between full VAPO and GRPO or DAPO: on 5 seeds each of their intervals includes 0"
+        in _results_page("table1-long-confirm")
+    )
 
     row = (
         f"GRPO − full VAPO {_interval(grpo, 'final')}); the oracle row beats GRPO ({_interval(contrast, 'final')}); "
