@@ -477,7 +477,7 @@ def test_the_confirmatory_pages_reading_comes_from_its_committed_report():
         + ", ".join(
             f"w/o {names[r.removeprefix('vapo-no-')]} {_interval(drops.loc[r], 'final')}" for r in largest[:2]
         )
-        + f" and w/o {names['group_sampling']} {_interval(drops.loc[largest[2]], 'final')}"
+        + f" and w/o {names[largest[2].removeprefix('vapo-no-')]} {_interval(drops.loc[largest[2]], 'final')}"
     )
     small = drops[drops["delta_final"].abs() < 2].index.str.removeprefix("vapo-no-").tolist()
     assert small == ["value_pretraining", "decoupled_gae", "token_level_loss"], small
