@@ -446,17 +446,17 @@ def test_the_confirmatory_pages_reading_comes_from_its_committed_report():
     # the words: at or above GRPO in the mean, not separated; the oracle row beats GRPO
     assert grpo["delta_final"] <= 0 and grpo["delta_final_ci_lo"] < 0 < grpo["delta_final_ci_hi"]
     expected.append("Full VAPO is at or above GRPO in the mean, as the goal asks, and the interval does not")
+    assert contrast["delta_final_ci_lo"] > 0 and contrast["delta_auc_ci_lo"] > 0
+    expected.append("the same recipe beats GRPO on this task; with the learned critic it is level with GRPO")
+    # the oracle row is the one row whose difference from full VAPO survives Holm over the rows
+    assert table.index[table["delta_final_p_holm"] < 0.05].tolist() == ["vapo-oracle"]
+    expected.append(f"the one row of the {len(table) - 1} whose difference from full VAPO survives Holm")
     # DAPO: above full VAPO in the mean, its own interval excludes 0, Holm over the rows does not keep it
     assert dapo["delta_final_ci_lo"] > 0 and dapo["delta_final_p_holm"] >= 0.05
     expected.append(
         "DAPO is above full VAPO in the mean and its interval alone excludes 0; "
         f"over the {len(table) - 1} rows it does not survive Holm"
     )
-    assert contrast["delta_final_ci_lo"] > 0 and contrast["delta_auc_ci_lo"] > 0
-    # the oracle row is the one row whose difference from full VAPO survives Holm over the rows
-    assert table.index[table["delta_final_p_holm"] < 0.05].tolist() == ["vapo-oracle"]
-    expected.append(f"the one row of the {len(table) - 1} whose difference from full VAPO survives Holm")
-    expected.append("the same recipe beats GRPO on this task; with the learned critic it is level with GRPO")
 
     drops = table.loc[[f"vapo-no-{d}" for d in DROPS]]
     down = int((drops["delta_final"] < 0).sum())
